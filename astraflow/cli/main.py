@@ -1,0 +1,63 @@
+"""Entry point of ``astraflow``: builds the parser from the command modules, then dispatches.
+
+A command module exposes ``register(subparsers) -> None``, which adds its parser(s) and sets
+``func=<callable(args) -> int>`` as a default. Modules import heavy libraries (torch, boto3,
+kafka) inside their ``func`` only, so ``astraflow --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from astraflow import __version__
+from astraflow.config import ConfigError
+
+# Order here is the order in ``--help``.
+COMMAND_MODULES = [
+    "astraflow.cli.stack",      # up, down, status
+    "astraflow.cli.weights",    # weights ls|show|verify|gc
+    "astraflow.cli.components", # raas, dataflow, trainer
+    "astraflow.cli.run",        # run RECIPE, demo
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="astraflow",
+        description="Asynchronous multi-policy RL for agentic LLMs on a log (Kafka) and a bucket (S3).",
+    )
+    parser.add_argument("--version", action="version", version=f"astraflow {__version__}")
+    parser.add_argument(
+        "--config", metavar="YAML", help="cluster config file (default: $ASTRAFLOW_CONFIG or the embedded stack)"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module_name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue  # command not built yet
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        print(f"astraflow: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""The cluster config every component takes: where the log and the bucket are, and which run.
+
+Loaded from YAML and/or ``ASTRAFLOW_*`` environment variables (environment wins). When no Kafka
+bootstrap or S3 endpoint is configured, :meth:`ClusterConfig.resolve` fills them in from the
+embedded stack started by ``astraflow up`` (its ``stack.json`` in the state directory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+STACK_FILE = "stack.json"
+
+
+class ConfigError(ValueError):
+    """A configuration is invalid or names something that cannot be reached."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class KafkaSettings(_Section):
+    bootstrap: str | None = None
+    """``host:port[,host:port]`` of the Kafka brokers; ``None`` means the embedded Tansu broker."""
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    """Passed through to kafka-python."""
+    sasl_mechanism: str | None = None
+    """PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, ... (with a SASL protocol)."""
+    sasl_username: str | None = None
+    sasl_password: str | None = None
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """Connection settings as kafka-python keyword arguments (bootstrap must be resolved)."""
+        if not self.bootstrap:
+            raise ConfigError("Kafka bootstrap is not resolved; call ClusterConfig.resolve() first")
+        kw: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap.split(","),
+            "security_protocol": self.security_protocol,
+        }
+        optional = {
+            "sasl_mechanism": self.sasl_mechanism,
+            "sasl_plain_username": self.sasl_username,
+            "sasl_plain_password": self.sasl_password,
+            "ssl_cafile": self.ssl_cafile,
+            "ssl_certfile": self.ssl_certfile,
+            "ssl_keyfile": self.ssl_keyfile,
+        }
+        kw.update({k: v for k, v in optional.items() if v is not None})
+        return kw
+
+
+class S3Settings(_Section):
+    endpoint: str | None = None
+    """``http(s)://host:port`` of the S3 server; ``None`` means the embedded SeaweedFS (AWS: set it to
+    the regional endpoint)."""
+    access_key: str | None = None
+    secret_key: str | None = None
+    region: str = "us-east-1"
+    bucket: str = "astraflow"
+    """The bucket holding every run's weights, checkpoints, claims and archives."""
+
+
+class ClusterConfig(_Section):
+    run: str = Field(default="default", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    """Run id: prefixes every topic (``<run>.tasks.<pool>``) and every bucket key (``<run>/...``)."""
+    state_dir: Path = Path(".astraflow")
+    """Where the embedded stack keeps its data, pids and ``stack.json``."""
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    s3: S3Settings = Field(default_factory=S3Settings)
+    inline_limit_bytes: int = Field(default=900 * 1024, gt=0)
+    """Record values above this size go to the bucket and the record carries a pointer (claim
+    check). The default stays under the broker's 1 MiB message limit."""
+
+    # -- loading -----------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: str | Path | None = None, env: Mapping[str, str] | None = None) -> ClusterConfig:
+        """YAML file (``path`` or ``$ASTRAFLOW_CONFIG``), overlaid with ``ASTRAFLOW_*`` variables."""
+        env = os.environ if env is None else env
+        path = path or env.get("ASTRAFLOW_CONFIG")
+        data: dict[str, Any] = {}
+        if path:
+            data = _read_yaml(Path(path))
+        _overlay_env(data, env)
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            where = f" in {path}" if path else ""
+            raise ConfigError(f"invalid cluster config{where}:\n{exc}") from None
+
+    @property
+    def is_embedded(self) -> bool:
+        return self.kafka.bootstrap is None or self.s3.endpoint is None
+
+    def resolve(self) -> ClusterConfig:
+        """Fill unset endpoints from the running embedded stack; fail fast if there is none."""
+        if not self.is_embedded:
+            return self
+        stack_file = self.state_dir / STACK_FILE
+        if not stack_file.exists():
+            raise ConfigError(
+                f"no Kafka/S3 endpoint is configured and no embedded stack runs under {self.state_dir}: "
+                "run `astraflow up`, or set ASTRAFLOW_KAFKA_BOOTSTRAP and ASTRAFLOW_S3_ENDPOINT"
+            )
+        stack = json.loads(stack_file.read_text())
+        kafka = self.kafka.model_copy(update={"bootstrap": self.kafka.bootstrap or stack["kafka_bootstrap"]})
+        s3_update = {}
+        if self.s3.endpoint is None:
+            s3_update = {
+                "endpoint": stack["s3_endpoint"],
+                "access_key": stack["s3_access_key"],
+                "secret_key": stack["s3_secret_key"],
+                "bucket": stack.get("s3_bucket", self.s3.bucket),
+            }
+        return self.model_copy(update={"kafka": kafka, "s3": self.s3.model_copy(update=s3_update)})
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise ConfigError(f"cluster config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"cluster config {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"cluster config {path} must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def _overlay_env(data: dict[str, Any], env: Mapping[str, str]) -> None:
+    """``ASTRAFLOW_RUN`` -> run, ``ASTRAFLOW_KAFKA_BOOTSTRAP`` -> kafka.bootstrap, and so on."""
+    sections = {"kafka": KafkaSettings, "s3": S3Settings}
+    for field in ClusterConfig.model_fields:
+        if field in sections:
+            for sub in sections[field].model_fields:
+                value = env.get(f"ASTRAFLOW_{field.upper()}_{sub.upper()}")
+                if value is not None:
+                    data.setdefault(field, {})[sub] = value
+        else:
+            value = env.get(f"ASTRAFLOW_{field.upper()}")
+            if value is not None:
+                data[field] = value
