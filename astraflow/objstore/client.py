@@ -336,11 +336,12 @@ class ObjectStore:
             )
         return len(keys)
 
-    def list(self, prefix: str = "") -> Iterator[str]:
+    def list(self, prefix: str = "", *, page_size: int = 1000) -> Iterator[str]:
         """Every key under ``prefix``, in lexicographic order (paginated, lazily)."""
         paginator = self.client.get_paginator("list_objects_v2")
+        pages = paginator.paginate(Bucket=self.bucket, Prefix=prefix, PaginationConfig={"PageSize": page_size})
         with self._errors("list", prefix):
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+            for page in pages:
                 for item in page.get("Contents", []):
                     yield item["Key"]
 
