@@ -1,0 +1,48 @@
+"""The log: Kafka topics carrying Arrow record batches (see docs/record-format.md).
+
+``Topics`` names a run's topics, ``ensure_topics`` creates them, ``LogProducer`` writes Arrow
+tables / JSON control records (claim-checking large ones into the bucket), ``LogConsumer`` reads them
+back at-least-once and dead-letters what it cannot decode, ``OffsetLedger``/``compute_lag`` measure
+lag without trusting broker watermarks.
+"""
+
+from astraflow.log.admin import ensure_topics
+from astraflow.log.codec import ArrowCodec, RecordMeta
+from astraflow.log.consumer import LogConsumer
+from astraflow.log.errors import (
+    BrokerUnavailableError,
+    ClaimCheckError,
+    DecodeError,
+    LogError,
+    MissingHeaderError,
+    PayloadError,
+    SchemaMismatchError,
+    TopicNameError,
+)
+from astraflow.log.lag import OffsetLedger, committed_offsets, compute_lag
+from astraflow.log.message import Ack, Message
+from astraflow.log.producer import LogProducer
+from astraflow.log.topics import Topics, validate_topic_name
+
+__all__ = [
+    "Ack",
+    "ArrowCodec",
+    "BrokerUnavailableError",
+    "ClaimCheckError",
+    "DecodeError",
+    "LogConsumer",
+    "LogError",
+    "LogProducer",
+    "Message",
+    "MissingHeaderError",
+    "OffsetLedger",
+    "PayloadError",
+    "RecordMeta",
+    "SchemaMismatchError",
+    "Topics",
+    "TopicNameError",
+    "committed_offsets",
+    "compute_lag",
+    "ensure_topics",
+    "validate_topic_name",
+]
