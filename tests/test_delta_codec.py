@@ -1,0 +1,283 @@
+"""Property tests of the delta codec: bit-exact round trips, chains, and refusals that leave the
+base untouched."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from astraflow.delta import (
+    BaseMismatchError,
+    BaseVersionError,
+    DeltaCorruptError,
+    DeltaError,
+    DeltaFormatError,
+    apply,
+    apply_inplace,
+    encode,
+    read_header,
+)
+from astraflow.delta import codec
+from astraflow.delta.format import parse, pack
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+INT_OF = {2: torch.int16, 4: torch.int32}
+FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().view(INT_OF[t.element_size()]).reshape(-1)
+
+
+def assert_same_bits(got: dict, want: dict) -> None:
+    assert list(got) == list(want) or set(got) == set(want)
+    for name, w in want.items():
+        g = got[name]
+        assert g.dtype == w.dtype and g.shape == w.shape, name
+        assert torch.equal(bits(g), bits(w)), name
+
+
+def snapshot(sd: dict) -> dict:
+    return {k: v.clone() for k, v in sd.items()}
+
+
+def random_bits(rng: np.random.Generator, n: int, dtype: torch.dtype) -> torch.Tensor:
+    size = torch.empty((), dtype=dtype).element_size()
+    if n == 0:
+        return torch.empty(0, dtype=dtype)
+    raw = rng.integers(0, 256, size=n * size, dtype=np.uint8)
+    t = torch.from_numpy(raw).view(dtype)
+    if n and size == 2:  # make sure -0.0, NaN payloads and infinities occur
+        special = torch.tensor([0x8000, 0x7FC1, 0xFFFF, 0x7F80, 0x0001], dtype=torch.int32).to(torch.int16)
+        k = min(n, len(special))
+        t.view(torch.int16)[:k] = special[:k]
+    return t
+
+
+@st.composite
+def tensor_change(draw, dtype=None):
+    """(old, new) with the same dtype/shape: random bits, a fraction 1-sparsity of them changed,
+    either to random bits or by +-1 ulp (what an optimizer step does)."""
+    dtype = dtype or draw(st.sampled_from(DTYPES))
+    shape = draw(st.lists(st.integers(0, 40), min_size=0, max_size=3))
+    sparsity = draw(st.floats(0.0, 1.0))
+    ulp_steps = draw(st.booleans())
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    n = math.prod(shape)
+    old = random_bits(rng, n, dtype)
+    new = old.clone()
+    change = torch.from_numpy(rng.random(n) >= sparsity)
+    nb = bits(new)
+    if ulp_steps:
+        step = torch.from_numpy(rng.choice([-1, 1], size=n)).to(nb.dtype)
+        nb[change] = nb[change] + step[change]
+    else:
+        nb[change] = bits(random_bits(rng, n, dtype))[change]
+    return old.reshape(shape), new.reshape(shape)
+
+
+@st.composite
+def state_change(draw):
+    k = draw(st.integers(1, 4))
+    pairs = [draw(tensor_change()) for _ in range(k)]
+    old = {f"layer{i}.w": a for i, (a, _) in enumerate(pairs)}
+    new = {f"layer{i}.w": b for i, (_, b) in enumerate(pairs)}
+    return old, new
+
+
+# -- round trips -------------------------------------------------------------------------------
+@FAST
+@given(state_change())
+def test_apply_encode_is_bit_exact(pair):
+    old, new = pair
+    before = snapshot(old)
+    delta = encode(old, new, base_version=3, target_version=4)
+    assert_same_bits(apply(old, delta, base_version=3), new)
+    assert_same_bits(old, before)  # apply never writes the base
+    assert_same_bits(apply_inplace(old, delta, base_version=3), new)
+
+
+@FAST
+@given(state_change(), st.sampled_from(["added", "removed", "dtype", "shape"]))
+def test_structural_changes_are_stored(pair, kind):
+    old, new = pair
+    new = dict(new)
+    if kind == "added":
+        new["extra.bias"] = torch.randn(7).to(torch.float16)
+    elif kind == "removed":
+        old = {**old, "gone": torch.zeros(3)}
+    elif kind == "dtype":
+        new["layer0.w"] = new["layer0.w"].float()
+    else:
+        new["layer0.w"] = torch.ones(2, 3, dtype=new["layer0.w"].dtype)
+    delta = encode(old, new, base_version=0, target_version=1)
+    assert_same_bits(apply(old, delta), new)
+    assert_same_bits(apply_inplace(snapshot(old), delta), new)
+
+
+def test_header_counts_changes():
+    old = {"w": torch.zeros(1000, dtype=torch.bfloat16), "same": torch.ones(10)}
+    new = {"w": old["w"].clone(), "same": old["same"].clone()}
+    new["w"][[3, 500, 999]] = 1.0
+    header = read_header(encode(old, new, base_version=7, target_version=8))
+    assert (header.base_version, header.target_version) == (7, 8)
+    ops = {t.name: (t.op, t.nnz) for t in header.tensors}
+    assert ops == {"w": ("sparse", 3), "same": ("same", 0)}
+    assert header.sparsity == pytest.approx(1 - 3 / 1010)
+
+
+def test_dense_change_uses_no_positions():
+    old = {"w": torch.randn(4096).to(torch.bfloat16)}
+    new = {"w": (old["w"].float() * 1.5).to(torch.bfloat16)}
+    delta = encode(old, new, base_version=0, target_version=1)
+    assert read_header(delta).tensors[0].op == "dense"
+    assert_same_bits(apply(old, delta), new)
+
+
+def test_sparse_bf16_is_far_smaller_than_index_plus_value():
+    rng = np.random.default_rng(0)
+    old = {"w": torch.from_numpy(rng.normal(0, 0.02, 200_000).astype(np.float32)).to(torch.bfloat16)}
+    nb = bits(old["w"]).clone()
+    pos = rng.choice(nb.numel(), 3000, replace=False)
+    nb[pos] += torch.from_numpy(rng.choice([-1, 1], 3000)).to(torch.int16)
+    new = {"w": nb.view(torch.bfloat16)}
+    delta = encode(old, new, base_version=0, target_version=1)
+    assert len(delta) < 0.5 * 3000 * 6  # AstraFlow's u32 index + bf16 value would be 18 kB
+    assert_same_bits(apply(old, delta), new)
+
+
+def test_torch_path_matches_numpy_path(monkeypatch):
+    """The CUDA code path (torch ops on the tensor's device), exercised here on CPU tensors."""
+    rng = np.random.default_rng(1)
+    old = {"a": random_bits(rng, 5000, torch.bfloat16), "b": random_bits(rng, 300, torch.float32)}
+    new = snapshot(old)
+    bits(new["a"])[::37] ^= 3
+    bits(new["b"])[:] ^= 1  # dense
+    host = encode(old, new, base_version=0, target_version=1)
+    monkeypatch.setattr(codec, "_on_host", lambda t: False)
+    device = encode(old, new, base_version=0, target_version=1)
+    assert device == host
+    assert_same_bits(apply(old, device), new)
+    base = snapshot(old)
+    base["a"] = base["a"].reshape(50, 100).t()  # non-contiguous base tensors are written through
+    want = snapshot(new)
+    want["a"] = want["a"].reshape(50, 100).t()
+    delta = encode(snapshot(base), want, base_version=0, target_version=1)
+    assert_same_bits(apply_inplace(base, delta), want)
+
+
+# -- chains ------------------------------------------------------------------------------------
+@settings(max_examples=5, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from(DTYPES))
+def test_chain_of_20_deltas_equals_final_state(seed, dtype):
+    rng = np.random.default_rng(seed)
+    states = [{"w": random_bits(rng, 3000, dtype).reshape(30, 100), "b": random_bits(rng, 17, dtype)}]
+    for _ in range(20):
+        nxt = snapshot(states[-1])
+        for t in nxt.values():
+            b = bits(t)
+            b[torch.from_numpy(rng.random(b.numel()) < rng.uniform(0, 0.1))] += 1
+        states.append(nxt)
+    deltas = [encode(states[i], states[i + 1], base_version=i, target_version=i + 1) for i in range(20)]
+    held = snapshot(states[0])
+    copy = snapshot(states[0])
+    for v, d in enumerate(deltas):
+        apply_inplace(held, d, base_version=v)
+        copy = apply(copy, d, base_version=v)
+    assert_same_bits(held, states[20])
+    assert_same_bits(copy, states[20])
+
+
+# -- refusals ----------------------------------------------------------------------------------
+def _fixture():
+    rng = np.random.default_rng(2)
+    old = {"emb": random_bits(rng, 4000, torch.bfloat16).reshape(40, 100), "norm": random_bits(rng, 64, torch.float32)}
+    new = snapshot(old)
+    bits(new["emb"])[::50] += 1
+    bits(new["norm"])[3] ^= 0x10
+    return old, new, encode(old, new, base_version=5, target_version=6)
+
+
+def _assert_refused(base: dict, delta, err: type[DeltaError], **kw) -> None:
+    before = snapshot(base)
+    with pytest.raises(err):
+        apply(base, delta, **kw)
+    assert_same_bits(base, before)
+    keys = list(base)
+    with pytest.raises(err):
+        apply_inplace(base, delta, **kw)
+    assert list(base) == keys
+    assert_same_bits(base, before)
+
+
+def test_wrong_base_version_refused():
+    old, _, delta = _fixture()
+    _assert_refused(old, delta, BaseVersionError, base_version=4)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.data())
+def test_truncated_delta_refused(data):
+    old, _, delta = _fixture()
+    cut = data.draw(st.integers(0, len(delta) - 1))
+    _assert_refused(old, delta[:cut], DeltaCorruptError)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_flipped_byte_refused(data):
+    old, _, delta = _fixture()
+    pos = data.draw(st.integers(0, len(delta) - 1))
+    flip = data.draw(st.integers(1, 255))
+    bad = bytearray(delta)
+    bad[pos] ^= flip
+    _assert_refused(old, bytes(bad), DeltaError)
+
+
+def test_not_a_delta_refused():
+    old, _, delta = _fixture()
+    _assert_refused(old, b"PK\x03\x04" + delta[4:], DeltaFormatError)
+
+
+@pytest.mark.parametrize("kind", ["renamed", "missing", "extra", "shape", "dtype", "content"])
+def test_mismatched_base_refused(kind):
+    old, _, delta = _fixture()
+    base = snapshot(old)
+    if kind == "renamed":
+        base["embedding"] = base.pop("emb")
+    elif kind == "missing":
+        del base["norm"]
+    elif kind == "extra":
+        base["head"] = torch.zeros(2)
+    elif kind == "shape":
+        base["emb"] = base["emb"].reshape(100, 40)
+    elif kind == "dtype":
+        base["emb"] = base["emb"].view(torch.float16)
+    else:
+        bits(base["norm"])[0] ^= 1
+    _assert_refused(base, delta, BaseMismatchError)
+
+
+def test_target_mismatch_is_undone_in_place():
+    """Should a written tensor miss its target checksum (say an encoder bug), every tensor written
+    so far is restored before the refusal."""
+    old, _, delta = _fixture()
+    header, payload = parse(delta)
+    header.tensors[-1].crc_target ^= 1  # the last tensor fails after the first was written
+    bad = pack(header, [bytes(payload)])
+    _assert_refused(old, bad, DeltaCorruptError)
+
+
+def test_refusals_checked_before_any_write():
+    old, new, delta = _fixture()
+    bad = bytearray(delta)
+    bad[-1] ^= 0xFF  # corrupts the last tensor's stream; the first must not be written either
+    base = snapshot(old)
+    with pytest.raises(DeltaCorruptError):
+        apply_inplace(base, bytes(bad))
+    assert_same_bits(base, old)
