@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
+import shutil
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from astraflow.config import ClusterConfig
+from astraflow.config import ClusterConfig, KafkaSettings, S3Settings
 from astraflow.objstore import (
     SHA256_META,
     ChecksumError,
@@ -167,7 +172,9 @@ def test_object_without_checksum_refused(store: ObjectStore, prefix: str, tmp_pa
 
 def test_metadata_field_name(store: ObjectStore, prefix: str) -> None:
     digest = store.put_bytes(prefix + "m", b"abc")
-    assert store.client.head_object(Bucket=store.bucket, Key=prefix + "m")["Metadata"] == {SHA256_META: digest}
+    assert store.client.head_object(Bucket=store.bucket, Key=prefix + "m")["Metadata"] == {
+        SHA256_META: digest
+    }
 
 
 # -- missing things --------------------------------------------------------------------------------
@@ -183,7 +190,9 @@ def test_missing_key(store: ObjectStore, prefix: str, tmp_path: Path) -> None:
 
 
 def test_missing_bucket_named(test_cluster: ClusterConfig) -> None:
-    cfg = test_cluster.model_copy(update={"s3": test_cluster.s3.model_copy(update={"bucket": "no-such-bucket-af"})})
+    cfg = test_cluster.model_copy(
+        update={"s3": test_cluster.s3.model_copy(update={"bucket": "no-such-bucket-af"})}
+    )
     with pytest.raises(ObjectStoreError, match="bucket 'no-such-bucket-af' does not exist"):
         ObjectStore.from_config(cfg)
 
@@ -262,3 +271,120 @@ def test_manifest_race_has_one_winner(store: ObjectStore, test_cluster: ClusterC
     winners = [i for i, r in results.items() if r == "won"]
     assert len(results) == 8 and len(winners) == 1
     assert read_manifest(store, key) == {"writer": winners[0]}
+
+
+# -- the S3 server dies (our own weed, so the shared cluster is untouched) -------------------------
+def _weed_argv(data_dir: Path, ports: dict[str, int]) -> list[str]:
+    beside = Path(sys.executable).parent / "weed"
+    weed = os.environ.get("ASTRAFLOW_WEED_BIN") or (str(beside) if beside.exists() else shutil.which("weed"))
+    if not weed:
+        pytest.skip("SeaweedFS `weed` binary not found")
+    argv = [weed, "mini", f"-dir={data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"]
+    argv += [f"-{name}={port}" for name, port in ports.items()]
+    return argv + ["-webdav=false", "-admin.ui=false", "-master.telemetry=false", "-bucket=astraflow"]
+
+
+def _weed_ports() -> dict[str, int]:
+    names = [
+        "master.port",
+        "master.port.grpc",
+        "volume.port",
+        "volume.port.grpc",
+        "filer.port",
+        "filer.port.grpc",
+        "s3.port",
+        "s3.port.grpc",
+        "s3.port.iceberg",
+        "s3.port.lance",
+    ]
+    ports = {n: _free_port() for n in names}
+    # weed's admin worker dials admin.port + 10000 whatever it is told, so both must be free.
+    while True:
+        admin = random.randint(20000, 45000)
+        if all(_port_free(p) for p in (admin, admin + 10000)) and admin not in ports.values():
+            ports["admin.port"] = admin
+            return ports
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _start_weed(argv: list[str], log: Path, endpoint: str) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_ACCESS_KEY_ID="killtest", AWS_SECRET_ACCESS_KEY="killtest-secret")
+    proc = subprocess.Popen(argv, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env)
+    import boto3  # the raw client, so that readiness does not depend on the layer under test
+    from botocore.config import Config
+
+    probe = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id="killtest",
+        aws_secret_access_key="killtest-secret",
+        region_name="us-east-1",
+        config=Config(connect_timeout=1, read_timeout=3, retries={"max_attempts": 1}),
+    )
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"weed exited with {proc.returncode}: {log.read_text()[-2000:]}")
+        try:
+            probe.head_bucket(Bucket="astraflow")
+            probe.put_object(Bucket="astraflow", Key="probe", Body=b"x")
+            return proc
+        except Exception:  # noqa: BLE001 - not up yet
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError(f"weed did not answer on {endpoint} within 90 s: {log.read_text()[-2000:]}")
+
+
+@pytest.mark.slow
+def test_s3_server_killed_gives_clear_error_then_recovers(tmp_path: Path) -> None:
+    ports = _weed_ports()
+    endpoint = f"http://127.0.0.1:{ports['s3.port']}"
+    argv = _weed_argv(tmp_path / "weed", ports)
+    (tmp_path / "weed").mkdir()
+    log = tmp_path / "weed.log"
+    cfg = ClusterConfig(
+        run="killtest",
+        kafka=KafkaSettings(bootstrap="127.0.0.1:1"),  # unused here
+        s3=S3Settings(endpoint=endpoint, access_key="killtest", secret_key="killtest-secret"),
+    )
+    proc = _start_weed(argv, log, endpoint)
+    try:
+        store = ObjectStore.from_config(cfg, multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB)
+        payload = os.urandom(100_000)
+        store.put_bytes("killtest/before", payload)
+        src = tmp_path / "src.bin"
+        src.write_bytes(os.urandom(6 * MiB))
+
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        for call in (
+            lambda: store.get_bytes("killtest/before"),
+            lambda: store.put_bytes("killtest/after", b"x"),
+            lambda: store.put_file("killtest/file", src),
+            lambda: store.get_file("killtest/before", tmp_path / "out" / "dst"),
+            lambda: list(store.list("killtest/")),
+        ):
+            t0 = time.monotonic()
+            with pytest.raises(ObjectStoreError, match=f"S3 endpoint {endpoint} unreachable"):
+                call()
+            assert time.monotonic() - t0 < 8
+        assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
+
+        # The same ObjectStore works again once the server is back, and nothing written was lost.
+        proc = _start_weed(argv, log, endpoint)
+        assert store.get_bytes("killtest/before") == payload
+        store.put_file("killtest/file", src)
+        assert store.get_file("killtest/file", tmp_path / "back.bin") == sha256_file(src)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)

@@ -18,10 +18,14 @@ def test_weight_keys_match_architecture() -> None:
 
 def test_other_keys_match_architecture() -> None:
     lay = RunLayout("r-2.x")
-    assert lay.trainer_key("pi", "step-00000012/optimizer.pt") == "r-2.x/trainer/pi/step-00000012/optimizer.pt"
+    assert (
+        lay.trainer_key("pi", "step-00000012/optimizer.pt") == "r-2.x/trainer/pi/step-00000012/optimizer.pt"
+    )
     assert lay.dataflow_key("replay/state.json") == "r-2.x/dataflow/replay/state.json"
     assert lay.claim_key("ab" * 32) == "r-2.x/claims/" + "ab" * 32
-    assert lay.archive_key("trajectories/part-00001.parquet") == "r-2.x/archive/trajectories/part-00001.parquet"
+    assert (
+        lay.archive_key("trajectories/part-00001.parquet") == "r-2.x/archive/trajectories/part-00001.parquet"
+    )
 
 
 def test_version_keys_sort_in_version_order() -> None:

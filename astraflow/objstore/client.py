@@ -130,7 +130,7 @@ class ObjectStore:
         """Fail with a message naming the endpoint or the bucket if the bucket is not usable."""
         try:
             self.client.head_bucket(Bucket=self.bucket)
-        except Exception as exc:  # noqa: BLE001 - translated below, re-raised
+        except Exception as exc:
             code = _error_code(exc)
             if code in {"404", "NoSuchBucket", "NotFound"}:
                 raise ObjectStoreError(
@@ -201,8 +201,11 @@ class ObjectStore:
             actual = hashlib.sha256(data).hexdigest()
             if expected is None:
                 raise ChecksumError(
-                    key, None, actual, f"object {key} carries no sha256 metadata (written outside "
-                    "astraflow.objstore?); refusing to return unverified bytes (pass verify=False)"
+                    key,
+                    None,
+                    actual,
+                    f"object {key} carries no sha256 metadata (written outside "
+                    "astraflow.objstore?); refusing to return unverified bytes (pass verify=False)",
                 )
             if actual != expected:
                 raise ChecksumError(key, expected, actual)
@@ -257,8 +260,11 @@ class ObjectStore:
             if verify:
                 if expected is None:
                     raise ChecksumError(
-                        key, None, actual, f"object {key} carries no sha256 metadata (written outside "
-                        "astraflow.objstore?); refusing to keep unverified bytes (pass verify=False)"
+                        key,
+                        None,
+                        actual,
+                        f"object {key} carries no sha256 metadata (written outside "
+                        "astraflow.objstore?); refusing to keep unverified bytes (pass verify=False)",
                     )
                 if actual != expected:
                     raise ChecksumError(key, expected, actual)
@@ -339,7 +345,9 @@ class ObjectStore:
     def list(self, prefix: str = "", *, page_size: int = 1000) -> Iterator[str]:
         """Every key under ``prefix``, in lexicographic order (paginated, lazily)."""
         paginator = self.client.get_paginator("list_objects_v2")
-        pages = paginator.paginate(Bucket=self.bucket, Prefix=prefix, PaginationConfig={"PageSize": page_size})
+        pages = paginator.paginate(
+            Bucket=self.bucket, Prefix=prefix, PaginationConfig={"PageSize": page_size}
+        )
         with self._errors("list", prefix):
             for page in pages:
                 for item in page.get("Contents", []):
@@ -358,15 +366,19 @@ class ObjectStore:
             yield
         except ObjectStoreError:
             raise
-        except Exception as exc:  # noqa: BLE001 - every botocore/s3transfer error is translated
+        except Exception as exc:
             raise self._translate(exc, op, key, conditional=conditional) from exc
 
-    def _translate(self, exc: BaseException, op: str, key: str | None, *, conditional: bool = False) -> Exception:
+    def _translate(
+        self, exc: BaseException, op: str, key: str | None, *, conditional: bool = False
+    ) -> Exception:
         from botocore.exceptions import (
             ClientError,
-            ConnectionError as BotoConnectionError,
             NoCredentialsError,
             ReadTimeoutError,
+        )
+        from botocore.exceptions import (
+            ConnectionError as BotoConnectionError,
         )
 
         where = self.url(key) if key is not None else f"s3://{self.bucket}"
