@@ -21,6 +21,9 @@ ADMIN_GRPC_OFFSET = 10000
 def port_is_free(port: int, host: str = LOOPBACK) -> bool:
     """True when nothing listens on ``host:port`` and it can be bound now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As the servers do (Go and Rust set it): connections of a stopped server linger in
+        # TIME_WAIT and would otherwise make its port look taken for a minute.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:
@@ -76,6 +79,13 @@ class StackPorts(BaseModel):
     def taken(self, host: str = LOOPBACK) -> dict[str, int]:
         """The ports of this plan that something already listens on."""
         return {name: port for name, port in self.by_service().items() if not port_is_free(port, host)}
+
+    @classmethod
+    def plan(cls, kafka: int = 9092, s3: int = 8333, internal_base: int = 18331) -> StackPorts:
+        """Kafka and S3 where clients expect them, SeaweedFS's internal listeners on
+        ``internal_base`` .. ``internal_base + 9`` (admin gRPC on ``internal_base + 10009``)."""
+        internal = [name for name in cls.model_fields if name not in ("kafka", "s3")]
+        return cls(kafka=kafka, s3=s3, **{name: internal_base + i for i, name in enumerate(internal)})
 
     @classmethod
     def free(cls, low: int = 20000, high: int = 32000) -> StackPorts:
