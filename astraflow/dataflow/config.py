@@ -1,0 +1,50 @@
+"""The ``dataflow`` section of a recipe."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from astraflow.dataflow.autoscaler import AutoscaleConfig
+from astraflow.dataflow.plugins import PluginSpec
+
+
+class DataflowConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["async", "sync"] = "async"
+    """``async``: keep up to ``in_flight_cap`` tasks out, bounded by staleness. ``sync`` (on-policy
+    barrier): emit one wave of tasks for the current version, wait until every task of the wave is
+    finished, and emit the next wave only after newer weights are announced."""
+    policies: list[str] = Field(default_factory=lambda: ["default"], min_length=1)
+    """Policies trained in this run; a task with ``policy=""`` yields one group for each."""
+    groups_per_batch: int = Field(default=8, ge=1)
+    """Groups (one task x one policy, ``samples`` trajectories each) per training batch."""
+    max_staleness: int = Field(default=1, ge=0)
+    """A trajectory is dropped when current version - its oldest trained token's version exceeds this."""
+    max_in_flight: int | None = Field(default=None, ge=1)
+    """Cap on emitted-but-unfinished tasks; default ``groups_per_batch * (max_staleness + 1)``."""
+    candidate_pool: int = Field(default=64, ge=1)
+    """Dataset tasks drawn ahead so that the task selector has a choice."""
+    epochs: int | None = Field(default=None, ge=1)
+    """Passes over the dataset; ``None`` cycles forever."""
+    dedup_capacity: int = Field(default=200_000, ge=1)
+    """Episode ids remembered for dedup (oldest forgotten first)."""
+    min_group_samples: int = Field(default=2, ge=1)
+    """A finished group with fewer surviving trajectories is dropped (counted ``group_too_small``)."""
+    task_timeout_s: float | None = Field(default=900.0, gt=0)
+    """A task unfinished after this long is expired (counted): covers rejected episodes (a
+    workflow returning None) and lost nodes. ``None`` never expires."""
+    selector: PluginSpec = Field(default_factory=lambda: PluginSpec(type="accept_all"))
+    """Before-rollout task selection plug-in."""
+    filters: list[PluginSpec] = Field(default_factory=list)
+    """After-rollout group filters, applied in order."""
+    sampler: PluginSpec = Field(default_factory=lambda: PluginSpec(type="fifo"))
+    """Batch-serving plug-in; one instance per policy."""
+    autoscale: AutoscaleConfig = Field(default_factory=AutoscaleConfig)
+    """Advisory node-count report."""
+
+    @property
+    def in_flight_cap(self) -> int:
+        return self.max_in_flight or self.groups_per_batch * (self.max_staleness + 1)

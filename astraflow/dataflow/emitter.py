@@ -1,0 +1,203 @@
+"""Task emission: dataset -> selector -> tasks tagged with the current weight version, under
+backpressure.
+
+In-flight tasks (emitted, not yet finished or expired) are bounded by ``in_flight_cap``; a task
+finishes when every policy it feeds has had its group finalised (trained or dropped by a counted
+rule). The dataset position, candidate pool and in-flight table are checkpointed, so a restarted
+dataflow neither skips nor re-emits prompts beyond what the log redelivers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from astraflow.dataflow.plugins import TaskSelector
+from astraflow.dataflow.plugins.selectors import SOURCE_ID_KEY
+from astraflow.records import Task
+
+
+@dataclass(slots=True)
+class InFlight:
+    task: Task
+    emitted_at: float
+    pending_policies: set[str] = field(default_factory=set)
+
+
+class TaskEmitter:
+    def __init__(
+        self,
+        dataset: Iterable[Task],
+        selector: TaskSelector,
+        *,
+        policies: list[str],
+        in_flight_cap: int,
+        candidate_pool: int = 64,
+        epochs: int | None = None,
+        mode: Literal["async", "sync"] = "async",
+        wave_size: int | None = None,
+    ) -> None:
+        self.dataset = dataset
+        self.selector = selector
+        self.policies = list(policies)
+        self.in_flight_cap = in_flight_cap
+        self.candidate_pool = candidate_pool
+        self.epochs = epochs
+        self.mode = mode
+        self.wave_size = wave_size or in_flight_cap
+        self.versions = {p: 0 for p in self.policies}
+        self.in_flight: dict[str, InFlight] = {}
+        self.candidates: list[Task] = []
+        self.epoch = 0
+        self.position = 0
+        """Tasks drawn from the dataset in the current epoch."""
+        self.exhausted = False
+        self.counters: Counter[str] = Counter()
+        # sync mode: version the current wave was emitted for, and tasks still owed to it
+        self.wave_version = -1
+        self.wave_shortfall = 0
+        self._it: Iterator[Task] | None = None
+
+    # -- versions ----------------------------------------------------------------------------
+    def set_version(self, policy: str, version: int) -> None:
+        if version > self.versions.get(policy, -1):
+            self.versions[policy] = version
+            self.selector.on_version(policy, version)
+
+    def version_for(self, task: Task) -> int:
+        if task.policy:
+            return self.versions.get(task.policy, 0)
+        return min(self.versions.values())
+
+    # -- emission ----------------------------------------------------------------------------
+    def capacity(self) -> int:
+        """How many tasks may be emitted now."""
+        if self.mode == "async":
+            return max(0, self.in_flight_cap - len(self.in_flight))
+        if self.in_flight:
+            return 0
+        current = min(self.versions.values())
+        if current > self.wave_version:
+            return self.wave_size
+        return self.wave_shortfall
+
+    def _draw(self) -> Task | None:
+        while not self.exhausted:
+            if self._it is None:
+                self._it = iter(self.dataset)
+                for _ in range(self.position):  # resume mid-epoch: datasets are deterministic
+                    next(self._it)
+            try:
+                t = next(self._it)
+            except StopIteration:
+                self._it = None
+                if self.position == 0:  # an empty dataset would loop forever
+                    self.exhausted = True
+                    return None
+                self.epoch += 1
+                self.position = 0
+                if self.epochs is not None and self.epoch >= self.epochs:
+                    self.exhausted = True
+                continue
+            self.position += 1
+            meta = {**t.metadata, SOURCE_ID_KEY: t.metadata.get(SOURCE_ID_KEY, t.prompt_id)}
+            # Ids stay unique across epochs, so episode-id dedup never hits a legitimate re-run.
+            pid = t.prompt_id if self.epoch == 0 else f"{t.prompt_id}~e{self.epoch}"
+            return dataclasses.replace(t, prompt_id=pid, metadata=meta)
+        return None
+
+    def next_tasks(self, now: float) -> list[Task]:
+        """Tasks to send now, tagged with the current version and registered as in flight."""
+        k = self.capacity()
+        if k <= 0:
+            return []
+        out: list[Task] = []
+        # Loop because a selector may skip candidates: refill and ask again until k are chosen.
+        while len(out) < k:
+            while len(self.candidates) < max(self.candidate_pool, k):
+                t = self._draw()
+                if t is None:
+                    break
+                self.candidates.append(t)
+            emit, skip = self.selector.select(list(self.candidates), k - len(out))
+            emit = emit[: k - len(out)]
+            if not emit and not skip:
+                break
+            gone = {id(t) for t in emit} | {id(t) for t in skip}
+            self.candidates = [t for t in self.candidates if id(t) not in gone]
+            self.counters["selector_skipped"] += len(skip)
+            for t in emit:
+                t = dataclasses.replace(t, emitted_version=self.version_for(t))
+                if t.prompt_id in self.in_flight:  # a dataset with repeated ids: count, never clobber
+                    self.counters["duplicate_prompt_id"] += 1
+                    continue
+                pols = {t.policy} if t.policy else set(self.policies)
+                self.in_flight[t.prompt_id] = InFlight(t, now, pols)
+                out.append(t)
+        self.counters["emitted"] += len(out)
+        if self.mode == "sync":
+            current = min(self.versions.values())
+            if current > self.wave_version:
+                self.wave_version = current
+            self.wave_shortfall = 0
+        return out
+
+    # -- completion --------------------------------------------------------------------------
+    def task(self, prompt_id: str) -> Task | None:
+        f = self.in_flight.get(prompt_id)
+        return f.task if f else None
+
+    def group_done(self, task_id: str, policy: str) -> bool:
+        """A group of ``task_id`` was finalised; returns True when that finished the task."""
+        f = self.in_flight.get(task_id)
+        if f is None:
+            return False
+        f.pending_policies.discard(policy)
+        if f.pending_policies:
+            return False
+        del self.in_flight[task_id]
+        self.counters["finished"] += 1
+        return True
+
+    def expire(self, now: float, timeout_s: float | None) -> list[Task]:
+        """Remove tasks in flight for longer than ``timeout_s``; counted ``expired``."""
+        if timeout_s is None:
+            return []
+        old = [pid for pid, f in self.in_flight.items() if now - f.emitted_at > timeout_s]
+        out = [self.in_flight.pop(pid).task for pid in old]
+        self.counters["expired"] += len(out)
+        return out
+
+    # -- checkpoint --------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "versions": dict(self.versions),
+            "in_flight": [
+                {"task": dataclasses.asdict(f.task), "emitted_at": f.emitted_at, "pending": sorted(f.pending_policies)}
+                for f in self.in_flight.values()
+            ],
+            "candidates": [dataclasses.asdict(t) for t in self.candidates],
+            "epoch": self.epoch,
+            "position": self.position,
+            "exhausted": self.exhausted,
+            "counters": dict(self.counters),
+            "wave_version": self.wave_version,
+            "wave_shortfall": self.wave_shortfall,
+            "selector": self.selector.state_dict(),
+        }
+
+    def load_state_dict(self, s: dict[str, Any]) -> None:
+        self.versions.update(s["versions"])
+        self.in_flight = {}
+        for f in s["in_flight"]:
+            t = Task(**f["task"])
+            self.in_flight[t.prompt_id] = InFlight(t, f["emitted_at"], set(f["pending"]))
+        self.candidates = [Task(**t) for t in s["candidates"]]
+        self.epoch, self.position, self.exhausted = s["epoch"], s["position"], s["exhausted"]
+        self.counters = Counter(s["counters"])
+        self.wave_version, self.wave_shortfall = s["wave_version"], s["wave_shortfall"]
+        self.selector.load_state_dict(s["selector"])
+        self._it = None

@@ -1,0 +1,132 @@
+"""The whole dataflow as one pure object: emitter + processor + one batcher per policy.
+
+No I/O here: :mod:`astraflow.dataflow.service` feeds it log records and sends what it returns.
+Its ``state_dict`` (plug-in state included) is checkpointed together with the consumed offsets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from astraflow.dataflow.batcher import BatchAssembler
+from astraflow.dataflow.config import DataflowConfig
+from astraflow.dataflow.emitter import TaskEmitter
+from astraflow.dataflow.plugins import build_plugin
+from astraflow.dataflow.processor import TrajectoryProcessor
+from astraflow.records import Batch, Task, Trajectory
+
+STATE_VERSION = 1
+
+
+class Dataflow:
+    def __init__(self, cfg: DataflowConfig, dataset: Iterable[Task]) -> None:
+        self.cfg = cfg
+        self.emitter = TaskEmitter(
+            dataset,
+            build_plugin("selector", cfg.selector),
+            policies=cfg.policies,
+            in_flight_cap=cfg.in_flight_cap,
+            candidate_pool=cfg.candidate_pool,
+            epochs=cfg.epochs,
+            mode=cfg.mode,
+            wave_size=cfg.groups_per_batch,
+        )
+        self.processor = TrajectoryProcessor(
+            policies=cfg.policies,
+            max_staleness=cfg.max_staleness,
+            filters=[build_plugin("filter", f) for f in cfg.filters],
+            task_lookup=self.emitter.task,
+            version_of=lambda p: self.emitter.versions.get(p, 0),
+            dedup_capacity=cfg.dedup_capacity,
+            min_group_samples=cfg.min_group_samples,
+        )
+        self.batchers = {
+            p: BatchAssembler(p, cfg.groups_per_batch, build_plugin("sampler", cfg.sampler)) for p in cfg.policies
+        }
+        self._batched_this_wave: set[str] = set()
+
+    @property
+    def versions(self) -> dict[str, int]:
+        return self.emitter.versions
+
+    def on_weights(self, policy: str, version: int) -> None:
+        """A ``weights.<policy>`` announcement."""
+        if policy in self.emitter.versions:
+            before = min(self.versions.values())
+            self.emitter.set_version(policy, version)
+            if min(self.versions.values()) > before:
+                self._batched_this_wave.clear()
+
+    def next_tasks(self, now: float) -> list[Task]:
+        if self.cfg.mode == "sync" and not self.emitter.in_flight:
+            # The wave is finished; if filters left a policy short of a batch, top it up at the
+            # same version instead of waiting for weights that cannot come.
+            short = [
+                self.cfg.groups_per_batch - b.sampler.buffered()
+                for p, b in self.batchers.items()
+                if p not in self._batched_this_wave
+            ]
+            self.emitter.wave_shortfall = max(short, default=0)
+        return self.emitter.next_tasks(now)
+
+    def ingest(self, trajectories: Iterable[Trajectory]) -> None:
+        for traj in trajectories:
+            for res in self.processor.ingest(traj):
+                g = res.group
+                task = self.emitter.task(g.task_id)
+                if task is not None:
+                    self.emitter.selector.observe(task, g.policy, g.rewards)
+                if res.kept:
+                    self.batchers[g.policy].add(g)
+                self.emitter.group_done(g.task_id, g.policy)
+
+    def expire(self, now: float) -> list[Task]:
+        expired = self.emitter.expire(now, self.cfg.task_timeout_s)
+        for t in expired:
+            self.processor.discard_task(t.prompt_id)
+        return expired
+
+    def take_batches(self) -> list[Batch]:
+        out = []
+        for p, b in self.batchers.items():
+            batches = b.take(self.versions[p])
+            if batches:
+                self._batched_this_wave.add(p)
+            out += batches
+        return out
+
+    @property
+    def finished(self) -> bool:
+        """Dataset exhausted and nothing in flight (a finite run is over)."""
+        return self.emitter.exhausted and not self.emitter.candidates and not self.emitter.in_flight
+
+    def counters(self) -> dict[str, int]:
+        out: dict[str, int] = {f"tasks.{k}": v for k, v in self.emitter.counters.items()}
+        out["tasks.in_flight"] = len(self.emitter.in_flight)
+        out.update({f"trajectories.{k}": v for k, v in self.processor.counters.items()})
+        out["trajectories.pending"] = self.processor.pending_trajectories()
+        for p, b in self.batchers.items():
+            out.update({f"batches.{p}.{k}": v for k, v in b.counters.items()})
+            out[f"batches.{p}.groups_buffered"] = b.sampler.buffered()
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "state_version": STATE_VERSION,
+            "emitter": self.emitter.state_dict(),
+            "processor": self.processor.state_dict(),
+            "batchers": {p: b.state_dict() for p, b in self.batchers.items()},
+            "batched_this_wave": sorted(self._batched_this_wave),
+        }
+
+    def load_state_dict(self, s: dict[str, Any]) -> None:
+        if s.get("state_version") != STATE_VERSION:
+            raise ValueError(f"dataflow checkpoint state_version {s.get('state_version')} != {STATE_VERSION}")
+        if set(s["batchers"]) != set(self.batchers):
+            raise ValueError(f"checkpoint policies {sorted(s['batchers'])} != recipe policies {sorted(self.batchers)}")
+        self.emitter.load_state_dict(s["emitter"])
+        self.processor.load_state_dict(s["processor"])
+        for p, b in self.batchers.items():
+            b.load_state_dict(s["batchers"][p])
+        self._batched_this_wave = set(s["batched_this_wave"])
