@@ -1,0 +1,119 @@
+"""The built-in engine: a Hugging Face ``transformers`` causal LM with an incremental decoding
+loop (KV cache, left-padded batches, temperature / top-p sampling) on CPU or CUDA.
+
+Log-probs: each token's behaviour log-prob is ``log_softmax(logits / temperature)`` at the sampled
+token, i.e. under the *tempered full* distribution, before top-p truncation. That is what the
+trainer recomputes (it divides its logits by the same temperature), so with ``top_p = 1`` the
+importance ratio is exactly 1 for a fresh token. With ``temperature = 0`` (greedy) log-probs are
+reported under the untempered softmax.
+
+Versions: weights may be swapped by another thread (``load_weights``) while a batch is being
+decoded; the swap waits for the current decoding step and every later token is tagged with the new
+version. The KV cache of the earlier tokens is kept (as in interruptible generation), so a
+sequence's tokens can carry several versions, which is exactly what the per-token tags record.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from astraflow.engines.base import Engine, Generation, SamplingParams
+
+
+class HFEngine(Engine):
+    def __init__(self, model, *, eos_token_id: int | None = None, pad_token_id: int | None = None,
+                 device: str = "cpu", version: int = 0, seed: int = 0, max_batch_size: int = 256) -> None:
+        import torch
+
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
+        cfg = model.config
+        self.eos_token_id = cfg.eos_token_id if eos_token_id is None else eos_token_id
+        self.pad_token_id = (cfg.pad_token_id if pad_token_id is None else pad_token_id) or 0
+        self.max_batch_size = max_batch_size
+        self._version = version
+        self._lock = threading.Lock()
+        self._rng = torch.Generator(device=self.device).manual_seed(seed)
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.model.state_dict()
+
+    def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        import torch
+
+        with self._lock, torch.no_grad():
+            # strict: a delta chain that misses a tensor must fail loudly, not serve stale weights
+            self.model.load_state_dict(state_dict, strict=True)
+            self._version = version
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        import torch
+
+        if not prompts:
+            return []
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("empty prompt: every prompt needs at least one token (e.g. BOS)")
+        stops = set(params.stop_token_ids if params.stop_token_ids is not None else [self.eos_token_id])
+        n, width = len(prompts), max(len(p) for p in prompts)
+        ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.long)
+        for i, p in enumerate(prompts):  # left padding: the next token is always at the right edge
+            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        logps: list[list[float]] = [[] for _ in range(n)]
+        versions: list[list[int]] = [[] for _ in range(n)]
+        done = [False] * n
+        cache, step_ids = None, ids
+        with torch.no_grad():
+            for _ in range(params.max_new_tokens):
+                with self._lock:  # a weight swap happens between steps, never inside a forward
+                    out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=positions,
+                                     past_key_values=cache, use_cache=True)
+                    version = self._version
+                cache = out.past_key_values
+                logits = out.logits[:, -1, :].float()
+                if params.temperature <= 0:
+                    logp = torch.log_softmax(logits, dim=-1)
+                    nxt = logp.argmax(dim=-1)
+                else:
+                    logp = torch.log_softmax(logits / params.temperature, dim=-1)
+                    nxt = self._sample(logp, params.top_p)
+                chosen = logp.gather(-1, nxt[:, None]).squeeze(-1).tolist()
+                nxt_list = nxt.tolist()
+                for i in range(n):
+                    if done[i]:
+                        continue
+                    tokens[i].append(nxt_list[i])
+                    logps[i].append(chosen[i])
+                    versions[i].append(version)
+                    done[i] = nxt_list[i] in stops
+                if all(done):
+                    break
+                # finished rows keep decoding padding (cheaper than re-packing the cache)
+                step_ids = torch.where(torch.tensor(done, device=self.device), self.pad_token_id, nxt)[:, None]
+                mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=self.device)], dim=1)
+                positions = positions[:, -1:] + 1
+        return [
+            Generation(token_ids=t, logprobs=lp, versions=v,
+                       finish_reason="stop" if t and t[-1] in stops else "length")
+            for t, lp, v in zip(tokens, logps, versions)
+        ]
+
+    def _sample(self, logp, top_p: float):
+        import torch
+
+        probs = logp.exp()
+        if top_p < 1.0:
+            sorted_p, order = probs.sort(dim=-1, descending=True)
+            keep = sorted_p.cumsum(-1) - sorted_p < top_p  # always keeps the most likely token
+            sorted_p = sorted_p * keep
+            probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+        return torch.multinomial(probs, 1, generator=self._rng).squeeze(-1)

@@ -1,0 +1,90 @@
+"""Generated datasets with checkable answers: a tiny ABC, a registry by name, seeded splits."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+Split = Literal["train", "heldout"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One prompt with its reference answer (answers are compared without whitespace)."""
+
+    prompt_id: str
+    prompt: str
+    answer: str
+
+
+def split_of(prompt: str, heldout_fraction: float) -> Split:
+    """Deterministic split by the prompt text's hash: train and held-out never share a prompt."""
+    h = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:8], "big") / 2**64
+    return "heldout" if h < heldout_fraction else "train"
+
+
+class Dataset(ABC):
+    """A seeded generator of problems, split into disjoint train and held-out sets by prompt."""
+
+    name: str = ""
+
+    def __init__(self, seed: int = 0, heldout_fraction: float = 0.1) -> None:
+        self.seed = seed
+        self.heldout_fraction = heldout_fraction
+
+    @abstractmethod
+    def _draw(self, rng: random.Random) -> tuple[str, str]:
+        """One random (prompt, answer) pair."""
+
+    def check(self, problem: Problem, response: str) -> bool:
+        """Whether a decoded response answers the problem."""
+        return "".join(response.split()) == problem.answer
+
+    def problems(self, split: Split, n: int, *, seed: int | None = None) -> list[Problem]:
+        """``n`` distinct problems of ``split`` (deterministic for the dataset seed and ``seed``)."""
+        rng = random.Random(f"{self.name}/{self.seed}/{split}/{seed}")
+        out: dict[str, Problem] = {}
+        attempts = 0
+        while len(out) < n:
+            attempts += 1
+            if attempts > 200 * n + 1000:
+                raise ValueError(f"{self.name}: cannot draw {n} distinct {split} problems")
+            prompt, answer = self._draw(rng)
+            if prompt in out or split_of(prompt, self.heldout_fraction) != split:
+                continue
+            pid = f"{self.name}-{hashlib.sha256(prompt.encode()).hexdigest()[:12]}"
+            out[prompt] = Problem(prompt_id=pid, prompt=prompt, answer=answer)
+        return list(out.values())
+
+    def stream(self, split: Split = "train", *, seed: int = 0):
+        """An endless iterator of problems of ``split`` (repeats allowed), for task emitters."""
+        rng = random.Random(f"{self.name}/{self.seed}/{split}/stream/{seed}")
+        while True:
+            prompt, answer = self._draw(rng)
+            if split_of(prompt, self.heldout_fraction) == split:
+                pid = f"{self.name}-{hashlib.sha256(prompt.encode()).hexdigest()[:12]}"
+                yield Problem(prompt_id=pid, prompt=prompt, answer=answer)
+
+
+DATASETS: dict[str, type[Dataset]] = {}
+
+
+def register_dataset(name: str) -> Callable[[type[Dataset]], type[Dataset]]:
+    def deco(cls: type[Dataset]) -> type[Dataset]:
+        cls.name = name
+        DATASETS[name] = cls
+        return cls
+    return deco
+
+
+def build_dataset(name: str, **kwargs) -> Dataset:
+    """The dataset registered under ``name`` (kwargs go to its constructor)."""
+    try:
+        cls = DATASETS[name]
+    except KeyError:
+        raise ValueError(f"unknown dataset {name!r}; registered: {sorted(DATASETS)}") from None
+    return cls(**kwargs)
