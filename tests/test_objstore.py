@@ -388,3 +388,45 @@ def test_s3_server_killed_gives_clear_error_then_recovers(tmp_path: Path) -> Non
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
+
+
+# -- a response body that breaks mid-read is retried (botocore retries only the request) ----------
+class _BreakingBodies:
+    """Wraps a real client; the first ``breaks`` GET bodies fail half-way like a reset connection."""
+
+    def __init__(self, client: object, breaks: int) -> None:
+        self._client, self.breaks, self.gets = client, breaks, 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._client, name)
+
+    def get_object(self, **kw: object) -> dict:
+        from botocore.exceptions import IncompleteReadError
+
+        resp = self._client.get_object(**kw)
+        self.gets += 1
+        if self.gets <= self.breaks:
+            real = resp["Body"]
+
+            class Broken:
+                def read(self) -> bytes:
+                    real.read(10)
+                    real.close()
+                    raise IncompleteReadError(actual_bytes=10, expected_bytes=resp["ContentLength"])
+
+            resp["Body"] = Broken()
+        return resp
+
+
+def test_broken_body_is_retried_then_reported(store: ObjectStore, prefix: str) -> None:
+    data = os.urandom(50_000)
+    store.put_bytes(prefix + "b", data)
+    flaky = _BreakingBodies(store.client, breaks=2)
+    retrying = ObjectStore(flaky, store.bucket, store.endpoint, body_read_attempts=3)
+    assert retrying.get_bytes(prefix + "b") == data
+    assert flaky.gets == 3
+    dead = _BreakingBodies(store.client, breaks=99)
+    giving_up = ObjectStore(dead, store.bucket, store.endpoint, body_read_attempts=2)
+    with pytest.raises(ObjectStoreError, match=f"reading {giving_up.url(prefix + 'b')} failed after 2"):
+        giving_up.get_bytes(prefix + "b")
+    assert dead.gets == 2
