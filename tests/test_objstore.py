@@ -58,13 +58,16 @@ def _corrupt(store: ObjectStore, key: str, data: bytes) -> None:
 
 
 # -- bytes -----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("size", [0, 1, 1000, 3 * MiB])
+@pytest.mark.parametrize("size", [0, 1, 1000, 3 * MiB, 11 * MiB])
 def test_bytes_round_trip(store: ObjectStore, prefix: str, size: int) -> None:
     data = os.urandom(size)
     key = prefix + f"blob-{size}"
     digest = store.put_bytes(key, data)
     assert digest == hashlib.sha256(data).hexdigest()
-    assert store.head(key)["sha256"] == digest
+    head = store.head(key)
+    assert head["sha256"] == digest
+    # above the 5 MiB threshold the bytes go up as a 3-part multipart upload
+    assert head["etag"].endswith("-3") == (size > 5 * MiB), head["etag"]
     assert store.get_bytes(key) == data
     assert store.size(key) == size
     assert store.exists(key)
@@ -94,6 +97,11 @@ def test_plain_put_overwrites_conditional_put_does_not(store: ObjectStore, prefi
     fresh = prefix + "fresh"
     store.put_bytes(fresh, b"first", if_none_match=True)
     assert store.get_bytes(fresh) == b"first"
+    big = os.urandom(6 * MiB)  # above the multipart threshold a conditional put is still one PUT
+    store.put_bytes(prefix + "big", big, if_none_match=True)
+    with pytest.raises(ObjectExistsError):
+        store.put_bytes(prefix + "big", b"small", if_none_match=True)
+    assert store.get_bytes(prefix + "big") == big
 
 
 # -- files (multipart) -----------------------------------------------------------------------------
