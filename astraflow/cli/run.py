@@ -1,0 +1,103 @@
+"""``astraflow run RECIPE`` and ``astraflow demo``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    run = subparsers.add_parser(
+        "run",
+        help="run a recipe: dataflow, trainers and RaaS nodes as processes, with live progress",
+        description=(
+            "Start the embedded stack if no Kafka/S3 is configured and none runs, create the run's "
+            "topics, launch the dataflow, one trainer per policy and the RaaS nodes of every pool as "
+            "separate processes (logs in runs/<run>/logs/), follow <run>.metrics, and stop everything "
+            "when every trainer is done or on Ctrl+C. Writes runs/<run>/metrics.jsonl and report.png."
+        ),
+    )
+    run.add_argument("recipe", type=Path, help="recipe YAML (see examples/recipes/)")
+    run.add_argument("--run-id", help="run id (default: <recipe run>-<timestamp>, a fresh run; "
+                     "an existing id resumes that run from its checkpoints)")
+    run.add_argument("--nodes", action="append", default=[], metavar="POOL=N",
+                     help="RaaS nodes to start for POOL (repeatable; default: the recipe's)")
+    run.add_argument("--steps", type=int, help="trainer steps per policy (default: the recipe's)")
+    run.add_argument("--state-dir", type=Path, help="embedded stack state dir (default: the cluster "
+                     "config's, i.e. $ASTRAFLOW_STATE_DIR or ./.astraflow)")
+    run.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where runs/<run> goes (default: %(default)s)")
+    run.add_argument("--timeout", type=float, help="stop with an error if the run is not done after this many seconds")
+    run.add_argument("--grace", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL at stop "
+                     "(default: %(default)s)")
+    run.add_argument("--no-live", action="store_true", help="print progress lines instead of a live table")
+    run.set_defaults(func=cmd_run)
+
+    demo = subparsers.add_parser(
+        "demo",
+        help="SFT warm start, then distributed RL; held-out accuracy before and after",
+        description=(
+            "For each demo recipe: build the tiny model(s), supervised warm start, greedy held-out "
+            "evaluation, publish the warm-started weights as version 0, run the recipe with the "
+            "launcher (separate processes, real broker and bucket), pull the final weights and "
+            "evaluate again. Prints a summary table and writes runs/<run>/summary.json."
+        ),
+    )
+    demo.add_argument("--recipes", default="math,solver_verifier",
+                      help="comma-separated names in examples/recipes/ or paths (default: %(default)s)")
+    demo.add_argument("--quick", action="store_true", help="fewer RL steps and eval prompts (a smoke run)")
+    demo.add_argument("--steps", type=int, help="override the RL steps of every recipe")
+    demo.add_argument("--state-dir", type=Path, help="embedded stack state dir")
+    demo.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where runs/<run> goes (default: %(default)s)")
+    demo.add_argument("--no-live", action="store_true", help="print progress lines instead of a live table")
+    demo.set_defaults(func=cmd_demo)
+
+
+def parse_nodes(items: list[str]) -> dict[str, int]:
+    from astraflow.config import ConfigError
+
+    out = {}
+    for item in items:
+        pool, sep, n = item.partition("=")
+        if not sep or not pool or not n.isdigit():
+            raise ConfigError(f"--nodes expects POOL=N (e.g. default=2), got {item!r}")
+        out[pool] = int(n)
+    return out
+
+
+def _cluster(args: argparse.Namespace):
+    from astraflow.config import ClusterConfig
+
+    cfg = ClusterConfig.load(getattr(args, "config", None))
+    if getattr(args, "state_dir", None) is not None:
+        cfg = cfg.model_copy(update={"state_dir": args.state_dir})
+    return cfg
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from astraflow.launcher import RunOptions, launch, open_cluster
+    from astraflow.recipe import Recipe
+
+    console = Console()
+    recipe = Recipe.load(args.recipe)
+    opts = RunOptions(run_id=args.run_id, steps=args.steps, nodes=parse_nodes(args.nodes),
+                      runs_dir=args.runs_dir, grace_s=args.grace, timeout_s=args.timeout,
+                      live=False if args.no_live else None)
+    try:
+        with open_cluster(_cluster(args), announce=lambda m: console.print(m, highlight=False)) as cfg:
+            result = launch(recipe, cfg, opts, console)
+    except KeyboardInterrupt:
+        return 130
+    except (RuntimeError, ValueError) as exc:
+        console.print(f"[red]astraflow run failed:[/red] {exc}", highlight=False)
+        return 1
+    return result.returncode
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from astraflow.demo import DemoOptions, run_demo
+
+    opts = DemoOptions(recipes=[r.strip() for r in args.recipes.split(",") if r.strip()], quick=args.quick,
+                       steps=args.steps, runs_dir=args.runs_dir, live=False if args.no_live else None)
+    return run_demo(_cluster(args), opts)

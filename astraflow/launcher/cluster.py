@@ -1,0 +1,68 @@
+"""The cluster a run uses: configured endpoints, a running embedded stack, or one started for it.
+
+An embedded stack started here belongs to the run: it is stopped when the run ends (nothing is
+left behind). One that was already running (``astraflow up``) is reused and left running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from astraflow.config import ClusterConfig
+
+
+@contextlib.contextmanager
+def open_cluster(cfg: ClusterConfig, *, log_storage: str = "memory",
+                 announce=print) -> Iterator[ClusterConfig]:
+    """Yield ``cfg`` resolved to live endpoints, starting the embedded stack when nothing is
+    configured and none runs under ``cfg.state_dir``.
+
+    ``log_storage="memory"`` for a stack owned by the run: its log dies with it anyway, and Tansu's
+    S3 storage slows every fetch as a partition's history grows.
+    """
+    from astraflow.embedded import EmbeddedStack, StackError, StackPorts
+
+    if not cfg.is_embedded:
+        yield cfg
+        return
+    stack = EmbeddedStack(cfg.state_dir)
+    if stack.running_endpoints() is not None:
+        announce(f"using the embedded stack already running under {stack.state_dir}")
+        yield cfg.resolve()
+        return
+    # The default ports when they are free (``astraflow status`` then finds the stack), else
+    # random free ones: a busy port must not stop a run.
+    ports = StackPorts()
+    if ports.taken():
+        ports = StackPorts.free()
+    stack = EmbeddedStack(cfg.state_dir, ports, storage=log_storage, die_with_parent=True)
+    announce(f"starting the embedded stack (Kafka + S3) under {stack.state_dir} ...")
+    try:
+        result = stack.up()
+    except StackError as exc:
+        raise RuntimeError(f"cannot start the embedded stack: {exc}") from None
+    try:
+        ep = result.endpoints
+        announce(f"embedded stack up: Kafka {ep['kafka_bootstrap']}, S3 {ep['s3_endpoint']} "
+                 f"({', '.join(f'{k} {v:.1f} s' for k, v in result.seconds.items())})")
+        yield cfg.resolve()
+    finally:
+        stack.down()
+        announce("embedded stack stopped")
+
+
+def write_cluster_file(cfg: ClusterConfig, path: Path) -> Path:
+    """The resolved cluster config as YAML (mode 0600: it holds the S3 secret) for the children."""
+    import os
+
+    import yaml
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = json.loads(cfg.model_dump_json(exclude_none=True))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        yaml.safe_dump(data, f, sort_keys=False)
+    return path

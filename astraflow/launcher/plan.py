@@ -1,0 +1,103 @@
+"""What a run launches: the effective recipe, the cluster file, and one command per component.
+
+Every component is started exactly as a user would start it on another machine
+(``astraflow --config CLUSTER <component> --recipe RECIPE ...``), so the launcher exercises the same
+path as a remote node. The cluster config travels as a file (``ASTRAFLOW_CONFIG``) and the run id as
+``ASTRAFLOW_RUN``; inherited ``ASTRAFLOW_*`` variables are dropped so they cannot override them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import yaml
+
+from astraflow.config import ClusterConfig
+from astraflow.launcher.supervisor import ChildSpec
+from astraflow.recipe import Recipe
+
+TASK_PARTITIONS = 4
+"""Partitions of each ``tasks.<pool>`` topic: up to this many nodes of a pool share the work."""
+
+
+def effective_recipe(recipe: Recipe, *, run_id: str, steps: int | None = None,
+                     nodes: dict[str, int] | None = None) -> Recipe:
+    """The recipe with the launcher's overrides applied and model paths made absolute (the
+    components read a copy under ``runs/<run>/``, not the original file)."""
+    nodes = nodes or {}
+    unknown = set(nodes) - {p.name for p in recipe.pools}
+    if unknown:
+        raise ValueError(f"--nodes names unknown pools {sorted(unknown)}; the recipe's pools are "
+                         f"{[p.name for p in recipe.pools]}")
+    policies = [p.model_copy(update={"model": str(recipe.resolve_path(p.model).resolve())})
+                for p in recipe.policies]
+    pools = [p.model_copy(update={"nodes": nodes.get(p.name, p.nodes)}) for p in recipe.pools]
+    update: dict = {"run": run_id, "policies": policies, "pools": pools}
+    if steps is not None:
+        update["trainer"] = recipe.trainer.model_copy(update={"steps": steps})
+    out = recipe.model_copy(update=update)
+    # Re-validate: overrides go through the same checks as the file.
+    validated = Recipe.model_validate(out.model_dump())
+    validated.source = recipe.source
+    return validated
+
+
+def write_recipe(recipe: Recipe, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
+    return path
+
+
+def run_topics(recipe: Recipe, run_id: str) -> dict[str, int]:
+    """Every topic of the run with its partition count (created before any component starts)."""
+    from astraflow.log import Topics
+
+    t = Topics(run_id)
+    topics = {t.trajectories: 1, t.metrics: 1, t.dead_letters: 1}
+    for pool in recipe.pools:
+        topics[t.tasks(pool.name)] = max(TASK_PARTITIONS, pool.nodes)
+    for policy in recipe.policies:
+        topics[t.batches(policy.name)] = 1
+        topics[t.weights(policy.name)] = 1
+    return topics
+
+
+def child_env(cluster_file: Path, run_id: str, threads: int = 1) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAFLOW_")}
+    env.update({
+        "ASTRAFLOW_CONFIG": str(cluster_file),
+        "ASTRAFLOW_RUN": run_id,
+        "PYTHONUNBUFFERED": "1",
+        # One intra-op thread per process: several components share few cores, and oversubscribed
+        # BLAS threads cost more than they give on tiny models.
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "ASTRAFLOW_TORCH_THREADS": str(threads),
+    })
+    return env
+
+
+def component_specs(recipe: Recipe, recipe_file: Path, cluster_file: Path, run_dir: Path,
+                    *, threads: int = 1) -> list[ChildSpec]:
+    """Dataflow first, then one trainer per policy, then ``nodes`` RaaS nodes per pool."""
+    base = [sys.executable, "-m", "astraflow.cli.main", "--config", str(cluster_file)]
+    env = child_env(cluster_file, recipe.run, threads)
+    logs = run_dir / "logs"
+    specs = [ChildSpec("dataflow", [*base, "dataflow", "--recipe", str(recipe_file)], env,
+                       logs / "dataflow.log")]
+    for policy in recipe.policies:
+        name = f"trainer-{policy.name}"
+        specs.append(ChildSpec(name, [*base, "trainer", "--recipe", str(recipe_file), "--policy", policy.name],
+                               env, logs / f"{name}.log", may_exit=True))
+    for pool in recipe.pools:
+        for i in range(pool.nodes):
+            name = f"raas-{pool.name}-{i}"
+            specs.append(ChildSpec(name, [*base, "raas", "--recipe", str(recipe_file), "--pool", pool.name,
+                                          "--node-id", name], env, logs / f"{name}.log"))
+    return specs
+
+
+def cluster_for_run(cfg: ClusterConfig, run_id: str) -> ClusterConfig:
+    return cfg.model_copy(update={"run": run_id})

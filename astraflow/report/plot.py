@@ -1,0 +1,96 @@
+"""``report.png`` of a run: reward per policy vs step, node throughput, staleness, weight bytes.
+
+Reads only the metrics contract (matplotlib Agg backend, no display needed): trainer step records
+(``component == "trainer"`` with ``step``), RaaS node records (``tokens_per_s``) and whatever else
+is there is ignored, so the report works on any run's ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+
+def trainer_steps(records: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Per policy, the trainer's step records ordered by step (a repeated step keeps the last)."""
+    by_policy: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
+    for r in records:
+        if r.get("component") == "trainer" and "step" in r and r.get("event") != "done":
+            by_policy[str(r.get("policy", r.get("id", "?")))][int(r["step"])] = r
+    return {p: [steps[s] for s in sorted(steps)] for p, steps in sorted(by_policy.items())}
+
+
+def node_throughput(records: Iterable[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
+    """Per RaaS node, (time, tokens/s) samples."""
+    out: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for r in records:
+        if r.get("component") == "raas" and "tokens_per_s" in r and "time" in r:
+            out[str(r.get("node_id", r.get("id", "?")))].append((float(r["time"]), float(r["tokens_per_s"])))
+    return dict(sorted(out.items()))
+
+
+def write_report(records: list[dict[str, Any]], path: str | Path, title: str = "") -> Path:
+    """Draw the four panels into ``path`` (PNG) and return it. Panels without data say so."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    steps = trainer_steps(records)
+    nodes = node_throughput(records)
+    t0 = min((float(r["time"]) for r in records if "time" in r), default=0.0)
+
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    ax_reward, ax_tput, ax_stale, ax_bytes = axes.flat
+
+    for policy, rows in steps.items():
+        xs = [r["step"] for r in rows if "reward_mean" in r]
+        ax_reward.plot(xs, [r["reward_mean"] for r in rows if "reward_mean" in r], marker=".", label=policy)
+    _finish(ax_reward, "reward per policy", "trainer step", "mean reward", bool(steps))
+
+    for node, samples in nodes.items():
+        ax_tput.plot([t - t0 for t, _ in samples], [v for _, v in samples], marker=".", label=node)
+    _finish(ax_tput, "RaaS node throughput", "seconds since start", "tokens / s", bool(nodes))
+
+    has_stale = False
+    for policy, rows in steps.items():
+        xs = [r["step"] for r in rows if "staleness_mean" in r]
+        if xs:
+            has_stale = True
+            line = ax_stale.plot(xs, [r["staleness_mean"] for r in rows if "staleness_mean" in r],
+                                 marker=".", label=f"{policy} mean")[0]
+            xm = [r["step"] for r in rows if "staleness_max" in r]
+            ax_stale.plot(xm, [r["staleness_max"] for r in rows if "staleness_max" in r], linestyle="--",
+                          color=line.get_color(), label=f"{policy} max")
+    _finish(ax_stale, "staleness of trained tokens", "trainer step", "versions behind", has_stale)
+
+    has_bytes = False
+    for policy, rows in steps.items():
+        pts = [(r.get("version", r["step"]), r["publish_bytes"]) for r in rows if r.get("publish_bytes")]
+        if pts:
+            has_bytes = True
+            ax_bytes.plot([v for v, _ in pts], [b for _, b in pts], marker="o", linestyle="-", label=policy)
+    if has_bytes:
+        ax_bytes.set_yscale("log")
+    _finish(ax_bytes, "weight bytes published per version", "version", "bytes", has_bytes)
+
+    fig.suptitle(title or "AstraFlow run")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def _finish(ax, title: str, xlabel: str, ylabel: str, has_data: bool) -> None:
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if has_data:
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    else:
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="grey")

@@ -1,0 +1,250 @@
+"""The launcher's process supervision, its stop semantics and the run report.
+
+Process tests use real child processes (python sleepers that fork a helper, ignore SIGTERM, or die)
+and check the kernel's process table afterwards: nothing may be left behind.
+"""
+
+from __future__ import annotations
+
+import _thread
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from astraflow.launcher.supervisor import ChildExited, ChildSpec, ProcessGroup
+
+# A component stand-in: writes its pid and its helper's pid, then sleeps until signalled.
+SLEEPER = textwrap.dedent("""
+    import os, signal, subprocess, sys, time
+    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print("pids", os.getpid(), helper.pid, flush=True)
+    if "--ignore-term" in sys.argv:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(600)
+""")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _spec(tmp_path: Path, name: str, code: str, *args: str, may_exit: bool = False) -> ChildSpec:
+    return ChildSpec(name, [sys.executable, "-c", code, *args], dict(os.environ), tmp_path / "logs" / f"{name}.log",
+                     may_exit=may_exit)
+
+
+def _pids_from_log(path: Path, timeout_s: float = 20.0) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for line in path.read_text().splitlines() if path.exists() else []:
+            if line.startswith("pids "):
+                return [int(x) for x in line.split()[1:]]
+        time.sleep(0.05)
+    raise AssertionError(f"child never wrote its pids to {path}")
+
+
+def test_stop_terminates_children_and_their_helpers(tmp_path: Path) -> None:
+    group = ProcessGroup(grace_s=5)
+    group.start(_spec(tmp_path, "raas-a", SLEEPER))
+    group.start(_spec(tmp_path, "raas-b", SLEEPER))
+    pids = _pids_from_log(tmp_path / "logs/raas-a.log") + _pids_from_log(tmp_path / "logs/raas-b.log")
+    assert all(_alive(p) for p in pids)
+    assert group.check() == []
+    t0 = time.monotonic()
+    codes = group.stop()
+    assert time.monotonic() - t0 < 5, "children that honour SIGTERM must not wait for the grace period"
+    assert codes == {"raas-a": -signal.SIGTERM, "raas-b": -signal.SIGTERM}
+    assert not any(_alive(p) for p in pids), "a child or its helper was left behind"
+
+
+def test_child_ignoring_sigterm_is_killed_after_grace(tmp_path: Path) -> None:
+    group = ProcessGroup(grace_s=1.0)
+    group.start(_spec(tmp_path, "stubborn", SLEEPER, "--ignore-term"))
+    pids = _pids_from_log(tmp_path / "logs/stubborn.log")
+    time.sleep(0.3)  # let it install the handler
+    t0 = time.monotonic()
+    codes = group.stop()
+    assert 0.9 < time.monotonic() - t0 < 8
+    assert codes["stubborn"] == -signal.SIGKILL
+    assert not any(_alive(p) for p in pids)
+
+
+def test_dead_child_is_named_with_its_log(tmp_path: Path) -> None:
+    group = ProcessGroup(grace_s=2)
+    group.start(_spec(tmp_path, "dataflow", SLEEPER))
+    group.start(_spec(tmp_path, "raas-default-0", "import sys; print('cannot reach the broker'); sys.exit(3)"))
+    deadline = time.monotonic() + 20
+    with pytest.raises(ChildExited) as exc:
+        while time.monotonic() < deadline:
+            group.check()
+            time.sleep(0.05)
+    err = exc.value
+    assert err.name == "raas-default-0" and err.returncode == 3
+    assert err.log_path == tmp_path / "logs" / "raas-default-0.log"
+    msg = str(err)
+    assert "'raas-default-0' exited with status 3" in msg and str(err.log_path) in msg
+    assert "cannot reach the broker" in msg  # the log tail is part of the error
+    group.stop()
+    assert group.alive() == []
+
+
+def test_finished_trainer_is_not_a_failure(tmp_path: Path) -> None:
+    group = ProcessGroup(grace_s=2)
+    group.start(_spec(tmp_path, "trainer-policy", "print('done')", may_exit=True))
+    deadline = time.monotonic() + 20
+    while group.check() != ["trainer-policy"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    group.stop()
+
+
+def test_children_die_with_a_killed_launcher(tmp_path: Path) -> None:
+    """SIGKILL of the launcher itself (no chance to clean up): the kernel stops its children."""
+    launcher = textwrap.dedent(f"""
+        import os, sys, time
+        from pathlib import Path
+        from astraflow.launcher.supervisor import ChildSpec, ProcessGroup
+        g = ProcessGroup()
+        c = g.start(ChildSpec("raas", [sys.executable, "-c", "import time; time.sleep(600)"], dict(os.environ),
+                              Path({str(tmp_path)!r}) / "raas.log"))
+        print(c.proc.pid, flush=True)
+        time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, text=True)
+    child = int(proc.stdout.readline())
+    assert _alive(child)
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child), "child outlived its SIGKILLed launcher"
+
+
+# -- report ----------------------------------------------------------------------------------
+def _metrics(path: Path) -> list[dict]:
+    recs = []
+    for step in range(1, 6):
+        for policy in ("solver", "verifier"):
+            recs.append({"component": "trainer", "id": f"trainer-{policy}", "time": 100.0 + step, "policy": policy,
+                         "step": step, "version": step, "loss": 0.1, "reward_mean": 0.2 + 0.1 * step,
+                         "staleness_mean": 0.5, "staleness_max": 1, "wait_s": 0.3, "step_s": 1.0,
+                         "trajectories": 128, "tokens": 400, "publish_bytes": 90000 if step % 5 == 0 else 3000})
+        recs.append({"component": "raas", "id": "raas-default-0", "node_id": "raas-default-0", "pool": "default",
+                     "time": 100.0 + step, "tokens_per_s": 300 + step, "versions": {"solver": step}})
+    recs.append({"component": "trainer", "id": "trainer-solver", "time": 107.0, "event": "done",
+                 "policy": "solver", "version": 5})
+    with open(path, "w") as f:
+        for r in recs:
+            f.write(json.dumps(r) + "\n")
+        f.write('{"component": "trai')  # a torn last line (crash mid-write) is skipped
+    return recs
+
+
+def test_report_png_from_metrics_jsonl(tmp_path: Path) -> None:
+    from astraflow.report import load_metrics, write_report
+    from astraflow.report.plot import trainer_steps
+
+    _metrics(tmp_path / "metrics.jsonl")
+    records = load_metrics(tmp_path / "metrics.jsonl")
+    assert len(records) == 16
+    steps = trainer_steps(records)
+    assert sorted(steps) == ["solver", "verifier"] and [r["step"] for r in steps["solver"]] == [1, 2, 3, 4, 5]
+    png = write_report(records, tmp_path / "report.png", title="test")
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+
+
+def test_report_of_empty_run(tmp_path: Path) -> None:
+    from astraflow.report import write_report
+
+    png = write_report([], tmp_path / "report.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_progress_folds_the_metrics_contract(tmp_path: Path) -> None:
+    from astraflow.launcher.progress import RunProgress
+
+    p = RunProgress(run="r", steps=5, policies=["solver", "verifier"])
+    for rec in _metrics(tmp_path / "m.jsonl"):
+        p.update(rec)
+    p.update({"component": "dataflow", "id": "dataflow", "counters": {"emitted": 9, "dropped": {"stale": 2}}})
+    assert p.trainers["verifier"]["step"] == 5 and "solver" in p.done and not p.all_done
+    assert p.dropped() == {"stale": 2}
+    line = p.summary_line()
+    assert "solver: step 5/5 v5 reward 0.700 done" in line and "stale=2" in line
+    p.update({"component": "trainer", "event": "done", "policy": "verifier", "version": 5})
+    assert p.all_done
+
+
+# -- launch() against the real broker, with stand-in components -------------------------------
+def _fake_specs(tmp_path: Path, crash: bool):
+    def specs(recipe, recipe_file, cluster_file, run_dir, *, threads=1):
+        out = [_spec(run_dir, "dataflow", SLEEPER), _spec(run_dir, "raas-default-0", SLEEPER)]
+        if crash:
+            out.append(_spec(run_dir, "trainer-policy",
+                             "import time, sys; time.sleep(1.5); print('CUDA out of memory'); sys.exit(7)",
+                             may_exit=True))
+        return out
+    return specs
+
+
+def _recipe(tmp_path: Path):
+    from astraflow.recipe import Recipe
+
+    return Recipe.load(Path(__file__).parent.parent / "examples" / "recipes" / "math.yaml")
+
+
+@pytest.mark.integration
+def test_launch_interrupted_leaves_nothing_behind(tmp_path: Path, test_cluster, monkeypatch) -> None:
+    from rich.console import Console
+
+    from astraflow.launcher import RunOptions, launch
+    from astraflow.launcher import runner
+
+    monkeypatch.setattr(runner, "component_specs", _fake_specs(tmp_path, crash=False))
+    opts = RunOptions(run_id=test_cluster.run, runs_dir=tmp_path, grace_s=3, live=False)
+    # Ctrl+C arrives as KeyboardInterrupt in the main thread, exactly what the terminal does.
+    timer = threading.Timer(8.0, _thread.interrupt_main)
+    timer.start()
+    try:
+        result = launch(_recipe(tmp_path), test_cluster, opts, Console(file=open(os.devnull, "w")))
+    finally:
+        timer.cancel()
+    assert result.returncode == 130 and result.reason == "interrupted"
+    run_dir = tmp_path / test_cluster.run
+    pids = _pids_from_log(run_dir / "logs/dataflow.log") + _pids_from_log(run_dir / "logs/raas-default-0.log")
+    assert not any(_alive(p) for p in pids)
+    assert (run_dir / "metrics.jsonl").exists() and (run_dir / "report.png").exists()
+    assert (run_dir / "recipe.yaml").exists() and oct((run_dir / "cluster.yaml").stat().st_mode)[-3:] == "600"
+
+
+@pytest.mark.integration
+def test_launch_stops_when_a_component_dies(tmp_path: Path, test_cluster, monkeypatch) -> None:
+    from rich.console import Console
+
+    from astraflow.launcher import RunOptions, launch
+    from astraflow.launcher import runner
+
+    monkeypatch.setattr(runner, "component_specs", _fake_specs(tmp_path, crash=True))
+    opts = RunOptions(run_id=test_cluster.run, runs_dir=tmp_path, grace_s=3, live=False, timeout_s=60)
+    result = launch(_recipe(tmp_path), test_cluster, opts, Console(file=open(os.devnull, "w")))
+    assert result.returncode == 1
+    log = tmp_path / test_cluster.run / "logs" / "trainer-policy.log"
+    assert "'trainer-policy' exited with status 7" in result.reason and str(log) in result.reason
+    assert "CUDA out of memory" in result.reason
+    run_dir = tmp_path / test_cluster.run
+    pids = _pids_from_log(run_dir / "logs/dataflow.log") + _pids_from_log(run_dir / "logs/raas-default-0.log")
+    assert not any(_alive(p) for p in pids)
