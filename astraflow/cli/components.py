@@ -1,0 +1,134 @@
+"""``astraflow raas | trainer | dataflow``: start one component against a cluster config.
+
+Each runs until done (trainer), or until SIGTERM / SIGINT, which set a stop event for a clean stop
+(a RaaS node finishes its running episodes, a trainer checkpoints, the dataflow checkpoints).
+A second signal exits at once (nothing is lost: every component is safe to kill).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    raas = subparsers.add_parser(
+        "raas", help="run a RaaS node of a pool (consume tasks, produce trajectories, follow weights)",
+        description="Join the consumer group of <run>.tasks.<pool>, run episodes with one engine per "
+        "policy, produce trajectories and refresh weights between generation steps.")
+    _common(raas)
+    raas.add_argument("--pool", default=None, help="pool name from the recipe (default: its first pool)")
+    raas.add_argument("--node-id", default=None, help="node id (default: <host>-<pid>-<random>)")
+    raas.set_defaults(func=cmd_raas)
+
+    trainer = subparsers.add_parser(
+        "trainer", help="run the trainer of one policy (batches in, weight versions out)",
+        description="Consume <run>.batches.<policy>, take GRPO/PPO steps, publish weights, checkpoint "
+        "to the bucket and resume from it.")
+    _common(trainer)
+    trainer.add_argument("--policy", default=None, help="policy name (default: the recipe's first policy)")
+    trainer.set_defaults(func=cmd_trainer)
+
+    dataflow = subparsers.add_parser(
+        "dataflow", help="run the dataflow (task emitter, trajectory processing, batch assembly)",
+        description="Emit tasks from the recipe's dataset, turn trajectories into training batches, "
+        "publish counters and the autoscaling report.")
+    _common(dataflow)
+    dataflow.add_argument("--until-finished", action="store_true",
+                          help="exit when the dataset is used up and nothing is in flight")
+    dataflow.set_defaults(func=cmd_dataflow)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--recipe", required=True, help="recipe YAML")
+    p.add_argument("--run-id", default=None, help="run id (overrides the recipe's `run`)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's choice; $ASTRAFLOW_TORCH_THREADS)")
+    p.add_argument("--log-level", default=os.environ.get("ASTRAFLOW_LOG_LEVEL", "INFO"))
+
+
+def _setup(args: argparse.Namespace) -> tuple[Any, Any, threading.Event]:
+    """Cluster config (resolved, with the run id), recipe and a stop event wired to SIGTERM/SIGINT."""
+    from astraflow.config import ClusterConfig
+    from astraflow.recipe import Recipe
+
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kafka").setLevel(logging.WARNING)
+    recipe = Recipe.load(args.recipe)
+    run = args.run_id or recipe.run
+    recipe = recipe.model_copy(update={"run": run})
+    cfg = ClusterConfig.load(args.config).model_copy(update={"run": run}).resolve()
+    threads = args.threads or int(os.environ.get("ASTRAFLOW_TORCH_THREADS", "0") or 0)
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    return cfg, recipe, _stop_on_signals()
+
+
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+
+    def handler(signum: int, _frame: Any) -> None:
+        if stop.is_set():
+            os._exit(128 + signum)  # second signal: leave now (uncommitted work is re-delivered)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return stop
+
+
+def cmd_raas(args: argparse.Namespace) -> int:
+    from astraflow.raas import run_raas_node
+
+    cfg, recipe, stop = _setup(args)
+    pool = args.pool or recipe.pools[0].name
+    node_id = args.node_id or f"{socket.gethostname().split('.')[0]}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
+    counters = run_raas_node(cfg, recipe, pool, node_id, stop)
+    print(json.dumps({"node_id": node_id, "episodes": counters.episodes, "trajectories": counters.trajectories,
+                      "rejected": counters.rejected}))
+    return 0
+
+
+def cmd_trainer(args: argparse.Namespace) -> int:
+    from astraflow.trainer.service import run_trainer
+
+    cfg, recipe, stop = _setup(args)
+    policy = args.policy or recipe.policies[0].name
+    result = run_trainer(cfg, recipe, policy, stop)
+    print(json.dumps(result))
+    return 0
+
+
+def recipe_tasks(recipe: Any) -> Iterator[Any]:
+    """The recipe's training tasks: an endless, seeded stream of the dataset's train split, each draw
+    with its own prompt id (a prompt drawn twice is two tasks)."""
+    from astraflow.records import Task
+    from astraflow.tasks import build_dataset
+
+    spec = recipe.dataset
+    dataset = build_dataset(spec.type, **{"seed": recipe.seed, **spec.params})
+    for i, problem in enumerate(dataset.stream("train", seed=recipe.seed)):
+        yield Task(prompt_id=f"{problem.prompt_id}.{i}", prompt=problem.prompt, answer=problem.answer,
+                   samples=spec.samples, task_type=spec.task_type, policy="", pool=spec.pool)
+
+
+def cmd_dataflow(args: argparse.Namespace) -> int:
+    from astraflow.dataflow.service import run_dataflow
+
+    cfg, recipe, stop = _setup(args)
+    counters = run_dataflow(cfg, recipe.dataflow, stop, dataset=recipe_tasks(recipe),
+                            pools=[p.name for p in recipe.pools], stop_when_finished=args.until_finished)
+    print(json.dumps(counters))
+    return 0

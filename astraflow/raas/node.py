@@ -1,0 +1,194 @@
+"""The RaaS node process: consume tasks, produce trajectories, refresh weights.
+
+Life of a task record (one Arrow table of Task rows on ``<run>.tasks.<pool>``):
+
+1. polled by this node as a member of group ``<run>.raas.<pool>``;
+2. each row runs as one ``workflow.run_episode`` coroutine; at most ``pool.concurrency`` rows run at
+   once (the consumer is paused, but still polled, while the node is full, so it stays in the group);
+3. the episode's trajectories (``node_id`` set) are produced to ``<run>.trajectories`` as one
+   record keyed by the task's prompt id, and the node waits for the broker's acknowledgement;
+4. when every row of the record is acknowledged (or rejected: the workflow returned None, or it
+   raised), the record is handed to ``LogConsumer.commit``, which commits only the contiguous
+   processed prefix of the partition.
+
+So a SIGKILL at any point loses nothing: whatever was not committed is re-delivered to another member
+of the group, and duplicated trajectories carry the same deterministic episode ids for the dataflow to
+drop. All Kafka consumer calls run on one dedicated thread (the client is not thread-safe); generation
+runs on worker threads (``Engine.agenerate``); kafka-python heartbeats on its own thread, and
+``max_poll_interval_ms`` is generous because a slow poll loop, not generation, is what it guards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from astraflow.raas.inflight import InFlightTasks
+from astraflow.raas.metrics import NodeCounters
+
+if TYPE_CHECKING:
+    from astraflow.config import ClusterConfig
+    from astraflow.recipe import Recipe
+
+log = logging.getLogger(__name__)
+
+TASK_PARTITIONS = 4
+"""Partitions of a task topic when the node is the first to create it (as the dataflow does)."""
+
+
+class RaasNode:
+    def __init__(self, cfg: ClusterConfig, recipe: Recipe, pool: str, node_id: str,
+                 stop_event: threading.Event, *, metrics_every_s: float = 5.0,
+                 weights_timeout_s: float = 600.0, drain_timeout_s: float = 30.0) -> None:
+        self.cfg = cfg
+        self.recipe = recipe
+        self.pool = recipe.pool(pool)
+        self.node_id = node_id
+        self.stop_event = stop_event
+        self.metrics_every_s = metrics_every_s
+        self.weights_timeout_s = weights_timeout_s
+        self.drain_timeout_s = drain_timeout_s
+        self.counters = NodeCounters(node_id, pool)
+        self.inflight: InFlightTasks[Any] = InFlightTasks()
+
+    def run(self) -> NodeCounters:
+        """Serve until ``stop_event`` is set; returns the final counters."""
+        return asyncio.run(self._run())
+
+    async def _run(self) -> NodeCounters:
+        from astraflow.log import LogConsumer, LogProducer, Topics, ensure_topics
+        from astraflow.raas.setup import build_policy_engines, build_recipe_workflow
+        from astraflow.raas.weights import WeightFollower
+        from astraflow.records import task as task_rec
+
+        topics = Topics(self.cfg.run)
+        policies = [p.name for p in self.recipe.policies]
+        ensure_topics(self.cfg, {topics.tasks(self.pool.name): TASK_PARTITIONS, topics.trajectories: 1,
+                                 topics.metrics: 1, **{topics.weights(p): 1 for p in policies}})
+        self.workflow = build_recipe_workflow(self.recipe)
+        self.engines = build_policy_engines(self.recipe, self.pool, self.node_id)
+        self.follower = WeightFollower(self.cfg, self.engines, self.node_id)
+        self.producer = LogProducer(self.cfg, f"{self.cfg.run}.raas.{self.node_id}")
+        loop = asyncio.get_running_loop()
+        self._consumer_thread = ThreadPoolExecutor(1, thread_name_prefix=f"tasks-{self.node_id}")
+        consumer = None
+        try:
+            # Catch up before joining the task group: a member that holds partitions but cannot work
+            # would only delay the tasks that another node could run now.
+            versions = await asyncio.to_thread(self.follower.catch_up, self.weights_timeout_s, self.stop_event)
+            log.info("node %s: serving %s", self.node_id, versions)
+            self.follower.start()
+            consumer = await loop.run_in_executor(self._consumer_thread, functools.partial(
+                LogConsumer, self.cfg, topics.tasks(self.pool.name), f"{self.cfg.run}.raas.{self.pool.name}",
+                {task_rec.SCHEMA_NAME: task_rec.SCHEMA_VERSION}, max_poll_interval_ms=300_000,
+                client_id=f"raas-{self.node_id}"))
+            self._consumer = consumer
+            await self._serve(topics, consumer)
+        finally:
+            self.follower.stop()
+            if consumer is not None:
+                await loop.run_in_executor(self._consumer_thread, consumer.close)
+            self.producer.send_json(topics.metrics, self.node_id, self._metrics_record())
+            self.producer.flush(10)
+            self.producer.close()
+            self._consumer_thread.shutdown(wait=True)
+        return self.counters
+
+    async def _on_consumer(self, fn, *args, **kwargs):
+        return await asyncio.get_running_loop().run_in_executor(
+            self._consumer_thread, functools.partial(fn, *args, **kwargs))
+
+    async def _serve(self, topics: Any, consumer: Any) -> None:
+        from astraflow.records import RecordSchemaError
+        from astraflow.records import task as task_rec
+
+        episodes: set[asyncio.Task] = set()
+        last_metrics = time.monotonic()
+        while not self.stop_event.is_set():
+            self.follower.check()
+            for ep in [e for e in episodes if e.done()]:
+                episodes.discard(ep)
+                ep.result()  # an episode's own failures are handled inside; this surfaces bugs
+            free = self.pool.concurrency - self.inflight.tasks
+            if free <= 0 and not consumer.paused:
+                await self._on_consumer(consumer.pause)
+            elif free > 0 and consumer.paused:
+                await self._on_consumer(consumer.resume)
+            msgs = await self._on_consumer(consumer.poll, timeout_s=0.2, max_records=max(free, 1))
+            for msg in msgs:
+                try:
+                    if msg.table is None:
+                        raise RecordSchemaError(f"not an Arrow task record (schema {msg.schema_name})")
+                    tasks = task_rec.from_table(msg.table)
+                except Exception as exc:  # noqa: BLE001 - bad input must not stop the node
+                    log.error("node %s: skipping task record %s:%d@%d: %s", self.node_id, msg.topic,
+                              msg.partition, msg.offset, exc)
+                    self.counters.rejected += 1
+                    await self._on_consumer(consumer.commit, [msg])
+                    continue
+                self.inflight.add(msg, len(tasks))
+                if not tasks:
+                    await self._on_consumer(consumer.commit, [msg])
+                for t in tasks:
+                    episodes.add(asyncio.create_task(self._episode(topics, consumer, msg, t)))
+            if not msgs and free <= 0:
+                await asyncio.sleep(0.05)  # full: let episodes run
+            if time.monotonic() - last_metrics >= self.metrics_every_s:
+                self.producer.send_json(topics.metrics, self.node_id, self._metrics_record())
+                last_metrics = time.monotonic()
+        # Clean stop: finish what runs (so it need not be redone), then leave the group.
+        if episodes:
+            done, pending = await asyncio.wait(episodes, timeout=self.drain_timeout_s)
+            for ep in pending:
+                ep.cancel()
+
+    async def _episode(self, topics: Any, consumer: Any, msg: Any, task: Any) -> None:
+        from astraflow.records import trajectory as traj_rec
+
+        t0 = time.perf_counter()
+        try:
+            trajs = await self.workflow.run_episode(task, self.engines)
+            if trajs:
+                for tr in trajs:
+                    tr.node_id = self.node_id
+                fut = self.producer.send_table(topics.trajectories, task.prompt_id, traj_rec.to_table(trajs),
+                                               traj_rec.SCHEMA_NAME, traj_rec.SCHEMA_VERSION,
+                                               policy=trajs[0].policy if len({t.policy for t in trajs}) == 1 else None)
+                await asyncio.wrap_future(fut)  # acknowledged by the broker: now the task may be committed
+                self.counters.episodes += 1
+                self.counters.trajectories += len(trajs)
+                self.counters.tokens += sum(int(sum(t.loss_mask)) for t in trajs)
+            else:
+                self.counters.rejected += 1  # the dataflow expires and counts a rejected task
+        except asyncio.CancelledError:
+            raise  # not committed: re-delivered to another node
+        except Exception:  # noqa: BLE001 - one bad episode must not stop the node
+            # Committed anyway: re-delivering a task that fails deterministically would block the
+            # partition forever; the dataflow's task timeout counts it as expired.
+            log.exception("node %s: episode of task %s failed", self.node_id, task.prompt_id)
+            self.counters.rejected += 1
+        finally:
+            self.counters.busy_s += time.perf_counter() - t0
+        ready = self.inflight.task_done(msg)
+        if ready is not None:
+            await self._on_consumer(consumer.commit, [ready])
+
+    def _metrics_record(self) -> dict:
+        follower = getattr(self, "follower", None)
+        return self.counters.record(
+            self.pool.concurrency,
+            follower.versions if follower else {},
+            follower.refresh_s if follower else 0.0,
+            self.inflight.tasks,
+        )
+
+
+def run_raas_node(cfg: ClusterConfig, recipe: Recipe, pool: str, node_id: str,
+                  stop_event: threading.Event, **options: Any) -> NodeCounters:
+    """Run one RaaS node of ``pool`` until ``stop_event`` is set (see the module docstring)."""
+    return RaasNode(cfg, recipe, pool, node_id, stop_event, **options).run()

@@ -1,0 +1,148 @@
+"""A node's view of the weight plane: catch up before taking work, then follow announcements.
+
+``WeightFollower`` owns one ``WeightSubscriber`` per policy and a background thread that reads
+``<run>.weights.<policy>``. An announcement is only a wake-up: the follower asks the subscriber for
+the latest published version, pulls it (the nearest anchor plus deltas, decided by the subscriber)
+and swaps it into the policy's engine with ``load_weights``, which lands between two decoding
+steps. Pulling and decoding happen on this thread, so generation never waits for the bucket.
+A periodic check of the store covers announcements published before the follower joined.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from astraflow.config import ClusterConfig
+    from astraflow.engines import Engine
+
+log = logging.getLogger(__name__)
+
+
+def latest_version(subscriber: Any) -> int | None:
+    """Latest published version in the bucket (None: nothing published yet)."""
+    return subscriber.latest_version()
+
+
+def pull_state(subscriber: Any, version: int) -> dict[str, Any]:
+    """The full state dict of ``version`` (the subscriber's own copy: load it, do not keep it)."""
+    state, _version, _pulled = subscriber.pull(version)
+    return state
+
+
+class WeightFollower:
+    """Keeps each policy's engine on the newest published weights."""
+
+    def __init__(self, cfg: ClusterConfig, engines: dict[str, Engine], node_id: str, *,
+                 check_every_s: float = 5.0) -> None:
+        from astraflow.delta import WeightSubscriber
+
+        self.cfg = cfg
+        self.engines = engines
+        self.node_id = node_id
+        self.check_every_s = check_every_s
+        # Registered under the node id, so the weight store's GC keeps the chain this node is on.
+        self.subscribers = {p: WeightSubscriber(cfg, p, node_id) for p in engines}
+        self.refreshes = 0
+        self.refresh_s = 0.0
+        """Seconds the last refresh took (pull + decode + swap)."""
+        self._loaded: set[str] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def versions(self) -> dict[str, int]:
+        return {p: e.weight_version for p, e in self.engines.items()}
+
+    def refresh(self, policy: str) -> bool:
+        """Load the latest version of ``policy`` if it is newer than the engine's; True if loaded."""
+        sub, engine = self.subscribers[policy], self.engines[policy]
+        latest = latest_version(sub)
+        # The first load always happens: the engine starts from the seeded model, whose "version 0"
+        # need not be the published v0 (e.g. after an SFT warm start).
+        if latest is None or (policy in self._loaded and latest <= engine.weight_version):
+            return False
+        t0 = time.perf_counter()
+        state = pull_state(sub, latest)
+        engine.load_weights(state, latest)
+        self.refresh_s = time.perf_counter() - t0
+        self.refreshes += 1
+        self._loaded.add(policy)
+        log.info("node %s: %s -> v%d in %.2fs", self.node_id, policy, latest, self.refresh_s)
+        return True
+
+    def catch_up(self, timeout_s: float = 600.0, stop_event: threading.Event | None = None) -> dict[str, int]:
+        """Block until every policy has a published version and its engine serves the latest one."""
+        deadline = time.monotonic() + timeout_s
+        waiting = set(self.engines)
+        while waiting:
+            for policy in sorted(waiting):
+                self.refresh(policy)
+                if policy in self._loaded:
+                    waiting.discard(policy)
+            if not waiting:
+                break
+            if stop_event is not None and stop_event.is_set():
+                raise InterruptedError("stopped while waiting for the first weights")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"node {self.node_id}: no weights published for {sorted(waiting)} "
+                                   f"within {timeout_s:g} s (is the trainer running?)")
+            time.sleep(0.5)
+        return self.versions
+
+    # -- following ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._follow, name=f"weights-{self.node_id}", daemon=True)
+        self._thread.start()
+
+    def check(self) -> None:
+        """Re-raise an error of the follower thread in the caller."""
+        if self._error is not None:
+            raise RuntimeError(f"weight follower of node {self.node_id} failed: {self._error}") from self._error
+
+    def _follow(self) -> None:
+        from astraflow.log import LogConsumer, Topics
+
+        topics = Topics(self.cfg.run)
+        by_topic = {topics.weights(p): p for p in self.engines}
+        # A group of its own: every node must see every announcement (no load balancing here).
+        group = f"{self.cfg.run}.raas-weights.{self.node_id}.{uuid.uuid4().hex[:8]}"
+        consumer = None
+        try:
+            consumer = LogConsumer(self.cfg, list(by_topic), group, auto_offset_reset="latest")
+            last_check = time.monotonic()
+            while not self._stop.is_set():
+                due: set[str] = set()
+                for msg in consumer.poll(timeout_s=0.5):
+                    if msg.topic in by_topic:
+                        due.add(by_topic[msg.topic])
+                if time.monotonic() - last_check > self.check_every_s:
+                    due.update(self.engines)
+                    last_check = time.monotonic()
+                for policy in sorted(due):
+                    self.refresh(policy)
+        except BaseException as exc:  # noqa: BLE001 - surfaced to the node by check()
+            if not self._stop.is_set():
+                log.exception("weight follower failed")
+                self._error = exc
+        finally:
+            if consumer is not None:
+                try:
+                    consumer.close()
+                except Exception:  # noqa: BLE001
+                    pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        for sub in self.subscribers.values():
+            try:
+                sub.close()
+            except Exception:  # noqa: BLE001 - leaving is best effort; GC expires stale records
+                pass
