@@ -1,33 +1,136 @@
-"""The embedded stack and the session fixtures, against real processes."""
+"""The embedded stack (Tansu + SeaweedFS) and the session fixtures, against real processes.
+
+Tests that start their own stack use a temp state dir and free ports, so they run beside the
+session ``cluster`` and beside other people's stacks.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import boto3
-from kafka import KafkaConsumer, KafkaProducer
+import pytest
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import KafkaAdminClient, NewTopic
+from kafka.errors import KafkaError
+
+from astraflow.config import ClusterConfig
+from astraflow.embedded import EmbeddedStack, StackError, StackPorts
+
+pytestmark = pytest.mark.integration
 
 
-def _s3(cfg):
+# -- helpers ---------------------------------------------------------------------------------
+def _s3(cfg: ClusterConfig):
     return boto3.client("s3", endpoint_url=cfg.s3.endpoint, aws_access_key_id=cfg.s3.access_key,
                         aws_secret_access_key=cfg.s3.secret_key, region_name=cfg.s3.region)
 
 
+def _produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
+    """Create ``topic`` (1 partition) and produce ``values``, each acknowledged (acks=all)."""
+    admin = KafkaAdminClient(bootstrap_servers=[bootstrap])
+    try:
+        admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])
+    finally:
+        admin.close()
+    producer = KafkaProducer(bootstrap_servers=[bootstrap], acks="all")
+    try:
+        for future in [producer.send(topic, value=v) for v in values]:
+            future.get(timeout=30)
+    finally:
+        producer.close()
+
+
+def _consume_all(bootstrap: str, topic: str, expected: int, timeout_s: float = 30) -> list[bytes]:
+    """Read partition 0 of ``topic`` from the beginning (no consumer group, so no join wait)."""
+    consumer = KafkaConsumer(bootstrap_servers=[bootstrap], enable_auto_commit=False)
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        values: list[bytes] = []
+        deadline = time.monotonic() + timeout_s
+        while len(values) < expected and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                values.extend(r.value for r in records)
+        return values
+    finally:
+        consumer.close()
+
+
+def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "astraflow.cli.main", *args],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200", **(env or {})},
+    )
+
+
+def _port_args(ports: StackPorts) -> list[str]:
+    # `up` takes Kafka, S3 and a base for SeaweedFS's internal ports; give it a plan of free ones.
+    return ["--kafka-port", str(ports.kafka), "--s3-port", str(ports.s3),
+            "--internal-port-base", str(ports.master)]
+
+
+def _free_block_plan() -> StackPorts:
+    """Free ports for the CLI's layout: kafka, s3, base..base+9 and base+10009."""
+    from astraflow.embedded.ports import port_is_free
+
+    for _ in range(200):
+        candidate = StackPorts.free()
+        plan = StackPorts.plan(candidate.kafka, candidate.s3, candidate.master)
+        if plan.master + 10009 <= 65535 and not plan.taken():
+            return plan
+    raise RuntimeError("no free port block")
+
+
+def _listening_addresses(pid: int) -> list[str]:
+    """``ip:port`` of every TCP socket ``pid`` listens on, from /proc (IPv4 and IPv6)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state != "0A" or inode not in inodes:  # 0A = LISTEN
+                continue
+            addr_hex, port_hex = local.split(":")
+            if width == 8:
+                addr = socket.inet_ntop(socket.AF_INET, bytes.fromhex(addr_hex)[::-1])
+            else:
+                raw = b"".join(bytes.fromhex(addr_hex[i:i + 8])[::-1] for i in range(0, 32, 8))
+                addr = socket.inet_ntop(socket.AF_INET6, raw)
+            found.append(f"{addr}:{int(port_hex, 16)}")
+    return found
+
+
+def _pid_running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+# -- the session fixtures --------------------------------------------------------------------
 def test_fixture_cluster_is_real_kafka_and_s3(test_cluster, unique_name):
     topic = f"{test_cluster.run}.smoke"
-    producer = KafkaProducer(**test_cluster.kafka.client_kwargs())
-    for i in range(5):
-        producer.send(topic, key=b"k", value=f"v{i}".encode())
-    producer.flush()
-    producer.close()
-    consumer = KafkaConsumer(topic, group_id=unique_name("group"), auto_offset_reset="earliest",
-                             consumer_timeout_ms=10000, session_timeout_ms=6000,
-                             **test_cluster.kafka.client_kwargs())
-    values = []
-    for msg in consumer:
-        values.append(msg.value)
-        if len(values) == 5:
-            break
-    consumer.close()
-    assert values == [f"v{i}".encode() for i in range(5)]
+    values = [f"v{i}".encode() for i in range(5)]
+    _produce(test_cluster.kafka.bootstrap, topic, values)
+    assert _consume_all(test_cluster.kafka.bootstrap, topic, 5) == values
 
     s3 = _s3(test_cluster)
     key = f"{test_cluster.run}/smoke.bin"
@@ -35,6 +138,141 @@ def test_fixture_cluster_is_real_kafka_and_s3(test_cluster, unique_name):
     assert s3.get_object(Bucket=test_cluster.s3.bucket, Key=key)["Body"].read() == b"hello"
 
 
-def test_unique_names_differ(test_cluster, unique_name, cluster):
+def test_unique_names_and_runs_differ(test_cluster, unique_name, cluster):
     assert unique_name("g") != unique_name("g")
-    assert test_cluster.run != cluster.run and test_cluster.run.startswith("test_unique_names_differ-")
+    assert unique_name("group").startswith("group-test_unique_names_and_runs_differ-")
+    assert test_cluster.run != cluster.run
+    assert test_cluster.run.startswith("test_unique_names_and_runs_differ-")
+    ClusterConfig.model_validate(test_cluster.model_dump())  # the run id is a valid one
+
+
+# -- lifecycle through the CLI ---------------------------------------------------------------
+def test_up_status_down_leaves_nothing_behind(tmp_path):
+    state = tmp_path / "state"
+    ports = _free_block_plan()
+    up = _cli("up", "--state-dir", str(state), "--log-storage", "memory", *_port_args(ports))
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert f"127.0.0.1:{ports.kafka}" in up.stdout and f"http://127.0.0.1:{ports.s3}" in up.stdout
+    stack = json.loads((state / "stack.json").read_text())
+    assert stack["kafka_bootstrap"] == f"127.0.0.1:{ports.kafka}"
+    pids = [json.loads((state / f"{name}.pid").read_text())["pid"] for name in ("tansu", "seaweedfs")]
+    try:
+        assert all(_pid_running(pid) for pid in pids)
+        # Nothing may listen beyond loopback; weed opens a dozen listeners.
+        listening = [addr for pid in pids for addr in _listening_addresses(pid)]
+        assert len(listening) >= 3, listening
+        assert all(addr.startswith("127.0.0.1:") for addr in listening), listening
+        assert set(int(a.rsplit(":", 1)[1]) for a in listening) <= set(ports.by_service().values())
+
+        status = _cli("status", "--state-dir", str(state))
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert str(pids[0]) in status.stdout and str(pids[1]) in status.stdout
+        assert f"127.0.0.1:{ports.kafka}" in status.stdout
+    finally:
+        down = _cli("down", "--state-dir", str(state))
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert "Stopped" in down.stdout
+    assert not any(_pid_running(pid) for pid in pids)
+    assert not (state / "stack.json").exists()
+    assert not ports.taken()
+
+    after = _cli("status", "--state-dir", str(state))
+    assert after.returncode == 1
+    assert "astraflow up" in after.stdout  # says what to do
+    again = _cli("down", "--state-dir", str(state))
+    assert again.returncode == 0 and "Nothing was running" in again.stdout
+
+
+def test_up_twice_is_harmless(tmp_path):
+    stack = EmbeddedStack(tmp_path, StackPorts.free(), storage="memory", die_with_parent=True)
+    try:
+        first = stack.up()
+        pids = [proc.pid() for proc in (stack.kafka, stack.s3)]
+        second = stack.up()
+        assert not first.already_running and second.already_running
+        assert second.endpoints == first.endpoints
+        assert [proc.pid() for proc in (stack.kafka, stack.s3)] == pids
+        # A second stack object on the same state dir (another `astraflow up`) agrees.
+        other = EmbeddedStack(tmp_path, StackPorts.free(), storage="memory")
+        assert other.up().already_running
+        # Credentials are generated once per state dir.
+        assert first.endpoints["s3_secret_key"] == json.loads((tmp_path / "s3-credentials.json").read_text())["secret_key"]
+    finally:
+        stack.down()
+    assert not any(_pid_running(pid) for pid in pids)
+
+
+def test_taken_port_is_a_clear_error(tmp_path):
+    ports = _free_block_plan()
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", ports.kafka))
+        squatter.listen()
+        with pytest.raises(StackError, match=rf"port {ports.kafka} \(Kafka broker \(Tansu\)\)"):
+            EmbeddedStack(tmp_path / "a", ports, storage="memory").up()
+        assert not list((tmp_path / "a").glob("*.pid"))  # nothing was started
+
+        cli = _cli("up", "--state-dir", str(tmp_path / "b"), *_port_args(ports))
+        assert cli.returncode == 1
+        assert f"port {ports.kafka} (Kafka broker (Tansu))" in " ".join(cli.stdout.split())
+        assert "--kafka-port" in cli.stdout
+
+
+def test_help_texts_name_the_options():
+    for command, words in (("up", ["--log-storage", "--kafka-port", "--s3-port", "--state-dir", "durable"]),
+                           ("down", ["SIGKILL", "--state-dir"]),
+                           ("status", ["pid", "--state-dir"])):
+        out = _cli(command, "--help")
+        assert out.returncode == 0
+        text = " ".join(out.stdout.split())
+        for word in words:
+            assert word in text, (command, word)
+
+
+# -- durability ------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_s3_log_survives_down_and_up(tmp_path):
+    stack = EmbeddedStack(tmp_path, StackPorts.free(), storage="s3", die_with_parent=True)
+    values = [os.urandom(8) + i.to_bytes(4, "big") for i in range(50)]
+    try:
+        bootstrap = stack.up().endpoints["kafka_bootstrap"]
+        _produce(bootstrap, "durable", values)
+        stack.down()
+        # Restart on other ports: the log lives in the bucket, not in the broker process.
+        stack = EmbeddedStack(tmp_path, StackPorts.free(), storage="s3", die_with_parent=True)
+        bootstrap = stack.up().endpoints["kafka_bootstrap"]
+        assert _consume_all(bootstrap, "durable", len(values)) == values
+    finally:
+        stack.down()
+
+
+@pytest.mark.slow
+def test_broker_kill9_gives_clear_client_errors_and_keeps_acknowledged_records(tmp_path):
+    stack = EmbeddedStack(tmp_path, StackPorts.free(), storage="s3", die_with_parent=True)
+    values = [f"acked-{i}".encode() for i in range(20)]
+    try:
+        bootstrap = stack.up().endpoints["kafka_bootstrap"]
+        _produce(bootstrap, "crash", values)
+        producer = KafkaProducer(bootstrap_servers=[bootstrap], acks="all", max_block_ms=2000,
+                                 request_timeout_ms=2000, delivery_timeout_ms=3000, retries=1)
+
+        stack.kafka.kill()  # kill -9
+
+        t0 = time.monotonic()
+        with pytest.raises(KafkaError) as send_error:
+            producer.send("crash", value=b"lost").get(timeout=15)
+        assert time.monotonic() - t0 < 15  # an error, not a hang
+        assert str(send_error.value)
+        with contextlib.suppress(KafkaError):  # close() flushes, and the flush times out too
+            producer.close(timeout=1)
+        with pytest.raises(KafkaError, match=f"bootstrap.*{bootstrap}"):  # names the address
+            KafkaConsumer(bootstrap_servers=[bootstrap], bootstrap_timeout_ms=2000)
+
+        status = _cli("status", "--state-dir", str(tmp_path))
+        assert status.returncode == 1 and "partly running" in " ".join(status.stdout.split())
+
+        again = stack.up()  # restarts the dead broker (and the rest)
+        assert not again.already_running
+        consumed = _consume_all(again.endpoints["kafka_bootstrap"], "crash", len(values))
+        assert consumed[: len(values)] == values
+    finally:
+        stack.down()
