@@ -180,11 +180,12 @@ def test_progress_folds_the_metrics_contract(tmp_path: Path) -> None:
     p = RunProgress(run="r", steps=5, policies=["solver", "verifier"])
     for rec in _metrics(tmp_path / "m.jsonl"):
         p.update(rec)
-    p.update({"component": "dataflow", "id": "dataflow", "counters": {"emitted": 9, "dropped": {"stale": 2}}})
+    p.update({"kind": "dataflow", "counters": {"tasks.emitted": 9, "trajectories.dropped.stale": 2,
+                                                 "tasks.expired": 0}})
     assert p.trainers["verifier"]["step"] == 5 and "solver" in p.done and not p.all_done
-    assert p.dropped() == {"stale": 2}
+    assert p.dropped() == {"trajectories.dropped.stale": 2}
     line = p.summary_line()
-    assert "solver: step 5/5 v5 reward 0.700 done" in line and "stale=2" in line
+    assert "solver: step 5/5 v5 reward 0.700 done" in line and "trajectories.dropped.stale=2" in line
     p.update({"component": "trainer", "event": "done", "policy": "verifier", "version": 5})
     assert p.all_done
 

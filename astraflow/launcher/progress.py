@@ -37,7 +37,7 @@ class RunProgress:
                 self.trainers.setdefault(policy, {}).update(rec)
         elif comp == "raas":
             self.nodes.setdefault(str(rec.get("node_id", rec.get("id", "?"))), {}).update(rec)
-        elif comp == "dataflow":
+        elif comp == "dataflow" or rec.get("kind") in ("dataflow", "autoscale"):
             if rec.get("kind") == "autoscale":
                 self.autoscale = rec
             else:
@@ -51,14 +51,28 @@ class RunProgress:
         return time.monotonic() - self.started
 
     # -- views --------------------------------------------------------------------------------
+    def counters(self) -> dict[str, Any]:
+        """The dataflow's flat counters (``tasks.emitted``, ``trajectories.dropped.stale``, ...)."""
+        c = self.dataflow.get("counters")
+        return c if isinstance(c, dict) else {}
+
+    def counter(self, *names: str) -> Any:
+        c = self.counters()
+        for n in names:
+            if n in c:
+                return c[n]
+            if n in self.dataflow:
+                return self.dataflow[n]
+        return "-"
+
     def dropped(self) -> dict[str, int]:
-        counters = self.dataflow.get("counters", self.dataflow)
+        """Non-zero counters of records dropped or expired by a rule, by counter name."""
         out = {}
-        for key, value in (counters or {}).items():
-            if isinstance(value, dict) and key.startswith("dropped"):
-                out.update({k: int(v) for k, v in value.items() if isinstance(v, (int, float))})
-            elif key.startswith("dropped") and isinstance(value, (int, float)):
-                out[key.removeprefix("dropped_") or key] = int(value)
+        for key, value in self.counters().items():
+            if isinstance(value, dict) and "drop" in key:
+                out.update({f"{key}.{k}": int(v) for k, v in value.items() if isinstance(v, (int, float)) and v})
+            elif ("drop" in key or "expired" in key) and isinstance(value, (int, float)) and value:
+                out[key] = int(value)
         return out
 
     def summary_line(self) -> str:
@@ -83,8 +97,8 @@ class RunProgress:
 
         title = f"AstraFlow run {self.run} — {self.elapsed():.0f} s, {self.records} metrics records"
         tr = Table(title=title, title_justify="left", expand=False)
-        for col in ("policy", "step", "version", "reward", "loss", "staleness mean/max", "wait s",
-                    "step s", "trajectories", "state"):
+        for col in ("policy", "step", "ver", "reward", "loss", "stale avg/max", "wait s", "step s", "traj",
+                    "state"):
             tr.add_column(col)
         for p in self.policies:
             t = self.trainers.get(p, {})
@@ -95,20 +109,24 @@ class RunProgress:
                 "[green]done[/green]" if p in self.done else ("training" if t else "[dim]starting[/dim]"),
             )
         nodes = Table(title="RaaS nodes", title_justify="left")
-        for col in ("node", "pool", "episodes", "trajectories", "tokens/s", "busy", "versions"):
+        for col in ("node", "pool", "episodes", "traj", "tok/s", "busy", "versions"):
             nodes.add_column(col)
         for nid, n in sorted(self.nodes.items()):
             versions = n.get("versions") or {}
             nodes.add_row(nid, str(n.get("pool", "-")), str(n.get("episodes", "-")), str(n.get("trajectories", "-")),
                           _f(n.get("tokens_per_s"), 0), _f(n.get("busy_fraction"), 2),
                           " ".join(f"{k}:v{v}" for k, v in sorted(versions.items())) or "-")
-        counters = self.dataflow.get("counters", {}) if isinstance(self.dataflow.get("counters"), dict) else {}
-        flow = (f"dataflow: emitted {counters.get('emitted', '-')}, completed {counters.get('completed', '-')}, "
-                f"in flight {self.dataflow.get('in_flight', '-')}, batches {self.dataflow.get('batches', '-')}")
+        batches = {k.split(".")[1]: v for k, v in self.counters().items()
+                   if k.startswith("batches.") and k.endswith(".batches")}
+        flow = (f"dataflow: tasks emitted {self.counter('tasks.emitted', 'emitted')}, finished "
+                f"{self.counter('tasks.finished', 'completed')}, in flight {self.counter('tasks.in_flight', 'in_flight')}"
+                f", batches {batches or self.dataflow.get('batches', '-')}")
         d = self.dropped()
         flow += ", dropped " + (", ".join(f"{k} {v}" for k, v in sorted(d.items())) if d else "0")
-        if self.autoscale.get("targets"):
-            flow += f"; autoscale targets {self.autoscale['targets']}"
+        targets = self.autoscale.get("targets") or {
+            pool: v.get("target_nodes") for pool, v in (self.autoscale.get("pools") or {}).items() if isinstance(v, dict)}
+        if targets:
+            flow += f"; autoscale target nodes {targets}"
         return Group(tr, nodes, flow)
 
 

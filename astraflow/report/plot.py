@@ -17,7 +17,7 @@ def trainer_steps(records: Iterable[dict[str, Any]]) -> dict[str, list[dict[str,
     """Per policy, the trainer's step records ordered by step (a repeated step keeps the last)."""
     by_policy: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
     for r in records:
-        if r.get("component") == "trainer" and "step" in r and r.get("event") != "done":
+        if r.get("component") == "trainer" and "step" in r and not r.get("event"):
             by_policy[str(r.get("policy", r.get("id", "?")))][int(r["step"])] = r
     return {p: [steps[s] for s in sorted(steps)] for p, steps in sorted(by_policy.items())}
 

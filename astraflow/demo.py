@@ -1,0 +1,223 @@
+"""``astraflow demo``: a tiny model learns with distributed RL on this machine, measured honestly.
+
+For each demo recipe: build each policy's model from the repo config (in-code tokenizer, seeded),
+supervised warm start, publish the warm-started weights as version 0 of each policy (the trainers
+and nodes bootstrap from the weight store), evaluate held-out accuracy on exactly those stored
+weights (greedy), run the recipe with the launcher (dataflow, trainers and RaaS nodes as separate
+processes on the real broker and bucket), pull each policy's final version from the weight store
+and evaluate again on the same held-out prompts. Every figure printed is measured in this run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from astraflow.config import ClusterConfig
+from astraflow.recipe import Recipe
+
+QUICK_STEPS = 6
+QUICK_EVAL_PROMPTS = 60
+
+
+@dataclass
+class DemoOptions:
+    recipes: list[str] = field(default_factory=lambda: ["math", "solver_verifier"])
+    """Recipe names under examples/recipes/, or paths."""
+    quick: bool = False
+    """A smoke run: QUICK_STEPS RL steps and QUICK_EVAL_PROMPTS eval prompts (no learning claim)."""
+    steps: int | None = None
+    """Override the RL steps of every recipe."""
+    runs_dir: Path = Path("runs")
+    live: bool | None = None
+
+
+def recipe_path(name: str) -> Path:
+    """A path as given, else ``examples/recipes/<name>.yaml`` in the working dir or the source tree."""
+    p = Path(name)
+    if p.suffix in (".yaml", ".yml") and p.exists():
+        return p
+    for root in (Path.cwd(), Path(__file__).resolve().parent.parent):
+        cand = root / "examples" / "recipes" / f"{name}.yaml"
+        if cand.exists():
+            return cand
+    raise FileNotFoundError(f"demo recipe {name!r} not found (looked for examples/recipes/{name}.yaml)")
+
+
+def verifier_policy(recipe: Recipe) -> str | None:
+    """The policy that plays the verifier in the recipe's workflow, if any."""
+    return recipe.workflow.params.get("verifier_policy") if recipe.workflow.type == "solver_verifier" else None
+
+
+def evaluate(recipe: Recipe, policy: str, state: dict, version: int, dataset, heldout: list) -> dict[str, Any]:
+    """Greedy held-out accuracy of ``state`` (solver accuracy, or balanced verdict accuracy)."""
+    from astraflow.engines import build_engine
+    from astraflow.models import build_model
+    from astraflow.workflows.evaluate import solver_accuracy, verifier_accuracy
+
+    model = build_model(recipe.resolve_path(recipe.policy(policy).model))
+    engine = build_engine(recipe.pool(recipe.dataset.pool).engine, model, version=version)
+    engine.load_weights(state, version)
+    if policy == verifier_policy(recipe):
+        return verifier_accuracy(engine, heldout, seed=recipe.seed)
+    return solver_accuracy(engine, dataset, heldout)
+
+
+def pull_version(cfg: ClusterConfig, policy: str, version: int | None) -> tuple[dict, int]:
+    """A policy's weights from the weight store (``None``: the latest version)."""
+    from astraflow.delta.subscriber import WeightSubscriber
+
+    sub = WeightSubscriber(cfg, policy, "demo-eval", register=False)
+    try:
+        state, got, _ = sub.pull(version)
+        return {k: v.clone() for k, v in state.items()}, got
+    finally:
+        sub.close(unregister=False)
+
+
+def warm_start_and_publish(recipe: Recipe, cfg: ClusterConfig, dataset, console) -> dict[str, dict[str, Any]]:
+    """SFT each policy, publish it as version 0. Returns the SFT figures per policy."""
+    import torch
+
+    from astraflow.delta.publisher import WeightPublisher
+    from astraflow.models import build_model
+    from astraflow.sft import SFTConfig, solver_examples, supervised_finetune, verifier_examples
+
+    out = {}
+    for policy in recipe.policies:
+        torch.manual_seed(recipe.seed)
+        model = build_model(recipe.resolve_path(policy.model))
+        sft = policy.sft or SFTConfig()
+        make = verifier_examples if policy.name == verifier_policy(recipe) else solver_examples
+        figures = supervised_finetune(model, make(dataset, sft.examples, seed=sft.seed), sft,
+                                      label=f"SFT {recipe.run}/{policy.name}")
+        with WeightPublisher(cfg, policy.name, anchor_every=recipe.trainer.anchor_every) as pub:
+            pub.publish(model.state_dict(), 0)
+            pub.flush()
+        console.print(f"  {policy.name}: warm start published as v0 ({figures['sft_seconds']:.1f} s SFT, "
+                      f"final loss {figures['sft_final_loss']:.3f})", highlight=False)
+        out[policy.name] = figures
+    return out
+
+
+def run_one(path: Path, cfg: ClusterConfig, opts: DemoOptions, console) -> dict[str, Any]:
+    from astraflow.launcher import RunOptions, launch
+    from astraflow.launcher.runner import default_run_id
+    from astraflow.tasks import build_dataset
+
+    t0 = time.monotonic()
+    recipe = Recipe.load(path)
+    steps = opts.steps or (QUICK_STEPS if opts.quick else recipe.trainer.steps)
+    n_eval = min(recipe.eval.prompts, QUICK_EVAL_PROMPTS) if opts.quick else recipe.eval.prompts
+    run_id = default_run_id(recipe)
+    run_cfg = cfg.model_copy(update={"run": run_id})
+    console.rule(f"[bold]{recipe.run}[/bold]: {', '.join(p.name for p in recipe.policies)} — run {run_id}")
+    # The same dataset the dataflow emits from (astraflow.cli.components.recipe_tasks): same seed.
+    dataset = build_dataset(recipe.dataset.type, **{"seed": recipe.seed, **recipe.dataset.params})
+    heldout = dataset.problems("heldout", n_eval)
+
+    sft = warm_start_and_publish(recipe, run_cfg, dataset, console)
+    before = {}
+    for p in recipe.policies:
+        state, v = pull_version(run_cfg, p.name, 0)
+        before[p.name] = evaluate(recipe, p.name, state, v, dataset, heldout)
+        console.print(f"  {p.name}: held-out accuracy before RL {before[p.name]['accuracy']:.3f} "
+                      f"(n={before[p.name]['n']}, weights v{v} from the store)", highlight=False)
+
+    t_rl = time.monotonic()
+    result = launch(recipe, cfg, RunOptions(run_id=run_id, steps=steps, runs_dir=opts.runs_dir, live=opts.live),
+                    console)
+    rl_s = time.monotonic() - t_rl
+    summary: dict[str, Any] = {"recipe": recipe.run, "recipe_file": str(path), "run_id": run_id,
+                               "returncode": result.returncode, "reason": result.reason, "steps": steps,
+                               "rl_seconds": round(rl_s, 1), "policies": {}}
+    for p in recipe.policies:
+        row: dict[str, Any] = {"role": "verifier" if p.name == verifier_policy(recipe) else "solver",
+                               "sft": sft[p.name], "before": before[p.name]}
+        done = result.done.get(p.name, {})
+        row["trainer_steps"] = done.get("step", result.trainers.get(p.name, {}).get("step"))
+        if result.returncode == 0:
+            state, v = pull_version(run_cfg, p.name, None)
+            row["after"] = evaluate(recipe, p.name, state, v, dataset, heldout)
+            row["final_version"] = v
+            row["delta"] = row["after"]["accuracy"] - row["before"]["accuracy"]
+        summary["policies"][p.name] = row
+    summary["wall_seconds"] = round(time.monotonic() - t0, 1)
+    summary_path = result.run_dir / "summary.json"
+    summary_path.write_text(json.dumps(summary, indent=2, default=str))
+    summary["summary_path"] = str(summary_path)
+    summary["report_path"] = str(result.report_path) if result.report_path else None
+    return summary
+
+
+def print_summary(summaries: list[dict[str, Any]], total_s: float, console) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"astraflow demo — held-out accuracy (greedy), total wall time {total_s:.0f} s")
+    for col in ("recipe", "policy", "eval prompts", "before RL", "after RL", "delta", "RL steps",
+                "final version", "wall time"):
+        table.add_column(col, justify="right" if col not in ("recipe", "policy") else "left")
+    for s in summaries:
+        for name, row in s["policies"].items():
+            after = row.get("after")
+            delta = row.get("delta")
+            colour = "green" if delta is not None and delta > 0 else "red"
+            table.add_row(
+                s["recipe"], f"{name} ({row['role']})", str(row["before"]["n"]),
+                f"{row['before']['accuracy']:.3f}",
+                f"{after['accuracy']:.3f}" if after else "[red]n/a[/red]",
+                f"[{colour}]{delta:+.3f}[/{colour}]" if delta is not None else "[red]run failed[/red]",
+                str(row.get("trainer_steps") or "-"), str(row.get("final_version", "-")),
+                f"{s['wall_seconds']:.0f} s",
+            )
+    console.print(table)
+    for s in summaries:
+        console.print(f"{s['recipe']}: summary {s.get('summary_path')}, report {s.get('report_path')}",
+                      highlight=False)
+
+
+def run_demo(cfg: ClusterConfig, opts: DemoOptions) -> int:
+    """Run every demo recipe; 0 when all ran to completion, 1 otherwise."""
+    import torch
+    from rich.console import Console
+
+    from astraflow.launcher import open_cluster
+
+    console = Console()
+    try:
+        paths = [recipe_path(r) for r in opts.recipes]
+    except FileNotFoundError as exc:
+        console.print(f"[red]{exc}[/red]")
+        return 2
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    t0 = time.monotonic()
+    summaries = []
+    failed = []
+    try:
+        with open_cluster(cfg, announce=lambda m: console.print(m, highlight=False)) as resolved:
+            for path in paths:
+                s = run_one(path, resolved, opts, console)
+                summaries.append(s)
+                if s["returncode"] != 0:
+                    failed.append(f"{s['recipe']}: {s['reason'].splitlines()[0]}")
+                    if s["returncode"] == 130:
+                        break
+    except KeyboardInterrupt:
+        failed.append("interrupted")
+    except Exception as exc:  # noqa: BLE001 - report why the demo could not run, then exit non-zero
+        console.print(f"[red]astraflow demo could not run:[/red] {type(exc).__name__}: {exc}", highlight=False)
+        failed.append(str(exc))
+    total = time.monotonic() - t0
+    if summaries:
+        print_summary(summaries, total, console)
+    if failed:
+        console.print("[red]demo did not complete:[/red] " + "; ".join(failed), highlight=False)
+        return 1
+    not_learned = [f"{s['recipe']}/{n}" for s in summaries for n, r in s["policies"].items()
+                   if (r.get("delta") or 0) <= 0]
+    if not_learned and not opts.quick:
+        console.print(f"[yellow]no held-out improvement for {', '.join(not_learned)}[/yellow]")
+    return 0
