@@ -108,9 +108,17 @@ class ClusterConfig(_Section):
             return self
         stack_file = self.state_dir / STACK_FILE
         if not stack_file.exists():
+            missing = [
+                name
+                for name, value in (
+                    ("Kafka bootstrap (kafka.bootstrap / ASTRAFLOW_KAFKA_BOOTSTRAP)", self.kafka.bootstrap),
+                    ("S3 endpoint (s3.endpoint / ASTRAFLOW_S3_ENDPOINT)", self.s3.endpoint),
+                )
+                if value is None
+            ]
             raise ConfigError(
-                f"no Kafka/S3 endpoint is configured and no embedded stack runs under {self.state_dir}: "
-                "run `astraflow up`, or set ASTRAFLOW_KAFKA_BOOTSTRAP and ASTRAFLOW_S3_ENDPOINT"
+                f"no {' and no '.join(missing)} is configured, and no embedded stack runs under "
+                f"{self.state_dir} (no {STACK_FILE}): run `astraflow up`, or configure the endpoint"
             )
         stack = json.loads(stack_file.read_text())
         kafka = self.kafka.model_copy(update={"bootstrap": self.kafka.bootstrap or stack["kafka_bootstrap"]})
