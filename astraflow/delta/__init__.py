@@ -9,7 +9,19 @@ from astraflow.delta.errors import (
     DeltaError,
     DeltaFormatError,
 )
+from astraflow.delta.errors import (
+    NoPathError,
+    PublisherError,
+    VersionExistsError,
+    VersionNotFoundError,
+    WeightStoreError,
+)
 from astraflow.delta.format import DeltaHeader, TensorEntry, read_header
+from astraflow.delta.manifest import Manifest
+from astraflow.delta.publisher import WeightPublisher
+from astraflow.delta.retention import RetentionPolicy
+from astraflow.delta.store import WeightStore
+from astraflow.delta.subscriber import WeightSubscriber
 
 __all__ = [
     "encode",
@@ -23,4 +35,14 @@ __all__ = [
     "DeltaCorruptError",
     "BaseVersionError",
     "BaseMismatchError",
+    "Manifest",
+    "RetentionPolicy",
+    "WeightStore",
+    "WeightPublisher",
+    "WeightSubscriber",
+    "WeightStoreError",
+    "VersionNotFoundError",
+    "VersionExistsError",
+    "NoPathError",
+    "PublisherError",
 ]

@@ -21,3 +21,23 @@ class BaseVersionError(DeltaError):
 
 class BaseMismatchError(DeltaError):
     """The base's tensor names, dtypes, shapes or contents are not those the delta expects."""
+
+
+class WeightStoreError(Exception):
+    """The versioned weight store cannot do what was asked (see subclasses)."""
+
+
+class VersionNotFoundError(WeightStoreError):
+    """No published manifest for that version (never published, or garbage-collected)."""
+
+
+class NoPathError(WeightStoreError):
+    """No anchor + delta chain in the bucket reaches the wanted version."""
+
+
+class VersionExistsError(WeightStoreError):
+    """A different manifest is already published for that version (manifests are immutable)."""
+
+
+class PublisherError(WeightStoreError):
+    """The publisher's background thread failed; the original error is the ``__cause__``."""

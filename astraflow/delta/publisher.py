@@ -1,0 +1,181 @@
+"""Trainer side: publish each new version off the training loop's critical path.
+
+``publish(state_dict, version)`` snapshots the weights to CPU (the only work on the caller's
+thread) and queues them. A background thread encodes the delta from the previous version, uploads
+the anchor (every ``anchor_every`` versions, and always first) and/or the delta, writes the
+manifest last (conditional put), then announces the version on ``<run>.weights.<policy>``. The
+caller blocks only when more than ``max_lag_versions`` versions wait to be uploaded. Memory: the
+previous snapshot plus up to ``max_lag_versions + 1`` queued ones.
+
+A failure in the background thread stops publishing (a later delta would have a missing base)
+and is raised, as :class:`PublisherError`, from the next ``publish``/``flush``/``close``. A fresh
+publisher starts with an anchor.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from astraflow.delta.codec import encode
+from astraflow.delta.errors import PublisherError
+from astraflow.delta.format import read_header
+from astraflow.delta.manifest import Manifest, state_digest
+from astraflow.delta.store import WeightStore, state_crcs
+
+if TYPE_CHECKING:
+    from astraflow.config import ClusterConfig
+
+_STOP = object()
+
+
+class WeightPublisher:
+    def __init__(
+        self,
+        cfg: ClusterConfig,
+        policy: str,
+        *,
+        anchor_every: int = 10,
+        max_lag_versions: int = 2,
+        announce: bool = True,
+        store: WeightStore | None = None,
+        producer_id: str | None = None,
+    ) -> None:
+        if anchor_every < 1 or max_lag_versions < 0:
+            raise ValueError("anchor_every must be >= 1 and max_lag_versions >= 0")
+        self.cfg = cfg
+        self.policy = policy
+        self.anchor_every = anchor_every
+        self.store = store or WeightStore.from_config(cfg, policy)
+        self.published: list[Manifest] = []
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, max_lag_versions))
+        self._error: BaseException | None = None
+        self._last_version: int | None = None
+        self._closed = False
+        self._producer = None
+        self._topic = None
+        if announce:
+            from astraflow.log import LogProducer, Topics, ensure_topics
+
+            self._topic = Topics(cfg.run).weights(policy)
+            ensure_topics(cfg, {self._topic: 1})
+            self._producer = LogProducer(cfg, producer_id or f"weights-publisher-{policy}")
+        self._thread = threading.Thread(target=self._run, name=f"weight-publisher-{policy}", daemon=True)
+        self._thread.start()
+
+    # -- caller side -----------------------------------------------------------------------------
+    def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Snapshot ``state_dict`` as ``version`` and queue it (blocks only when the queue is full)."""
+        self._raise_if_failed()
+        if self._closed:
+            raise PublisherError("publisher is closed")
+        if self._last_version is not None and version <= self._last_version:
+            raise ValueError(f"versions must increase: {version} after {self._last_version}")
+        snapshot = {
+            name: t.detach().to("cpu", copy=True).contiguous() for name, t in state_dict.items()
+        }
+        while True:  # a bounded wait, so a failure of the thread is noticed while blocked
+            try:
+                self._queue.put((version, snapshot), timeout=0.5)
+                break
+            except queue.Full:
+                self._raise_if_failed()
+        self._last_version = version
+
+    def flush(self) -> None:
+        """Block until every queued version is published (or raise the thread's error)."""
+        while self._queue.unfinished_tasks and self._thread.is_alive():
+            time.sleep(0.01)
+        self._raise_if_failed()
+
+    def close(self) -> None:
+        """Drain the queue, stop the thread, close the producer; raise a background error if any."""
+        if not self._closed:
+            self._closed = True
+            if self._thread.is_alive():
+                self._queue.put(_STOP)
+            self._thread.join()
+            if self._producer is not None:
+                self._producer.close()
+        self._raise_if_failed()
+
+    def __enter__(self) -> WeightPublisher:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise PublisherError(f"weight publishing of {self.policy} failed: {self._error}") from self._error
+
+    # -- background thread -----------------------------------------------------------------------
+    def _run(self) -> None:
+        prev: tuple[int, dict[str, torch.Tensor]] | None = None
+        while True:
+            item = self._queue.get()
+            try:
+                if item is _STOP:
+                    return
+                version, state = item
+                self.published.append(self._publish_one(version, state, prev))
+                prev = (version, state)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                self._error = exc
+                self._drain()
+                return
+            finally:
+                self._queue.task_done()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                self._queue.get_nowait()
+                self._queue.task_done()
+            except queue.Empty:
+                return
+
+    def _publish_one(self, version: int, state: dict, prev: tuple[int, dict] | None) -> Manifest:
+        crcs = state_crcs(state)
+        anchor = delta = header = None
+        if prev is None or version % self.anchor_every == 0:
+            anchor = self.store.put_anchor(version, state)
+        if prev is not None and prev[0] == version - 1:
+            blob = encode(prev[1], state, base_version=prev[0], target_version=version)
+            header = read_header(blob)
+            delta = self.store.put_delta(version, blob)
+        elif anchor is None:  # versions skipped: no delta has a base, store the full state
+            anchor = self.store.put_anchor(version, state)
+        manifest = Manifest(
+            policy=self.policy,
+            version=version,
+            kind="anchor" if anchor is not None else "delta",
+            base=version - 1 if delta is not None else None,
+            anchor=anchor,
+            delta=delta,
+            params=sum(t.numel() for t in state.values()),
+            full_bytes=sum(t.numel() * t.element_size() for t in state.values()),
+            changed=header.changed if header else None,
+            sparsity=header.sparsity if header else None,
+            tensors=crcs,
+            state_digest=state_digest(crcs),
+        )
+        self.store.publish(manifest)
+        if self._producer is not None:
+            announcement = {
+                "version": version,
+                "kind": manifest.kind,
+                "manifest": self.store.layout.manifest_key(self.policy, version),
+                "bytes": manifest.bytes,
+                "checksum": manifest.state_digest,
+                "policy": self.policy,
+            }
+            self._producer.send_json(
+                self._topic, str(version), announcement,
+                schema_name="weight-announcement", schema_version=1, policy=self.policy,
+            ).result(timeout=30)
+        return manifest

@@ -1,0 +1,237 @@
+"""End to end on the real embedded S3 + broker: a publisher writes 31 versions (0..30) of a
+changing model; subscribers starting at 0, 29 and nothing reach 30 bit-exact; corruption is
+refused; manifests are immutable; GC keeps what the retention rule says; the CLI reads it all."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from astraflow.cli.main import main as cli
+from astraflow.delta import (
+    DeltaCorruptError,
+    RetentionPolicy,
+    VersionExistsError,
+    WeightPublisher,
+    WeightStore,
+    WeightSubscriber,
+)
+from astraflow.delta.verify import verify_chain
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+POLICY = "pi"
+LAST = 30
+
+
+class TiedLM(torch.nn.Module):
+    """Embedding tied to the output head (one storage under two names), as in many LMs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(512, 64)
+        self.proj = torch.nn.Linear(64, 64)
+        self.norm = torch.nn.LayerNorm(64)
+        self.head = torch.nn.Linear(64, 512, bias=False)
+        self.head.weight = self.embed.weight
+
+
+def make_model(seed: int = 0) -> TiedLM:
+    torch.manual_seed(seed)
+    model = TiedLM().to(torch.bfloat16)
+    model.norm.float()  # mixed dtypes: fp32 norm next to bf16 weights
+    return model
+
+
+def optimizer_like_step(model: torch.nn.Module, rng: np.random.Generator) -> None:
+    """Move ~1.5% of each tensor's elements by one ulp, like an RL step in bf16."""
+    with torch.no_grad():
+        for p in model.parameters():
+            bits = p.view(torch.int16 if p.element_size() == 2 else torch.int32).reshape(-1)
+            hit = torch.from_numpy(rng.random(bits.numel()) < 0.015)
+            step = torch.from_numpy(rng.choice([-1, 1], bits.numel())).to(bits.dtype)
+            bits[hit] += step[hit]
+
+
+def snapshot(sd) -> dict:
+    return {k: v.detach().clone() for k, v in sd.items()}
+
+
+def assert_bits_equal(got, want) -> None:
+    assert set(got) == set(want)
+    for k, w in want.items():
+        g = got[k]
+        assert g.dtype == w.dtype and g.shape == w.shape, k
+        iv = {2: torch.int16, 4: torch.int32}[w.element_size()]
+        assert torch.equal(g.contiguous().view(iv), w.contiguous().view(iv)), k
+
+
+@pytest.fixture
+def published(test_cluster):
+    """Versions 0..30 published with an anchor every 8; returns (cfg, truth by version)."""
+    model = make_model()
+    rng = np.random.default_rng(0)
+    truth = {}
+    with WeightPublisher(test_cluster, POLICY, anchor_every=8, max_lag_versions=2) as pub:
+        for v in range(LAST + 1):
+            if v:
+                optimizer_like_step(model, rng)
+            truth[v] = snapshot(model.state_dict())
+            pub.publish(model.state_dict(), v)
+        pub.flush()
+        kinds = [m.kind for m in pub.published]
+    assert kinds == ["anchor" if v % 8 == 0 else "delta" for v in range(LAST + 1)]
+    return test_cluster, truth
+
+
+def test_subscribers_reach_latest_bit_exact(published):
+    cfg, truth = published
+    store = WeightStore.from_config(cfg, POLICY)
+    assert store.versions() == list(range(LAST + 1))
+    m = store.manifest(17)
+    assert m.kind == "delta" and m.base == 16 and 0.95 < m.sparsity < 0.995
+    assert m.delta.bytes < 0.05 * m.full_bytes
+
+    pulled = {}
+    for start in (0, 29, None):
+        sub = WeightSubscriber(cfg, POLICY, f"sub-{start}")
+        if start is not None:
+            state, v, _ = sub.pull(start)
+            assert v == start
+            assert_bits_equal(state, truth[start])
+        assert sub.latest_version() == LAST
+        state, v, nbytes = sub.pull()
+        assert v == LAST
+        assert_bits_equal(state, truth[LAST])
+        pulled[start] = nbytes
+        sub.close()
+    print("bytes pulled to reach v30:", pulled)
+    one_delta = store.manifest(LAST).delta.bytes
+    assert pulled[29] == one_delta
+    assert pulled[29] * 10 < pulled[None]
+    # From v0 the planner takes the chain or anchor 24 + 6 deltas, whichever is fewer bytes.
+    assert pulled[0] <= pulled[None]
+    assert pulled[None] == store.plan(None, LAST).bytes
+
+
+def test_apply_to_model_in_place_with_tied_weights(published):
+    cfg, truth = published
+    model = make_model(seed=123)  # different weights: the first apply_to loads an anchor
+    embed = model.embed.weight
+    with WeightSubscriber(cfg, POLICY, "model-sub") as sub:
+        v, first = sub.apply_to(model, 20)
+        assert v == 20
+        assert_bits_equal(model.state_dict(), truth[20])
+        v, nbytes = sub.apply_to(model)
+        assert v == LAST
+        assert_bits_equal(model.state_dict(), truth[LAST])
+        assert model.embed.weight is embed and model.head.weight is embed  # in place, still tied
+        assert nbytes < first
+        # Someone changes the model behind the subscriber's back: the delta refuses the base and
+        # the subscriber resyncs from an anchor instead of producing wrong weights.
+        with torch.no_grad():
+            model.proj.weight.view(torch.int16)[0, 0] ^= 1
+        sub.version = 29  # pretend the model is at 29
+        v, _ = sub.apply_to(model)
+        assert_bits_equal(model.state_dict(), truth[LAST])
+
+
+def test_announcements_on_the_log(published):
+    from astraflow.log import LogConsumer, Topics
+
+    cfg, _ = published
+    consumer = LogConsumer(cfg, Topics(cfg.run).weights(POLICY), f"{cfg.run}-reader")
+    got = []
+    deadline = time.monotonic() + 30
+    while len(got) < LAST + 1 and time.monotonic() < deadline:
+        got += consumer.poll(1.0)
+    consumer.close()
+    assert [int(m.key) for m in got] == list(range(LAST + 1))
+    last = got[-1].obj
+    store = WeightStore.from_config(cfg, POLICY)
+    assert last["version"] == LAST and last["checksum"] == store.manifest(LAST).state_digest
+    assert last["manifest"] == store.layout.manifest_key(POLICY, LAST)
+    assert last["bytes"] == store.manifest(LAST).bytes
+    with WeightSubscriber(cfg, POLICY, "waiter") as sub:
+        assert sub.wait_for_version(LAST, timeout_s=5) == LAST
+
+
+def test_corrupted_delta_is_refused_and_state_kept(published):
+    cfg, truth = published
+    store = WeightStore.from_config(cfg, POLICY)
+    sub = WeightSubscriber(cfg, POLICY, "victim")
+    state, _, _ = sub.pull(29)
+    key = store.manifest(LAST).delta.key
+    blob = bytearray(store.objects.get_bytes(key))
+    blob[len(blob) // 2] ^= 0x40
+    store.objects.put_bytes(key, bytes(blob))  # a consistent object, not the one the manifest names
+    with pytest.raises(DeltaCorruptError):
+        sub.pull(LAST)
+    assert sub.version == 29
+    assert_bits_equal(state, truth[29])
+    # The codec's own checksums refuse it too, independent of the manifest's sha256.
+    from astraflow.delta import DeltaError, apply
+
+    with pytest.raises(DeltaError):
+        apply(snapshot(truth[29]), bytes(blob), base_version=29)
+    results = {r.version: r for r in verify_chain(store)}
+    assert results[LAST].ok is False and all(results[v].ok for v in range(LAST))
+
+
+def test_manifest_cannot_be_overwritten(published):
+    cfg, _ = published
+    store = WeightStore.from_config(cfg, POLICY)
+    m = store.manifest(5)
+    store.publish(m)  # the identical manifest again: a harmless retry
+    with pytest.raises(VersionExistsError):
+        store.publish(m.model_copy(update={"state_digest": "0" * 64}))
+    assert store.manifest(5) == m
+    fresh = WeightStore.from_config(cfg, POLICY)
+    assert fresh.manifest(5).state_digest == m.state_digest
+
+
+def test_gc_keeps_latest_anchor_recent_and_live_chains(published, tmp_path):
+    cfg, truth = published
+    store = WeightStore.from_config(cfg, POLICY)
+    slow = WeightSubscriber(cfg, POLICY, "slow")
+    slow.pull(20)  # registers at v20 with a fresh heartbeat
+    store.register_subscriber("dead", 3, now=time.time() - 3600)
+    # An upload above the latest version may be in flight (no manifest yet): GC must not touch it.
+    in_flight = store.layout.delta_key(POLICY, LAST + 1)
+    store.objects.put_bytes(in_flight, b"uploading")
+
+    policy = RetentionPolicy(keep_versions=2, subscriber_ttl_s=60)
+    dry = store.gc(policy, dry_run=True)
+    assert sorted(dry.keep) == list(range(21, LAST + 1))  # live chain 21..30 covers anchor 24..30
+    assert store.versions() == list(range(LAST + 1))  # dry run deletes nothing
+
+    plan = store.gc(policy)
+    assert plan.delete == list(range(21)) and [s.id for s in plan.expired] == ["dead"]
+    assert store.versions() == list(range(21, LAST + 1))
+    left = list(store.objects.list(store.prefix))
+    assert not any(f"/v{v:08d}/" in k for k in left for v in range(21))
+    assert not any(k.endswith("/dead.json") for k in left)
+    assert in_flight in left and plan.orphans == []
+
+    # Everyone still gets there: the slow one by its chain, a new one from anchor 24.
+    state, v, nbytes = slow.pull()
+    assert v == LAST and nbytes == sum(store.manifest(u).delta.bytes for u in range(21, LAST + 1))
+    assert_bits_equal(state, truth[LAST])
+    new, v, _ = WeightSubscriber(cfg, POLICY, "new").pull()
+    assert_bits_equal(new, truth[LAST])
+
+    # Once the slow subscriber is at 30, a GC drops its old chain, keeping anchor 24 and after.
+    assert sorted(store.gc(policy).keep) == list(range(24, LAST + 1))
+
+    # The CLI sees the same store.
+    config = tmp_path / "cluster.yaml"
+    config.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude={"run", "state_dir"})))
+    args = ["--config", str(config), "weights"]
+    common = ["--run", cfg.run, "--policy", POLICY]
+    assert cli([*args, "ls", *common]) == 0
+    assert cli([*args, "show", *common, "27"]) == 0
+    assert cli([*args, "verify", *common]) == 0
+    assert cli([*args, "gc", *common, "--dry-run"]) == 0
