@@ -19,11 +19,11 @@ from astraflow.delta import (
     DeltaFormatError,
     apply,
     apply_inplace,
+    codec,
     encode,
     read_header,
 )
-from astraflow.delta import codec
-from astraflow.delta.format import parse, pack
+from astraflow.delta.format import pack, parse
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 INT_OF = {2: torch.int16, 4: torch.int32}
@@ -274,10 +274,28 @@ def test_target_mismatch_is_undone_in_place():
 
 
 def test_refusals_checked_before_any_write():
-    old, new, delta = _fixture()
+    old, _new, delta = _fixture()
     bad = bytearray(delta)
     bad[-1] ^= 0xFF  # corrupts the last tensor's stream; the first must not be written either
     base = snapshot(old)
     with pytest.raises(DeltaCorruptError):
         apply_inplace(base, bytes(bad))
     assert_same_bits(base, old)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_tensors_round_trip_on_device():
+    rng = np.random.default_rng(3)
+    old = {"a": random_bits(rng, 100_000, torch.bfloat16), "b": random_bits(rng, 1000, torch.float32)}
+    new = snapshot(old)
+    bits(new["a"])[::41] += 1
+    bits(new["b"])[:] ^= 1
+    host = encode(old, new, base_version=0, target_version=1)
+    gpu_old = {k: v.cuda() for k, v in old.items()}
+    gpu_new = {k: v.cuda() for k, v in new.items()}
+    assert encode(gpu_old, gpu_new, base_version=0, target_version=1) == host
+    out = apply(gpu_old, host)
+    assert all(t.is_cuda for t in out.values())
+    assert_same_bits({k: v.cpu() for k, v in out.items()}, new)
+    apply_inplace(gpu_old, host)
+    assert_same_bits({k: v.cpu() for k, v in gpu_old.items()}, new)

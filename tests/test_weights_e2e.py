@@ -235,3 +235,48 @@ def test_gc_keeps_latest_anchor_recent_and_live_chains(published, tmp_path):
     assert cli([*args, "show", *common, "27"]) == 0
     assert cli([*args, "verify", *common]) == 0
     assert cli([*args, "gc", *common, "--dry-run"]) == 0
+
+
+def test_publisher_error_reaches_the_caller(published):
+    """A background failure (here: republishing a published version with other weights) is raised
+    to the trainer, and the objects of the published version are left alone."""
+    from astraflow.delta import PublisherError
+
+    cfg, truth = published
+    store = WeightStore.from_config(cfg, POLICY)
+    before = store.manifest(LAST)
+    pub = WeightPublisher(cfg, POLICY, announce=False)
+    pub.publish(make_model(seed=9).state_dict(), LAST)
+    with pytest.raises(PublisherError) as err:
+        pub.close()
+    assert isinstance(err.value.__cause__, VersionExistsError)
+    with WeightSubscriber(cfg, POLICY, "after") as sub:
+        state, _, _ = sub.pull()
+    assert_bits_equal(state, truth[LAST])
+    assert WeightStore.from_config(cfg, POLICY).manifest(LAST) == before
+
+
+def test_publish_blocks_only_beyond_max_lag(test_cluster):
+    import threading
+
+    store = WeightStore.from_config(test_cluster, POLICY)
+    gate = threading.Event()
+    real_publish = store.publish
+    store.publish = lambda m: (gate.wait(30), real_publish(m))[1]  # hold uploads at the manifest
+    pub = WeightPublisher(test_cluster, POLICY, store=store, max_lag_versions=2, announce=False)
+    model = make_model()
+    rng = np.random.default_rng(1)
+    t0 = time.monotonic()
+    for v in range(3):  # one in flight + two queued: none of these blocks
+        optimizer_like_step(model, rng)
+        pub.publish(model.state_dict(), v)
+    assert time.monotonic() - t0 < 10
+    done = threading.Event()
+    blocked = threading.Thread(target=lambda: (pub.publish(model.state_dict(), 3), done.set()))
+    blocked.start()
+    assert not done.wait(1.0)  # a fourth pending version waits for the upload thread
+    gate.set()
+    assert done.wait(30)
+    blocked.join()
+    pub.close()
+    assert store.versions() == [0, 1, 2, 3]

@@ -17,12 +17,12 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Self
 
 import torch
 
 from astraflow.delta.codec import encode
-from astraflow.delta.errors import PublisherError
+from astraflow.delta.errors import PublisherError, VersionExistsError
 from astraflow.delta.format import read_header
 from astraflow.delta.manifest import Manifest, state_digest
 from astraflow.delta.store import WeightStore, state_crcs
@@ -103,10 +103,10 @@ class WeightPublisher:
                 self._producer.close()
         self._raise_if_failed()
 
-    def __enter__(self) -> WeightPublisher:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def _raise_if_failed(self) -> None:
@@ -140,6 +140,10 @@ class WeightPublisher:
                 return
 
     def _publish_one(self, version: int, state: dict, prev: tuple[int, dict] | None) -> Manifest:
+        # Refuse before uploading: objects of a published version must never be replaced. (Two
+        # live publishers of one policy racing on a version remain unsupported.)
+        if self.store.objects.exists(self.store.layout.manifest_key(self.policy, version)):
+            raise VersionExistsError(f"{self.policy} v{version} is already published")
         crcs = state_crcs(state)
         anchor = delta = header = None
         if prev is None or version % self.anchor_every == 0:

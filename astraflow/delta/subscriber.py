@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import torch
 
@@ -151,10 +151,10 @@ class WeightSubscriber:
         if unregister and self.register:
             self.store.unregister_subscriber(self.subscriber_id)
 
-    def __enter__(self) -> WeightSubscriber:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
