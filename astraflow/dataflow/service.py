@@ -1,0 +1,217 @@
+"""The dataflow process: the :class:`Dataflow` logic wired to the log and the bucket.
+
+One consumer (group ``<run>.dataflow``) reads ``<run>.trajectories``, every ``<run>.weights.<policy>``
+and ``<run>.metrics``. Batches go to ``<run>.batches.<policy>``, tasks to ``<run>.tasks.<pool>``,
+counters and the autoscaling report to ``<run>.metrics``.
+
+Exactly-once effect on state, at-least-once on the wire: every ``checkpoint_every_s`` the producer is
+flushed (batches and tasks acknowledged), then the Dataflow state and the next offset per partition
+are written to ``<run>/dataflow/state.json``, and only then are the consumed offsets committed. On
+restart the state is loaded and records below the checkpointed offsets (delivered again because the
+commit may not have happened) are skipped, so nothing is counted twice and nothing is lost.
+
+Control records read (JSON): a weight announcement is ``{"version": int, ...}`` (the record key is
+used when there is no ``version`` field); a trainer metrics record carrying ``wait_s`` and
+``step_s`` (seconds waited for a batch / spent per step since its last record) feeds the autoscaler.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from astraflow.config import ClusterConfig
+from astraflow.dataflow.autoscaler import autoscale_report
+from astraflow.dataflow.config import DataflowConfig
+from astraflow.dataflow.pipeline import Dataflow
+from astraflow.records import RecordSchemaError, Task, batch, task, trajectory
+
+log = logging.getLogger(__name__)
+
+STATE_OBJECT = "state.json"
+COMPONENT_ID = "dataflow"
+
+
+class _Window:
+    """Trainer wait/step seconds and trajectory counts since the last autoscaling report."""
+
+    def __init__(self) -> None:
+        self.consumed_before = 0
+        self.entered_before = 0
+        self.reset()
+
+    def reset(self) -> None:
+        self.wait_s = 0.0
+        self.step_s = 0.0
+        self.nodes: dict[str, set[str]] = defaultdict(set)
+
+
+def run_dataflow(
+    cfg: ClusterConfig,
+    section: DataflowConfig,
+    stop_event: threading.Event,
+    *,
+    dataset: Iterable[Task],
+    checkpoint_every_s: float = 5.0,
+    metrics_every_s: float = 2.0,
+    pools: Iterable[str] = ("default",),
+    task_partitions: int = 4,
+    stop_when_finished: bool = False,
+) -> dict[str, int]:
+    """Run until ``stop_event`` is set (or, with ``stop_when_finished``, until the dataset is used
+    up and nothing is in flight); returns the final counters. Resumes from the bucket checkpoint."""
+    from astraflow.log import LogConsumer, LogProducer, Topics, ensure_topics
+    from astraflow.objstore import ObjectStore, RunLayout
+
+    topics = Topics(cfg.run)
+    store = ObjectStore.from_config(cfg)
+    state_key = RunLayout(cfg.run).dataflow_key(STATE_OBJECT)
+    df = Dataflow(section, dataset)
+
+    skip_below: dict[tuple[str, int], int] = {}
+    if store.exists(state_key):
+        saved = store.get_json(state_key)
+        df.load_state_dict(saved["dataflow"])
+        skip_below = {(t, int(p)): o for t, p, o in saved["offsets"]}
+        log.info("dataflow %s resumed from %s", cfg.run, state_key)
+    offsets = dict(skip_below)
+
+    weight_topics = {topics.weights(p): p for p in section.policies}
+    ensure_topics(
+        cfg,
+        {
+            topics.trajectories: 1,
+            topics.metrics: 1,
+            **{w: 1 for w in weight_topics},
+            **{topics.batches(p): 1 for p in section.policies},
+        },
+    )
+    ready_pools: set[str] = set()
+
+    def send_task(t: Task) -> None:
+        if t.pool not in ready_pools:  # a dataset may name pools beyond ``pools``
+            ensure_topics(cfg, {topics.tasks(t.pool): task_partitions})
+            ready_pools.add(t.pool)
+        producer.send_table(topics.tasks(t.pool), t.prompt_id, task.to_table([t]),
+                            task.SCHEMA_NAME, task.SCHEMA_VERSION, policy=t.policy or None)
+
+    for pool in pools:
+        ensure_topics(cfg, {topics.tasks(pool): task_partitions})
+        ready_pools.add(pool)
+    producer = LogProducer(cfg, f"{cfg.run}.{COMPONENT_ID}")
+    consumer = LogConsumer(
+        cfg,
+        [topics.trajectories, topics.metrics, *weight_topics],
+        group_id=f"{cfg.run}.dataflow",
+        # No expected_schemas: it would dead-letter the JSON control records (weights, metrics)
+        # whose schema names belong to other components; trajectory records are checked in _ingest.
+    )
+    window = _Window()
+    uncommitted: list[Any] = []
+    last_ckpt = last_metrics = time.monotonic()
+    try:
+        while not stop_event.is_set():
+            msgs = consumer.poll(timeout_s=0.2, max_records=500)
+            now = time.time()
+            for m in msgs:
+                uncommitted.append(m)
+                tp = (m.topic, m.partition)
+                if m.offset < skip_below.get(tp, -1):
+                    continue  # already in the checkpointed state
+                offsets[tp] = m.offset + 1
+                if m.topic == topics.trajectories:
+                    _ingest(df, m, window)
+                elif m.topic in weight_topics:
+                    _on_weights(df, weight_topics[m.topic], m)
+                elif m.topic == topics.metrics:
+                    _on_metrics(m, window)
+            df.expire(now)
+            for b in df.take_batches():
+                producer.send_table(topics.batches(b.policy), b.batch_id, batch.to_table(b),
+                                    batch.SCHEMA_NAME, batch.SCHEMA_VERSION, policy=b.policy)
+            for t in df.next_tasks(now):
+                send_task(t)
+            mono = time.monotonic()
+            if mono - last_metrics >= metrics_every_s:
+                _publish_metrics(producer, topics.metrics, df, window, section, now)
+                last_metrics = mono
+            if mono - last_ckpt >= checkpoint_every_s:
+                _checkpoint(producer, store, state_key, df, offsets, consumer, uncommitted)
+                last_ckpt = mono
+            if stop_when_finished and df.finished:
+                break
+        _publish_metrics(producer, topics.metrics, df, window, section, time.time())
+        _checkpoint(producer, store, state_key, df, offsets, consumer, uncommitted)
+        return df.counters()
+    finally:
+        consumer.close()
+        producer.close()
+
+
+def _ingest(df: Dataflow, m: Any, window: _Window) -> None:
+    try:
+        if m.table is None or m.schema_name != trajectory.SCHEMA_NAME:
+            raise RecordSchemaError(f"expected {trajectory.SCHEMA_NAME} records, got {m.schema_name!r}")
+        trajs = trajectory.from_table(m.table)
+    except RecordSchemaError as exc:
+        # The codec accepted the bytes but the rows break the record contract: count, never crash.
+        df.processor.counters["invalid_records"] += 1
+        log.warning("trajectory record %s/%s@%s refused: %s", m.topic, m.partition, m.offset, exc)
+        return
+    for t in trajs:
+        inflight = df.emitter.task(t.task_id)
+        if inflight is not None and t.node_id:
+            window.nodes[inflight.pool].add(t.node_id)
+    df.ingest(trajs)
+
+
+def _on_weights(df: Dataflow, policy: str, m: Any) -> None:
+    obj = m.obj if isinstance(m.obj, dict) else {}
+    version = obj.get("version", m.key)
+    try:
+        df.on_weights(policy, int(version))
+    except (TypeError, ValueError):
+        log.warning("weight announcement without a version on %s@%s: %r", m.topic, m.offset, m.obj)
+
+
+def _on_metrics(m: Any, window: _Window) -> None:
+    obj = m.obj
+    if m.key == COMPONENT_ID or not isinstance(obj, dict):
+        return
+    if "wait_s" in obj and "step_s" in obj:
+        window.wait_s += float(obj["wait_s"])
+        window.step_s += float(obj["step_s"])
+    if obj.get("pool") and obj.get("node_id"):
+        window.nodes[obj["pool"]].add(obj["node_id"])
+
+
+def _publish_metrics(producer: Any, topic: str, df: Dataflow, window: _Window, section: DataflowConfig,
+                     now: float) -> None:
+    counters = df.counters()
+    producer.send_json(topic, COMPONENT_ID, {"kind": "dataflow", "time": now, "versions": dict(df.versions),
+                                             "counters": counters})
+    consumed_total = sum(v for k, v in counters.items() if k.endswith(".trajectories_batched"))
+    entered_total = counters.get("trajectories.received", 0)
+    consumed = consumed_total - window.consumed_before
+    entered = entered_total - window.entered_before
+    window.consumed_before, window.entered_before = consumed_total, entered_total
+    pools = {
+        pool: {"nodes": len(nodes), "wait_s": window.wait_s, "step_s": window.step_s,
+               "consumed": consumed, "entered": entered}
+        for pool, nodes in window.nodes.items()
+    }
+    if pools:
+        producer.send_json(topic, COMPONENT_ID, autoscale_report(section.autoscale, pools, now))
+    window.reset()
+
+
+def _checkpoint(producer: Any, store: Any, key: str, df: Dataflow, offsets: dict, consumer: Any,
+                uncommitted: list) -> None:
+    producer.flush()  # batches/tasks derived from the state must be on the log before it is saved
+    store.put_json(key, {"dataflow": df.state_dict(), "offsets": [[t, p, o] for (t, p), o in offsets.items()]})
+    consumer.commit(uncommitted)
+    uncommitted.clear()
