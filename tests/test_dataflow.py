@@ -199,7 +199,7 @@ def test_greso_skips_zero_variance_prompts_with_recheck_and_state_round_trip():
     assert {t.prompt_id for t in tasks[100:]} <= {t.prompt_id for t in emit}
     assert all(int(t.prompt_id[1:]) < 100 for t in skip)
     assert 60 <= len(skip) <= 95  # ~80 skipped, ~20 re-checked
-    emit2, skip2 = g2.select(tasks, 200)
+    _emit2, skip2 = g2.select(tasks, 200)
     assert [t.prompt_id for t in skip2] == [t.prompt_id for t in skip]
 
 

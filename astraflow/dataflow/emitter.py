@@ -140,8 +140,7 @@ class TaskEmitter:
         self.counters["emitted"] += len(out)
         if self.mode == "sync":
             current = min(self.versions.values())
-            if current > self.wave_version:
-                self.wave_version = current
+            self.wave_version = max(self.wave_version, current)
             self.wave_shortfall = 0
         return out
 

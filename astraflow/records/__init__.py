@@ -16,9 +16,9 @@ SCHEMAS = {m.SCHEMA_NAME: m.SCHEMA_VERSION for m in (task, trajectory, batch)}
 """Record schema name -> version, e.g. for ``LogConsumer(expected_schemas=...)``."""
 
 __all__ = [
+    "SCHEMAS",
     "Batch",
     "RecordSchemaError",
-    "SCHEMAS",
     "Task",
     "Trajectory",
     "batch",

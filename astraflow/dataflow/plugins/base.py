@@ -54,7 +54,7 @@ class Plugin(ABC):
         """JSON-able state; stateless plug-ins return ``{}``."""
         return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - stateless default
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
 
 
@@ -68,10 +68,10 @@ class TaskSelector(Plugin):
         """Return (tasks to emit now, at most ``k``; tasks to skip for good). Candidates in neither
         list stay in the pool for a later call."""
 
-    def observe(self, task: Task, policy: str, rewards: list[float]) -> None:  # noqa: B027
+    def observe(self, task: Task, policy: str, rewards: list[float]) -> None:
         """A group of ``task`` finished with these rewards (before rollout filters)."""
 
-    def on_version(self, policy: str, version: int) -> None:  # noqa: B027
+    def on_version(self, policy: str, version: int) -> None:
         """New weights were published."""
 
 
