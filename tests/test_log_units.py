@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from astraflow.log import ArrowCodec, RecordMeta, SchemaMismatchError, Topics, TopicNameError
+from astraflow.log import ArrowCodec, RecordMeta, SchemaMismatchError, TopicNameError, Topics
 from astraflow.log.codec import ARROW_STREAM, JSON, check_schema
 from astraflow.log.errors import MissingHeaderError, PayloadError
 from astraflow.log.lag import OffsetLedger, compute_lag

@@ -6,9 +6,10 @@ processed, and only up to the first record in delivery order that it has not pro
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from astraflow.log.claim_check import ClaimCheck
 from astraflow.log.codec import ARROW_STREAM, ArrowCodec, ExpectedSchemas, RecordMeta, check_schema
@@ -20,6 +21,8 @@ from astraflow.log.offsets import Partition, ProcessedOffsets
 if TYPE_CHECKING:
     from astraflow.config import ClusterConfig
     from astraflow.objstore import ObjectStore
+
+log = logging.getLogger(__name__)
 
 
 class LogConsumer:
@@ -185,8 +188,8 @@ class LogConsumer:
         ready = {k: v for k, v in self._offsets.to_commit().items() if k in set(keys)}
         try:
             self._commit_prefix(ready)
-        except Exception:  # noqa: BLE001 - the group moved on; the next owner re-reads (at-least-once)
-            pass
+        except Exception as exc:  # noqa: BLE001 - the group moved on; the next owner re-reads (at-least-once)
+            log.warning("group %s: commit on revoke failed (%s); the next owner re-reads those records", self.group_id, exc)
         self._offsets.forget(keys)
 
     def seek_committed(self) -> None:
@@ -245,7 +248,7 @@ class LogConsumer:
         finally:
             self._dead_letters.close()
 
-    def __enter__(self) -> LogConsumer:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import pyarrow as pa
 
@@ -153,7 +153,7 @@ class LogProducer:
     def close(self, timeout_s: float = 10.0) -> None:
         self._producer.close(timeout=timeout_s)
 
-    def __enter__(self) -> LogProducer:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
