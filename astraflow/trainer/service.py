@@ -1,0 +1,260 @@
+"""The trainer process of one policy: batches in, weight versions out, resumable from the bucket.
+
+Bootstrap (the weight bootstrap rule): resume from this policy's checkpoint in the bucket if there
+is one (a corrupt one is refused: :class:`CheckpointError`); else load the latest version the weight
+store has (e.g. v0 published by ``astraflow demo`` after the SFT warm start); else build the model
+from the recipe (seeded) and publish it as v0 (an anchor).
+
+Exactly-once training across restarts ("restart does not re-train consumed batches"):
+a batch counts as *consumed* once its update is inside a checkpoint. Every
+``trainer.checkpoint_every`` steps (and on a clean stop, and at the end) the trainer writes model +
+optimizer + step/version + the next offset per partition + the ids of the batches trained, and only
+THEN commits the batch offsets to the consumer group. After a crash the new life loads the
+checkpoint and the group hands out exactly the batches after it: every consumed batch is in the
+model exactly once, and the batches trained after the last checkpoint (whose updates died with the
+process) are trained once more, in the resumed lineage. If the crash hit between the checkpoint
+write and the commit, the re-delivered batches are below the checkpointed offsets or carry a
+checkpointed batch id, and are skipped.
+
+Versions: each step publishes ``version + 1`` off the critical path (``WeightPublisher`` encodes
+and uploads on its own thread; the step waits only when more than ``trainer.max_publish_lag``
+versions are queued).
+Versions that a crashed life published after its last checkpoint are orphaned: the resumed trainer
+publishes its checkpointed weights as a fresh version above anything published, so nodes never
+see a version number go backwards, and continues from there.
+
+Metrics (``<run>.metrics``, key ``trainer.<policy>``): one record per step once its version is
+published (``publish_bytes`` known), and ``{"event": "done"}`` after ``trainer.steps`` steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from astraflow.trainer.checkpoint import CheckpointError, CheckpointStore, TrainerCheckpoint
+
+if TYPE_CHECKING:
+    from astraflow.config import ClusterConfig
+    from astraflow.recipe import Recipe
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CheckpointError", "run_trainer"]
+
+
+def _offset_key(topic: str, partition: int) -> str:
+    return f"{topic}:{partition}"
+
+
+class TrainerService:
+    def __init__(self, cfg: ClusterConfig, recipe: Recipe, policy: str, stop_event: threading.Event, *,
+                 poll_timeout_s: float = 0.5) -> None:
+        self.cfg = cfg
+        self.recipe = recipe
+        self.policy = policy
+        self.spec = recipe.policy(policy)
+        self.tspec = recipe.trainer
+        self.stop_event = stop_event
+        self.poll_timeout_s = poll_timeout_s
+        self.component_id = f"trainer.{policy}"
+        self.life = uuid.uuid4().hex[:8]
+        """Identifies this process in metrics (a restarted trainer has a new one)."""
+        self.step = 0
+        self.version = 0
+        self.offsets: dict[str, int] = {}
+        self.batch_ids: list[str] = []
+        self._trained: set[str] = set()
+        self.skipped = {"duplicate": 0, "already_checkpointed": 0, "invalid": 0}
+        self._uncommitted: list[Any] = []
+        self._last_ckpt_step = 0
+        self._pending_records: dict[int, dict[str, Any]] = {}
+        self._seen_published = 0
+
+    # -- bootstrap ---------------------------------------------------------------------------------
+    def _bootstrap(self) -> str:
+        from astraflow.raas.weights import latest_version, pull_state
+
+        ckpt = self.checkpoints.load()
+        latest = latest_version(self.subscriber)
+        if ckpt is not None:
+            self.backend.load_state(ckpt.model_state, ckpt.optimizer_state)
+            self.step, self.version = ckpt.step, ckpt.version
+            self.offsets, self.batch_ids = dict(ckpt.offsets), list(ckpt.batch_ids)
+            self._trained = set(self.batch_ids)
+            self._last_ckpt_step = ckpt.step
+            if latest is None or latest != self.version:
+                # The lost life published past the checkpoint (or the checkpoint's own version never
+                # made it): announce the checkpointed weights under a version nobody has seen.
+                self.version = max(self.version, (latest or 0) + 1)
+                self._publish_now(self.backend.state_dict(), self.version)
+            return f"checkpoint step {ckpt.step} (version {self.version})"
+        if latest is not None:
+            self.backend.load_state(pull_state(self.subscriber, latest), None)
+            self.version = latest
+            return f"weight store version {latest}"
+        self.version = 0
+        self._publish_now(self.backend.state_dict(), 0)
+        return "seeded model, published as v0"
+
+    # -- checkpointing -----------------------------------------------------------------------------
+    def _checkpoint(self, consumer: Any) -> None:
+        if self.step == self._last_ckpt_step and not self._uncommitted:
+            return
+        t0 = time.perf_counter()
+        self.checkpoints.save(TrainerCheckpoint(
+            step=self.step, version=self.version, model_state=self.backend.state_dict(),
+            optimizer_state=self.backend.optimizer_state_dict(), offsets=dict(self.offsets),
+            batch_ids=self.batch_ids))
+        self._last_ckpt_step = self.step
+        # Only now do the batches count as consumed for the group.
+        if self._uncommitted:
+            consumer.commit(self._uncommitted)
+            self._uncommitted = []
+        log.info("trainer %s: checkpoint at step %d / v%d in %.2fs", self.policy, self.step, self.version,
+                 time.perf_counter() - t0)
+
+    # -- main loop ---------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        from astraflow.delta import WeightPublisher, WeightSubscriber
+        from astraflow.log import LogConsumer, LogProducer, Topics, ensure_topics
+        from astraflow.models import build_model
+        from astraflow.objstore import ObjectStore
+        from astraflow.records import batch as batch_rec
+        from astraflow.trainer.backend import build_backend
+
+        topics = Topics(self.cfg.run)
+        ensure_topics(self.cfg, {topics.batches(self.policy): 1, topics.weights(self.policy): 1, topics.metrics: 1})
+        self.checkpoints = CheckpointStore(ObjectStore.from_config(self.cfg), self.cfg.run, self.policy)
+        self.backend = build_backend(build_model(self.recipe.resolve_path(self.spec.model)), self.spec.backend)
+        self.subscriber = WeightSubscriber(self.cfg, self.policy, f"trainer-{self.life}", register=False)
+        self.producer = LogProducer(self.cfg, f"{self.cfg.run}.{self.component_id}.{self.life}")
+        self.publisher = WeightPublisher(
+            self.cfg, self.policy, anchor_every=self.tspec.anchor_every,
+            max_lag_versions=self.tspec.max_publish_lag,
+            producer_id=f"{self.cfg.run}.{self.component_id}.{self.life}.weights")
+        origin = self._bootstrap()
+        log.info("trainer %s (life %s) starts from %s", self.policy, self.life, origin)
+        self._emit({"event": "start", "step": self.step, "version": self.version, "origin": origin})
+        consumer = LogConsumer(self.cfg, topics.batches(self.policy), f"{self.cfg.run}.trainer.{self.policy}",
+                               {batch_rec.SCHEMA_NAME: batch_rec.SCHEMA_VERSION}, max_poll_interval_ms=600_000,
+                               client_id=f"trainer-{self.policy}-{self.life}")
+        finished = False
+        try:
+            wait_from = time.perf_counter()
+            while self.step < self.tspec.steps and not self.stop_event.is_set():
+                msgs = consumer.poll(timeout_s=self.poll_timeout_s, max_records=1)
+                self._emit_published()
+                if not msgs:
+                    continue
+                msg = msgs[0]
+                if not self._admit(msg, batch_rec):
+                    continue
+                wait_s = time.perf_counter() - wait_from
+                self._train(msg, wait_s)
+                wait_from = time.perf_counter()
+                if self.step % self.tspec.checkpoint_every == 0:
+                    self._checkpoint(consumer)
+            finished = self.step >= self.tspec.steps
+            self.publisher.flush()
+            self._emit_published()
+            self._checkpoint(consumer)
+            if finished:
+                self._emit({"event": "done", "step": self.step, "version": self.version, "skipped": self.skipped})
+        finally:
+            try:
+                self.publisher.close()
+            finally:
+                consumer.close()
+            self.producer.flush(10)
+            self.producer.close()
+        return {"step": self.step, "version": self.version, "finished": finished, "skipped": dict(self.skipped),
+                "life": self.life}
+
+    def _admit(self, msg: Any, batch_rec: Any) -> bool:
+        """Decode the batch record; False (and the record marked for commit) for one not to train."""
+        key = _offset_key(msg.topic, msg.partition)
+        if msg.offset < self.offsets.get(key, -1):
+            self.skipped["already_checkpointed"] += 1
+            self._uncommitted.append(msg)
+            return False
+        try:
+            b = batch_rec.from_table(msg.table)
+            if b.policy != self.policy:
+                raise ValueError(f"batch for policy {b.policy!r} on {self.policy!r}'s topic")
+        except Exception as exc:  # noqa: BLE001 - bad input: counted, skipped, never trained
+            log.error("trainer %s: skipping batch record %s@%d: %s", self.policy, key, msg.offset, exc)
+            self.skipped["invalid"] += 1
+            self._consumed(msg)
+            return False
+        if b.batch_id in self._trained:
+            self.skipped["duplicate"] += 1
+            self._consumed(msg)
+            return False
+        msg.extra["batch"] = b
+        return True
+
+    def _consumed(self, msg: Any) -> None:
+        self.offsets[_offset_key(msg.topic, msg.partition)] = msg.offset + 1
+        self._uncommitted.append(msg)
+
+    def _train(self, msg: Any, wait_s: float) -> None:
+        b = msg.extra.pop("batch")
+        trajs = b.trajectories
+        stale = [self.version - t.min_version for t in trajs]
+        t0 = time.perf_counter()
+        m = self.backend.step(trajs)
+        step_s = time.perf_counter() - t0
+        self.step += 1
+        self.version += 1
+        self.batch_ids.append(b.batch_id)
+        self._trained.add(b.batch_id)
+        self._consumed(msg)
+        record = {
+            "step": self.step,
+            "batch_id": b.batch_id,
+            "loss": float(m.get("loss", float("nan"))),
+            "reward_mean": float(m.get("reward_mean", sum(t.reward for t in trajs) / len(trajs))),
+            "staleness_mean": sum(stale) / len(stale),
+            "staleness_max": max(stale),
+            "wait_s": wait_s,
+            "step_s": step_s,
+            "trajectories": len(trajs),
+            "tokens": int(sum(sum(t.loss_mask) for t in trajs)),
+            "grad_norm": float(m.get("grad_norm", 0.0)),
+        }
+        t1 = time.perf_counter()
+        self.publisher.publish(self.backend.state_dict(), self.version)
+        record["publish_blocked_s"] = time.perf_counter() - t1
+        self._pending_records[self.version] = record
+
+    def _publish_now(self, state: dict[str, Any], version: int) -> None:
+        self.publisher.publish(state, version)
+        self.publisher.flush()
+        self._seen_published = len(self.publisher.published)
+
+    def _emit_published(self) -> None:
+        """Step records whose version is now published, with the bytes it took."""
+        published = self.publisher.published
+        for manifest in published[self._seen_published:]:
+            record = self._pending_records.pop(manifest.version, None)
+            if record is not None:
+                self._emit({**record, "version": manifest.version, "publish_bytes": manifest.bytes,
+                            "publish_kind": manifest.kind})
+        self._seen_published = len(published)
+
+    def _emit(self, fields: dict[str, Any]) -> None:
+        from astraflow.log import Topics
+
+        rec = {"component": "trainer", "id": self.component_id, "time": time.time(), "policy": self.policy,
+               "life": self.life, **fields}
+        self.producer.send_json(Topics(self.cfg.run).metrics, self.component_id, rec)
+
+
+def run_trainer(cfg: ClusterConfig, recipe: Recipe, policy: str, stop_event: threading.Event,
+                **options: Any) -> dict[str, Any]:
+    """Train ``policy`` until ``recipe.trainer.steps`` steps or ``stop_event``; see the module docstring."""
+    return TrainerService(cfg, recipe, policy, stop_event, **options).run()

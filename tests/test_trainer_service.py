@@ -1,0 +1,136 @@
+"""Trainer component: checkpoints in the real bucket, and kill/restart on the real stack without
+re-training consumed batches."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import uuid
+
+import pytest
+
+from test_raas_support import TopicReader, recipe_dict, start_component, stop, write_files
+
+
+def _batch(policy: str, batch_id: str, groups: int = 2, samples: int = 2):
+    from astraflow.records import Batch, Trajectory
+
+    trajs = []
+    for g in range(groups):
+        prompt = [1, 5 + g, 6, 7]
+        for s in range(samples):
+            resp = [8 + s, 9, 2]
+            trajs.append(Trajectory(
+                episode_id=f"{batch_id}-{g}/{policy}/{s}", task_id=f"{batch_id}-{g}",
+                group_id=f"{batch_id}-{g}/{policy}", sample_index=s, policy=policy, prompt_ids=prompt,
+                response_ids=resp, logprobs=[-2.0] * 3, versions=[0] * 3, loss_mask=[1] * 3,
+                reward=float(s % 2)))
+    return Batch(batch_id=batch_id, policy=policy, trainer_version=0, trajectories=trajs)
+
+
+def _send_batches(cfg, ids: list[str], policy: str = "policy") -> None:
+    from astraflow.log import LogProducer, Topics, ensure_topics
+    from astraflow.records import batch
+
+    topic = Topics(cfg.run).batches(policy)
+    ensure_topics(cfg, {topic: 1})
+    with LogProducer(cfg, f"test-{uuid.uuid4().hex[:6]}") as prod:
+        for i in ids:
+            prod.send_table(topic, i, batch.to_table(_batch(policy, i)), batch.SCHEMA_NAME, batch.SCHEMA_VERSION)
+        prod.flush(30)
+
+
+def test_checkpoint_round_trip_and_corrupt_checkpoint_is_refused(test_cluster):
+    import torch
+
+    from astraflow.models import build_model
+    from astraflow.objstore import ObjectStore
+    from astraflow.trainer.checkpoint import CheckpointError, CheckpointStore, TrainerCheckpoint
+    from test_raas_support import TINY_MODEL
+
+    store = ObjectStore.from_config(test_cluster)
+    ckpts = CheckpointStore(store, test_cluster.run, "policy")
+    assert ckpts.load() is None
+    model = build_model(TINY_MODEL)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(input_ids=torch.tensor([[1, 5, 6]])).logits.sum().backward()
+    opt.step()
+    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    pointer = ckpts.save(TrainerCheckpoint(step=4, version=5, model_state=sd, optimizer_state=opt.state_dict(),
+                                           offsets={"r.batches.policy:0": 4}, batch_ids=["a", "b", "c", "d"]))
+    got = ckpts.load()
+    assert (got.step, got.version, got.offsets, got.batch_ids) == (4, 5, {"r.batches.policy:0": 4}, ["a", "b", "c", "d"])
+    assert all(torch.equal(got.model_state[k], sd[k]) for k in sd)
+    opt2 = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt2.load_state_dict(got.optimizer_state)
+    assert opt2.state_dict()["state"][0]["step"] == opt.state_dict()["state"][0]["step"]
+    # a part replaced behind the pointer's back (valid object checksum, wrong content) is refused
+    store.put_bytes(pointer["parts"]["model"]["key"], b"not the weights")
+    with pytest.raises(CheckpointError, match="does not match"):
+        ckpts.load()
+
+
+def _trainer_records(reader: TopicReader) -> list[dict]:
+    return [r for r in reader.items if isinstance(r, dict) and r.get("component") == "trainer"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
+def test_trainer_restart_resumes_from_checkpoint_without_retraining(test_cluster, tmp_path, kill):
+    from astraflow.delta.store import WeightStore
+    from astraflow.log import Topics
+
+    cfg = test_cluster
+    rd = recipe_dict(cfg.run, trainer={"steps": 6, "checkpoint_every": 2, "anchor_every": 10, "max_publish_lag": 2})
+    cfg_path, recipe_path = write_files(tmp_path, cfg, rd)
+    ids = [f"b{i}" for i in range(6)]
+    _send_batches(cfg, ids[:3])
+    metrics = TopicReader(cfg, Topics(cfg.run).metrics)
+    args = ["trainer", "--recipe", str(recipe_path), "--policy", "policy"]
+    life1 = start_component(args, cfg_path, tmp_path / "life1.log")
+    life2 = None
+    try:
+        def steps_of(life_records):
+            return [r for r in life_records if "batch_id" in r]
+
+        metrics.until(lambda items: len(steps_of(_trainer_records(metrics))) >= 3, 120, "3 steps of life 1",
+                      alive=lambda: life1.poll() is None or pytest.fail((tmp_path / "life1.log").read_text()))
+        assert stop(life1, kill) in (0, -9), (tmp_path / "life1.log").read_text()[-3000:]
+        life1_id = steps_of(_trainer_records(metrics))[0]["life"]
+        _send_batches(cfg, ids[3:])
+        life2 = start_component(args, cfg_path, tmp_path / "life2.log")
+        metrics.until(lambda items: any(r.get("event") == "done" for r in _trainer_records(metrics)), 120,
+                      "life 2 done",
+                      alive=lambda: life2.poll() is None or any(r.get("event") == "done" for r in _trainer_records(metrics))
+                      or pytest.fail((tmp_path / "life2.log").read_text()))
+        assert life2.wait(30) == 0, (tmp_path / "life2.log").read_text()[-3000:]
+        result = json.loads((tmp_path / "life2.log").read_text().strip().splitlines()[-1])
+    finally:
+        for p in (life1, life2):
+            if p is not None and p.poll() is None:
+                p.kill()
+        metrics.read()
+        metrics.close()
+    records = _trainer_records(metrics)
+    start2 = next(r for r in records if r.get("event") == "start" and r["life"] != life1_id)
+    ckpt_step = start2["step"]
+    one = [r for r in records if r["life"] == life1_id and "batch_id" in r]
+    two = [r for r in records if r["life"] == start2["life"] and "batch_id" in r]
+    assert [r["batch_id"] for r in one] == ids[:3]
+    if kill == signal.SIGKILL:
+        assert ckpt_step == 2  # the checkpoint of step 2; step 3 died with the process
+    else:
+        assert ckpt_step == 3  # a clean stop checkpoints what it trained
+        assert not {r["batch_id"] for r in one} & {r["batch_id"] for r in two}  # nothing trained twice
+    # The surviving lineage: life 1 up to its checkpoint, then life 2. Every batch exactly once.
+    lineage = [r["batch_id"] for r in one if r["step"] <= ckpt_step] + [r["batch_id"] for r in two]
+    assert lineage == ids
+    assert [r["step"] for r in two] == list(range(ckpt_step + 1, 7))
+    assert result["step"] == 6 and result["finished"]
+    # versions only move forward, and the last one is in the weight store
+    versions = [r["version"] for r in records if "batch_id" in r]
+    assert versions == sorted(versions) and len(set(versions)) == len(versions)
+    assert WeightStore.from_config(cfg, "policy").latest_version() == result["version"]
+    for r in two:
+        assert r["wait_s"] >= 0 and r["step_s"] > 0 and r["publish_bytes"] > 0 and r["tokens"] == 12
