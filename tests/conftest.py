@@ -41,7 +41,7 @@ def _docker_engine_answers() -> bool:
         return False
     try:
         probe = subprocess.run(
-            [docker, "info", "--format", "{{.ServerVersion}}"], capture_output=True, timeout=5
+            [docker, "info", "--format", "{{.ServerVersion}}"], capture_output=True, timeout=5, check=False
         )
     except (OSError, subprocess.TimeoutExpired):
         return False

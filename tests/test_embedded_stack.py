@@ -68,7 +68,7 @@ def _consume_all(bootstrap: str, topic: str, expected: int, timeout_s: float = 3
 def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "astraflow.cli.main", *args],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200", **(env or {})},
+        capture_output=True, text=True, timeout=120, check=False, env={**os.environ, "COLUMNS": "200", **(env or {})},
     )
 
 
@@ -80,8 +80,6 @@ def _port_args(ports: StackPorts) -> list[str]:
 
 def _free_block_plan() -> StackPorts:
     """Free ports for the CLI's layout: kafka, s3, base..base+9 and base+10009."""
-    from astraflow.embedded.ports import port_is_free
-
     for _ in range(200):
         candidate = StackPorts.free()
         plan = StackPorts.plan(candidate.kafka, candidate.s3, candidate.master)
@@ -162,9 +160,10 @@ def test_up_status_down_leaves_nothing_behind(tmp_path):
         listening = [addr for pid in pids for addr in _listening_addresses(pid)]
         assert len(listening) >= 3, listening
         assert all(addr.startswith("127.0.0.1:") for addr in listening), listening
-        assert set(int(a.rsplit(":", 1)[1]) for a in listening) <= set(ports.by_service().values())
+        assert {int(a.rsplit(":", 1)[1]) for a in listening} <= set(ports.by_service().values())
 
-        status = _cli("status", "--state-dir", str(state))
+        # The state dir comes from --state-dir or, as for every component, ASTRAFLOW_STATE_DIR.
+        status = _cli("status", env={"ASTRAFLOW_STATE_DIR": str(state)})
         assert status.returncode == 0, status.stdout + status.stderr
         assert str(pids[0]) in status.stdout and str(pids[1]) in status.stdout
         assert f"127.0.0.1:{ports.kafka}" in status.stdout
@@ -199,6 +198,26 @@ def test_up_twice_is_harmless(tmp_path):
         assert first.endpoints["s3_secret_key"] == json.loads((tmp_path / "s3-credentials.json").read_text())["secret_key"]
     finally:
         stack.down()
+    assert not any(_pid_running(pid) for pid in pids)
+
+
+def test_fixture_stack_dies_with_a_killed_test_process(tmp_path):
+    # What the session fixture relies on when pytest itself is killed (-9): no servers left over.
+    script = (
+        "import sys, json; from astraflow.embedded import EmbeddedStack, StackPorts\n"
+        f"s = EmbeddedStack({str(tmp_path)!r}, StackPorts.free(), storage='memory', die_with_parent=True)\n"
+        "s.up(); print(json.dumps([s.kafka.pid(), s.s3.pid()]), flush=True); sys.stdin.read()\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        pids = json.loads(parent.stdout.readline())
+        assert all(_pid_running(pid) for pid in pids)
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 20
+    while any(_pid_running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert not any(_pid_running(pid) for pid in pids)
 
 

@@ -37,10 +37,15 @@ def _start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
-def _die_with_parent() -> None:
-    """Ask the kernel to SIGTERM this child when its parent exits (used by test fixtures)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+def _die_with_parent_hook() -> Callable[[], None] | None:
+    """A ``preexec_fn`` asking the kernel to SIGTERM the child when its parent exits (test fixtures
+    use it so that a killed pytest leaves no servers behind). libc is loaded here, in the parent:
+    the hook itself only makes one system call, which is safe between fork and exec."""
+    try:
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class SupervisedProcess:
@@ -97,7 +102,7 @@ class SupervisedProcess:
                 env=dict(env) if env is not None else None,
                 cwd=cwd,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if die_with_parent else None,
+                preexec_fn=_die_with_parent_hook() if die_with_parent else None,  # noqa: PLW1509
             )
         record = {"pid": proc.pid, "start_time": _start_time(proc.pid), "argv": list(argv)}
         tmp = self.pid_file.with_suffix(".pid.tmp")
