@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test lint
+.PHONY: install demo test lint bench-log up down
 
 install: $(VENV)/.installed
 
@@ -17,8 +17,19 @@ $(VENV)/.installed: pyproject.toml
 demo: install
 	$(VENV)/bin/astraflow demo
 
+# -ra: list the reason of every skip (e.g. no `docker compose` plugin) at the end.
 test: install
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -ra
+
+# The embedded Kafka broker + S3 server, for trying components by hand.
+up: install
+	$(VENV)/bin/astraflow up
+down: install
+	$(VENV)/bin/astraflow down
+
+# What Tansu's log storage engines cost (memory vs s3), one JSON line last.
+bench-log: install
+	nice -n 10 $(VENV)/bin/python benchmarks/log_storage_engines.py
 
 lint: install
 	$(VENV)/bin/ruff check astraflow connectors tests benchmarks
