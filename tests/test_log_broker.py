@@ -315,3 +315,31 @@ def test_missing_claim_is_dead_lettered(test_cluster: ClusterConfig) -> None:
         letters = _drain(dl, 1)
     assert letters[0].headers["dead-letter-reason"] == "bad-claim"
     assert ack.claim_key in letters[0].headers["dead-letter-error"]
+
+
+def test_rebalance_redelivers_only_uncommitted_records(test_cluster: ClusterConfig) -> None:
+    topic = Topics(test_cluster.run).tasks("rebalance")
+    _produce(test_cluster, topic, 8, partitions=2).close()
+    group = "g-rebalance"
+    a = LogConsumer(test_cluster, [topic], group)
+    b = None
+    try:
+        first = _drain(a, 8)
+        assert {m.partition for m in first} == {0, 1}
+        a.commit([m for m in first if m.partition == 0])  # partition 1 still in flight
+        b = LogConsumer(test_cluster, [topic], group)
+        again: list[Message] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            again += a.poll(0.2) + b.poll(0.2)
+            if a.assignment and b.assignment and not (a.assignment & b.assignment) and len(again) >= 1:
+                again += _quiet(a, 0.5) + _quiet(b, 0.5)
+                break
+        assert a.assignment | b.assignment == {(topic, 0), (topic, 1)}
+        # Whoever owns partition 1 now re-reads exactly its uncommitted records; partition 0 stays done.
+        expected = sorted((m.partition, m.offset) for m in first if m.partition == 1)
+        assert sorted((m.partition, m.offset) for m in again) == expected
+    finally:
+        a.close()
+        if b is not None:
+            b.close()

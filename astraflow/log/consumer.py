@@ -6,7 +6,6 @@ processed, and only up to the first record in delivery order that it has not pro
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Self
@@ -21,8 +20,6 @@ from astraflow.log.offsets import Partition, ProcessedOffsets
 if TYPE_CHECKING:
     from astraflow.config import ClusterConfig
     from astraflow.objstore import ObjectStore
-
-log = logging.getLogger(__name__)
 
 
 class LogConsumer:
@@ -63,6 +60,9 @@ class LogConsumer:
         self._dead_letters = DeadLetterPublisher(cfg, group_id)
         self._offsets = ProcessedOffsets()
         self._paused = False
+        self._auto_offset_reset = auto_offset_reset
+        self._revoked_before: set[Any] = set()
+        self._reseek: set[Any] = set()
         kwargs = dict(
             cfg.kafka.client_kwargs(),
             group_id=group_id,
@@ -88,11 +88,16 @@ class LogConsumer:
 
         outer = self
 
+        # kafka-python runs these on its IO thread, where blocking calls (commit, committed) are
+        # refused: only record what changed; poll() acts on it in the caller's thread.
         class _Rebalance(ConsumerRebalanceListener):
             def on_partitions_revoked(self, revoked: Any) -> None:
-                outer._on_revoked(revoked)
+                keys = {(tp.topic, tp.partition) for tp in revoked}
+                outer._offsets.forget(keys)
+                outer._revoked_before |= set(revoked)
 
             def on_partitions_assigned(self, assigned: Any) -> None:
+                outer._reseek |= set(assigned) & outer._revoked_before
                 if outer._paused and assigned:
                     outer._consumer.pause(*assigned)
 
@@ -103,6 +108,13 @@ class LogConsumer:
         """Decoded records, in order per partition. Undecodable ones are dead-lettered (and count as
         processed) instead of being returned."""
         batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        if self._reseek:
+            # A partition kept through a rebalance keeps kafka-python's fetch position, but its
+            # processed-offset state was dropped on revoke: re-read it from the committed offset so
+            # "commit only the processed prefix" stays true (in-flight records come again).
+            reseek, self._reseek = self._reseek & self._consumer.assignment(), set()
+            batches = {tp: records for tp, records in batches.items() if tp not in reseek}
+            self._seek_to_committed(reseek)
         out: list[Message] = []
         try:
             for tp, records in batches.items():
@@ -182,27 +194,19 @@ class LogConsumer:
         self._offsets.committed(offsets)
         return offsets
 
-    def _on_revoked(self, revoked: Any) -> None:
-        keys = [(tp.topic, tp.partition) for tp in revoked]
-        # Best effort: hand over what is already processed so the next owner re-reads less.
-        ready = {k: v for k, v in self._offsets.to_commit().items() if k in set(keys)}
-        try:
-            self._commit_prefix(ready)
-        except Exception as exc:  # noqa: BLE001 - the group moved on; the next owner re-reads (at-least-once)
-            log.warning("group %s: commit on revoke failed (%s); the next owner re-reads those records", self.group_id, exc)
-        self._offsets.forget(keys)
+    def _seek_to_committed(self, partitions: Any) -> None:
+        for tp in partitions:
+            committed = self._consumer.committed(tp)
+            if committed is not None:
+                self._consumer.seek(tp, committed)
+            elif self._auto_offset_reset == "earliest":
+                self._consumer.seek_to_beginning(tp)
+        self._offsets.forget([(tp.topic, tp.partition) for tp in partitions])
 
     def seek_committed(self) -> None:
         """Re-position every assigned partition at its committed offset (or the beginning): records
         handed out but not committed will be delivered again."""
-        assigned = self._consumer.assignment()
-        for tp in assigned:
-            committed = self._consumer.committed(tp)
-            if committed is None:
-                self._consumer.seek_to_beginning(tp)
-            else:
-                self._consumer.seek(tp, committed)
-        self._offsets.forget([(tp.topic, tp.partition) for tp in assigned])
+        self._seek_to_committed(self._consumer.assignment())
 
     # -- backpressure ------------------------------------------------------------------------------
     def pause(self) -> None:
