@@ -7,9 +7,6 @@ import threading
 import time
 
 import pytest
-
-from astraflow.raas.inflight import InFlightTasks
-
 from test_raas_support import (
     TopicReader,
     make_recipe,
@@ -20,6 +17,8 @@ from test_raas_support import (
     stop,
     write_files,
 )
+
+from astraflow.raas.inflight import InFlightTasks
 
 
 # -- unit: what may be committed ----------------------------------------------------------------

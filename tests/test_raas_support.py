@@ -50,10 +50,9 @@ def start_component(args: list[str], cfg_path: Path, log_path: Path) -> subproce
     env = dict(os.environ, OMP_NUM_THREADS="1", ASTRAFLOW_TORCH_THREADS="1", PYTHONUNBUFFERED="1")
     for k in [k for k in env if k.startswith("ASTRAFLOW_") and k not in ("ASTRAFLOW_TORCH_THREADS",)]:
         del env[k]  # the config file is the only source of endpoints
-    env["ASTRAFLOW_TORCH_THREADS"] = "1"
-    log = open(log_path, "wb")
-    return subprocess.Popen([sys.executable, "-m", "astraflow.cli.main", "--config", str(cfg_path), *args],
-                            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True)
+    with open(log_path, "wb") as log:  # the child keeps its own descriptor
+        return subprocess.Popen([sys.executable, "-m", "astraflow.cli.main", "--config", str(cfg_path), *args],
+                                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True)
 
 
 def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
@@ -81,7 +80,6 @@ def publish_v0(cfg, policy: str = "policy"):
 def send_tasks(cfg, n: int, prefix: str, samples: int = 2, pool: str = "default") -> list[str]:
     from astraflow.log import LogProducer, Topics, ensure_topics
     from astraflow.records import Task, task
-
     from astraflow.tasks import build_dataset
 
     topic = Topics(cfg.run).tasks(pool)

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 import uuid
 
 import pytest
-
 from test_raas_support import TopicReader, recipe_dict, start_component, stop, write_files
 
 
@@ -43,11 +41,11 @@ def _send_batches(cfg, ids: list[str], policy: str = "policy") -> None:
 
 def test_checkpoint_round_trip_and_corrupt_checkpoint_is_refused(test_cluster):
     import torch
+    from test_raas_support import TINY_MODEL
 
     from astraflow.models import build_model
     from astraflow.objstore import ObjectStore
     from astraflow.trainer.checkpoint import CheckpointError, CheckpointStore, TrainerCheckpoint
-    from test_raas_support import TINY_MODEL
 
     store = ObjectStore.from_config(test_cluster)
     ckpts = CheckpointStore(store, test_cluster.run, "policy")
@@ -105,7 +103,9 @@ def test_trainer_restart_resumes_from_checkpoint_without_retraining(test_cluster
                       alive=lambda: life2.poll() is None or any(r.get("event") == "done" for r in _trainer_records(metrics))
                       or pytest.fail((tmp_path / "life2.log").read_text()))
         assert life2.wait(30) == 0, (tmp_path / "life2.log").read_text()[-3000:]
-        result = json.loads((tmp_path / "life2.log").read_text().strip().splitlines()[-1])
+        # the JSON summary line (log lines of background threads may follow it)
+        result = next(json.loads(line) for line in reversed((tmp_path / "life2.log").read_text().splitlines())
+                      if line.startswith("{") and '"finished"' in line)
     finally:
         for p in (life1, life2):
             if p is not None and p.poll() is None:

@@ -143,7 +143,7 @@ class RaasNode:
                 last_metrics = time.monotonic()
         # Clean stop: finish what runs (so it need not be redone), then leave the group.
         if episodes:
-            done, pending = await asyncio.wait(episodes, timeout=self.drain_timeout_s)
+            _done, pending = await asyncio.wait(episodes, timeout=self.drain_timeout_s)
             for ep in pending:
                 ep.cancel()
 
@@ -152,6 +152,7 @@ class RaasNode:
 
         t0 = time.perf_counter()
         try:
+            await self._await_weights(task)
             trajs = await self.workflow.run_episode(task, self.engines)
             if trajs:
                 for tr in trajs:
@@ -167,7 +168,7 @@ class RaasNode:
                 self.counters.rejected += 1  # the dataflow expires and counts a rejected task
         except asyncio.CancelledError:
             raise  # not committed: re-delivered to another node
-        except Exception:  # noqa: BLE001 - one bad episode must not stop the node
+        except Exception:
             # Committed anyway: re-delivering a task that fails deterministically would block the
             # partition forever; the dataflow's task timeout counts it as expired.
             log.exception("node %s: episode of task %s failed", self.node_id, task.prompt_id)
@@ -177,6 +178,24 @@ class RaasNode:
         ready = self.inflight.task_done(msg)
         if ready is not None:
             await self._on_consumer(consumer.commit, [ready])
+
+    async def _await_weights(self, task: Any) -> None:
+        """A task emitted for version v starts only once the engines it uses serve v or newer.
+
+        The dataflow emits a task after it saw v announced; the follower may still be pulling v.
+        Without this wait an episode could start on v-1, and sync mode (on-policy barrier) would
+        train on stale tokens. In async mode it only orders a node's refresh before its next episode.
+        """
+        policies = [task.policy] if task.policy in self.engines else list(self.engines)
+        deadline = time.monotonic() + self.weights_timeout_s
+        while any(self.engines[p].weight_version < task.emitted_version for p in policies):
+            self.follower.check()
+            if self.stop_event.is_set():
+                raise asyncio.CancelledError  # not committed: another node runs it on fresh weights
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"node {self.node_id}: weights v{task.emitted_version} of {policies} "
+                                   f"not loaded within {self.weights_timeout_s:g} s")
+            await asyncio.sleep(0.01)
 
     def _metrics_record(self) -> dict:
         follower = getattr(self, "follower", None)

@@ -126,7 +126,7 @@ class WeightFollower:
                     last_check = time.monotonic()
                 for policy in sorted(due):
                     self.refresh(policy)
-        except BaseException as exc:  # noqa: BLE001 - surfaced to the node by check()
+        except BaseException as exc:
             if not self._stop.is_set():
                 log.exception("weight follower failed")
                 self._error = exc
@@ -134,8 +134,8 @@ class WeightFollower:
             if consumer is not None:
                 try:
                     consumer.close()
-                except Exception:  # noqa: BLE001
-                    pass
+                except Exception:
+                    log.debug("closing the announcement consumer failed", exc_info=True)
 
     def stop(self) -> None:
         self._stop.set()
@@ -144,5 +144,5 @@ class WeightFollower:
         for sub in self.subscribers.values():
             try:
                 sub.close()
-            except Exception:  # noqa: BLE001 - leaving is best effort; GC expires stale records
-                pass
+            except Exception:
+                log.debug("unregistering subscriber %s failed", sub.subscriber_id, exc_info=True)
