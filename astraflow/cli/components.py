@@ -50,7 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recipe", required=True, help="recipe YAML")
-    p.add_argument("--run-id", default=None, help="run id (overrides the recipe's `run`)")
+    p.add_argument("--run-id", default=None,
+                   help="run id (default: the cluster config's / $ASTRAFLOW_RUN, else the recipe's `run`)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice; $ASTRAFLOW_TORCH_THREADS)")
     p.add_argument("--log-level", default=os.environ.get("ASTRAFLOW_LOG_LEVEL", "INFO"))
@@ -65,9 +66,11 @@ def _setup(args: argparse.Namespace) -> tuple[Any, Any, threading.Event]:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.WARNING)
     recipe = Recipe.load(args.recipe)
-    run = args.run_id or recipe.run
+    cfg = ClusterConfig.load(args.config)
+    # --run-id, else a run set in the cluster config / $ASTRAFLOW_RUN (the launcher's way), else the recipe's
+    run = args.run_id or (cfg.run if "run" in cfg.model_fields_set else recipe.run)
     recipe = recipe.model_copy(update={"run": run})
-    cfg = ClusterConfig.load(args.config).model_copy(update={"run": run}).resolve()
+    cfg = cfg.model_copy(update={"run": run}).resolve()
     threads = args.threads or int(os.environ.get("ASTRAFLOW_TORCH_THREADS", "0") or 0)
     if threads:
         import torch
