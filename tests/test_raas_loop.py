@@ -7,7 +7,6 @@ import threading
 import time
 
 import pytest
-
 from test_raas_support import TINY_MODEL, TopicReader, make_recipe
 
 
