@@ -204,7 +204,9 @@ def test_greso_skips_zero_variance_prompts_with_recheck_and_state_round_trip():
 
 
 def test_greso_in_dataflow_counts_skips():
-    df = Dataflow(cfg(groups_per_batch=1, max_staleness=0, epochs=3, candidate_pool=1,
+    # max_in_flight: a plain cap, since no trainer advances the version here (the staleness bound
+    # would rightly stop emission after the first buffered group)
+    df = Dataflow(cfg(groups_per_batch=1, max_staleness=0, epochs=3, candidate_pool=1, max_in_flight=1,
                       selector={"type": "greso", "options": {"explore_prob": 0.0}}), dataset(2))
     for _ in range(2):
         (t,) = df.next_tasks(0.0)

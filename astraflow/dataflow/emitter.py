@@ -59,6 +59,8 @@ class TaskEmitter:
         # sync mode: version the current wave was emitted for, and tasks still owed to it
         self.wave_version = -1
         self.wave_shortfall = 0
+        # async mode: further tasks the staleness bound allows (set by the Dataflow before each call)
+        self.staleness_room: int | None = None
         self._it: Iterator[Task] | None = None
 
     # -- versions ----------------------------------------------------------------------------
@@ -76,7 +78,10 @@ class TaskEmitter:
     def capacity(self) -> int:
         """How many tasks may be emitted now."""
         if self.mode == "async":
-            return max(0, self.in_flight_cap - len(self.in_flight))
+            room = self.in_flight_cap - len(self.in_flight)
+            if self.staleness_room is not None:
+                room = min(room, self.staleness_room)
+            return max(0, room)
         if self.in_flight:
             return 0
         current = min(self.versions.values())

@@ -58,7 +58,29 @@ class Dataflow:
             if min(self.versions.values()) > before:
                 self._batched_this_wave.clear()
 
+    def staleness_room(self) -> int:
+        """Tasks that may still be emitted without any of them being trained beyond ``max_staleness``.
+
+        Policy p's groups are trained in arrival order, ``groups_per_batch`` per version: the group
+        at position g (groups batched + buffered + in flight before it) is trained by version
+        ``g // B``. Its tokens are at least the emission version v (a node serves a task only once
+        it loaded ``emitted_version``), so staleness <= η holds iff g < (v + η + 1) * B. In-flight
+        alone cannot guarantee this: when the trainer is the bottleneck, finished groups queue up as
+        batches and the emitter would keep refilling (every queued batch adds a version of lag).
+        """
+        B, eta = self.cfg.groups_per_batch, self.cfg.max_staleness
+        room = None
+        for p, b in self.batchers.items():
+            ahead = b.counters["groups_batched"] + b.sampler.buffered() + sum(
+                1 for f in self.emitter.in_flight.values() if p in f.pending_policies)
+            r = (self.versions[p] + eta + 1) * B - ahead
+            room = r if room is None else min(room, r)
+        return max(0, room or 0)
+
     def next_tasks(self, now: float) -> list[Task]:
+        if self.cfg.mode == "async" and self.cfg.max_in_flight is None:
+            # An explicit max_in_flight is a plain cap (the ingest filter still drops stale tokens).
+            self.emitter.staleness_room = self.staleness_room()
         if self.cfg.mode == "sync" and not self.emitter.in_flight:
             # The wave is finished; if filters left a policy short of a batch, top it up at the
             # same version instead of waiting for weights that cannot come.

@@ -11,9 +11,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from astraflow.trainer.loss import group_advantages, policy_loss
+from astraflow.trainer.simulated_config import SimulatedBackendConfig
 
 
 class BackendConfig(BaseModel):
@@ -21,8 +22,9 @@ class BackendConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal["torch"] = "torch"
-    """Which backend ("torch"; "megatron" is a connector)."""
+    type: Literal["torch", "simulated"] = "torch"
+    """Which backend ("torch"; "simulated": a step-time SIMULATION for scale experiments, see
+    ``astraflow.trainer.simulated``; "megatron" is a connector)."""
     lr: float = 1e-3
     """AdamW learning rate."""
     betas: tuple[float, float] = (0.9, 0.99)
@@ -45,6 +47,8 @@ class BackendConfig(BaseModel):
     """Optimizer steps per batch (>1 makes the PPO clip active against the proximal policy)."""
     device: str = "cpu"
     """Torch device of the trained model."""
+    simulated: SimulatedBackendConfig = Field(default_factory=SimulatedBackendConfig)
+    """Settings of the simulated backend (used only when ``type`` is "simulated")."""
 
 
 class TrainerBackend(ABC):
@@ -202,4 +206,8 @@ def build_backend(model, config: BackendConfig | dict | None = None) -> TrainerB
     cfg = BackendConfig.model_validate(config or {}) if not isinstance(config, BackendConfig) else config
     if cfg.type == "torch":
         return TorchBackend(model, cfg)
+    if cfg.type == "simulated":
+        from astraflow.trainer.simulated import SimulatedBackend
+
+        return SimulatedBackend(cfg.simulated)  # the model is not trained, only its timing simulated
     raise ValueError(f"unknown trainer backend {cfg.type!r}")

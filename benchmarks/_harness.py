@@ -1,0 +1,312 @@
+"""Shared by the scheduling benchmarks (async_vs_sync, heterogeneous_pools) and their tests: start a
+private embedded stack, run a recipe through the real launcher (separate component processes), then
+measure the run from what it left on the log — metrics records, batches and trajectories — never
+from inside a component.
+
+Definitions (all over a measurement window [first measured step, last step] of each trainer):
+* iteration time: seconds between consecutive trainer steps (one step per policy = one iteration);
+* trainer idle fraction: sum of the trainer's ``wait_s`` (blocked waiting for a batch) / window;
+* rollout idle fraction: share of the window during which a node runs no episode (episode spans
+  come from the trajectories: ``created_at`` is the episode end, ``gen_seconds`` per policy phase);
+* staleness of a trained trajectory: version of the trainer that trained it (the batch's index,
+  since a trainer starting at v0 trains batch k at version k) minus the trajectory's oldest token
+  version;
+* refresh lag: from a node's metrics records (``refresh_s``: seconds of the last pull + load) and
+  the version lag (latest announced version - the node's version) sampled at each record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@contextlib.contextmanager
+def private_cluster(state_dir: Path | None = None) -> Iterator[Any]:
+    """A resolved ClusterConfig on an embedded Tansu + SeaweedFS stack of our own (free loopback
+    ports, in-memory log), stopped on exit."""
+    from astraflow.config import ClusterConfig
+    from astraflow.embedded import EmbeddedStack, StackPorts
+
+    with contextlib.ExitStack() as stack_ctx:
+        if state_dir is None:
+            state_dir = Path(stack_ctx.enter_context(tempfile.TemporaryDirectory(prefix="af-bench-")))
+        stack = EmbeddedStack(state_dir, StackPorts.free(), storage="memory", die_with_parent=True)
+        stack.up()
+        try:
+            yield ClusterConfig(state_dir=state_dir).resolve()
+        finally:
+            stack.down()
+
+
+def load_recipe(path: str | Path, **updates: Any):
+    """A recipe file with nested ``updates`` (``{"dataflow": {"mode": "sync"}}``) merged in."""
+    import yaml
+
+    from astraflow.recipe import Recipe
+
+    path = Path(path)
+    data = yaml.safe_load(path.read_text())
+    _merge(data, updates)
+    recipe = Recipe.model_validate(data)
+    recipe.source = path.resolve()
+    return recipe
+
+
+def _merge(base: dict, upd: dict) -> None:
+    for k, v in upd.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            _merge(base[k], v)
+        else:
+            base[k] = v
+
+
+@dataclass
+class RunRecords:
+    """Everything a finished run left on the log, read back by the benchmark."""
+
+    run_id: str
+    wall_s: float
+    returncode: int
+    reason: str
+    metrics: list[dict[str, Any]]
+    batches: dict[str, list[Any]]
+    """Per policy, the Batch records in order."""
+    trajectories: list[Any]
+    """Every trajectory the nodes produced (trained or not)."""
+    announced: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    """Per policy, (version, announcement record timestamp)."""
+
+
+def run_recipe(recipe: Any, cfg: Any, *, runs_dir: Path, label: str, timeout_s: float = 300.0,
+               threads: int = 1) -> RunRecords:
+    """Launch ``recipe`` (``astraflow run``'s code path: every component a separate process) and read
+    back its records."""
+    from rich.console import Console
+
+    from astraflow.launcher import RunOptions, launch
+
+    run_id = f"{label}-{uuid.uuid4().hex[:6]}"
+    console = Console(file=io.StringIO() if not sys.stderr.isatty() else sys.stderr, width=160)
+    res = launch(recipe, cfg, RunOptions(run_id=run_id, runs_dir=runs_dir, live=False, timeout_s=timeout_s,
+                                         grace_s=10.0, threads=threads), console=console)
+    from astraflow.report import load_metrics
+
+    metrics = load_metrics(res.metrics_path)
+    run_cfg = cfg.model_copy(update={"run": run_id})
+    policies = [p.name for p in recipe.policies]
+    batches, trajs, announced = read_log(run_cfg, policies)
+    if res.returncode != 0 and isinstance(console.file, io.StringIO):
+        sys.stderr.write(console.file.getvalue()[-4000:])
+    return RunRecords(run_id, res.wall_s, res.returncode, res.reason, metrics, batches, trajs, announced)
+
+
+def read_log(cfg: Any, policies: list[str], *, idle_polls: int = 4) -> tuple[dict, list, dict]:
+    """Batches per policy, all trajectories and weight announcements of a run, read with a group of
+    our own from the beginning (counting records, not trusting watermarks)."""
+    from astraflow.log import LogConsumer, Topics
+    from astraflow.records import batch as batch_rec
+    from astraflow.records import trajectory as traj_rec
+
+    topics = Topics(cfg.run)
+    names = [topics.trajectories, *(topics.batches(p) for p in policies), *(topics.weights(p) for p in policies)]
+    consumer = LogConsumer(cfg, names, group_id=f"{cfg.run}.bench.{uuid.uuid4().hex[:6]}",
+                           auto_offset_reset="earliest")
+    batches: dict[str, list] = {p: [] for p in policies}
+    trajs: list = []
+    announced: dict[str, list] = {p: [] for p in policies}
+    by_batch_topic = {topics.batches(p): p for p in policies}
+    by_weight_topic = {topics.weights(p): p for p in policies}
+    empty = 0
+    try:
+        while empty < idle_polls:
+            msgs = consumer.poll(timeout_s=1.0, max_records=1000)
+            empty = 0 if msgs else empty + 1
+            for m in msgs:
+                if m.topic == topics.trajectories and m.table is not None:
+                    trajs += traj_rec.from_table(m.table)
+                elif m.topic in by_batch_topic and m.table is not None:
+                    batches[by_batch_topic[m.topic]].append(batch_rec.from_table(m.table))
+                elif m.topic in by_weight_topic and isinstance(m.obj, dict):
+                    ts = m.obj.get("time") or m.obj.get("published_at") or (m.timestamp_ms / 1000.0
+                                                                           if getattr(m, "timestamp_ms", None) else None)
+                    announced[by_weight_topic[m.topic]].append((int(m.obj.get("version", m.key)), ts))
+    finally:
+        consumer.close()
+    for p in policies:  # a redelivered batch (same id) counts once, in order
+        seen, uniq = set(), []
+        for b in sorted(batches[p], key=lambda b: b.batch_id):
+            if b.batch_id not in seen:
+                seen.add(b.batch_id)
+                uniq.append(b)
+        batches[p] = uniq
+    return batches, trajs, announced
+
+
+# -- measurements ----------------------------------------------------------------------------------
+def trainer_steps(metrics: list[dict], policy: str) -> list[dict]:
+    """The trainer's per-step records (last life wins for a step), ordered by step."""
+    steps = {}
+    for r in metrics:
+        if r.get("component") == "trainer" and r.get("policy") == policy and "step_s" in r:
+            steps[r["step"]] = r
+    return [steps[k] for k in sorted(steps)]
+
+
+def batch_index(batch_id: str) -> int:
+    return int(batch_id.rsplit("-", 1)[1])
+
+
+def staleness_histogram(batches: dict[str, list], trained: dict[str, int] | None = None) -> Counter:
+    """Staleness of every trained trajectory (the first ``trained[policy]`` batches), all policies."""
+    h: Counter = Counter()
+    for p, bs in batches.items():
+        for b in bs[: (trained or {}).get(p, len(bs))]:
+            v = batch_index(b.batch_id)
+            for t in b.trajectories:
+                h[v - t.min_version] += 1
+    return h
+
+
+def episode_spans(trajs: list) -> dict[str, list[tuple[float, float]]]:
+    """Per node, (start, end) of every episode (deduplicated by task)."""
+    by_task: dict[tuple[str, str], list] = defaultdict(list)
+    for t in trajs:
+        by_task[(t.node_id, t.task_id)].append(t)
+    spans: dict[str, list] = defaultdict(list)
+    for (node, _task), ts in by_task.items():
+        end = max(t.created_at for t in ts)
+        phases = {t.policy: t.gen_seconds for t in ts}  # one generation phase per policy
+        spans[node].append((end - sum(phases.values()), end))
+    return spans
+
+
+def busy_seconds(spans: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """Length of the union of ``spans`` clipped to [lo, hi]."""
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted((max(s, lo), min(e, hi)) for s, e in spans if e > lo and s < hi):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
+def quantiles(xs: list[float]) -> dict[str, float]:
+    if not xs:
+        return {}
+    xs = sorted(xs)
+    pick = lambda q: xs[min(len(xs) - 1, int(q * (len(xs) - 1) + 0.5))]
+    return {"p50": round(pick(0.5), 3), "p90": round(pick(0.9), 3), "max": round(xs[-1], 3)}
+
+
+def summarize(rec: RunRecords, *, warmup_steps: int, node_pool: dict[str, str] | None = None) -> dict[str, Any]:
+    """Scheduling figures of one run (see the module docstring for the definitions)."""
+    policies = list(rec.batches)
+    per_policy, windows = {}, []
+    for p in policies:
+        steps = trainer_steps(rec.metrics, p)
+        measured = steps[warmup_steps:]
+        if len(measured) < 2:
+            raise RuntimeError(f"run {rec.run_id}: policy {p} has only {len(steps)} step records "
+                               f"({rec.reason}); nothing to measure")
+        t0, t1 = measured[0]["time"], measured[-1]["time"]
+        window = t1 - t0
+        windows.append((t0, t1))
+        # The trainer loop's own clock: wait for a batch + step + hand-off to the publisher. (Record
+        # timestamps are taken when a version's upload finished, which lags by a varying amount.)
+        loop_s = [s["wait_s"] + s["step_s"] + s.get("publish_blocked_s", 0.0) for s in measured[1:]]
+        per_policy[p] = {
+            "steps": len(steps),
+            "iteration_s": round(statistics.mean(loop_s), 3),
+            "iteration_s_p50": round(statistics.median(loop_s), 3),
+            "iteration_s_by_records": round(window / (len(measured) - 1), 3),
+            "trainer_idle_fraction": round(sum(s["wait_s"] for s in measured[1:]) / sum(loop_s), 3),
+            "step_s_mean": round(statistics.mean(s["step_s"] for s in measured[1:]), 3),
+            "staleness_max_reported": max(s["staleness_max"] for s in steps),
+        }
+    lo, hi = max(w[0] for w in windows), min(w[1] for w in windows)
+    spans = episode_spans(rec.trajectories)
+    idle = {n: round(1.0 - busy_seconds(s, lo, hi) / (hi - lo), 3) for n, s in sorted(spans.items())}
+    in_window = [t for t in rec.trajectories if lo <= t.created_at <= hi]
+    lengths = [len(t.response_ids) for t in rec.trajectories]
+    dataflow = [r for r in rec.metrics if r.get("kind") == "dataflow" and isinstance(r.get("counters"), dict)]
+    counters = dataflow[-1]["counters"] if dataflow else {}
+    dropped = {k.split(".", 1)[1]: v for k, v in counters.items()
+               if k.startswith("trajectories.") and v and k.split(".", 1)[1] in
+               ("stale", "expired", "in_dropped_group", "unknown_task", "duplicate", "unknown_policy")}
+    hist = staleness_histogram(rec.batches, {p: v["steps"] for p, v in per_policy.items()})
+    out = {
+        "iteration_s": round(max(v["iteration_s"] for v in per_policy.values()), 3),
+        "trainer_idle_fraction": round(statistics.mean(v["trainer_idle_fraction"] for v in per_policy.values()), 3),
+        "rollout_idle_fraction": round(statistics.mean(idle.values()), 3) if idle else None,
+        "rollout_idle_by_node": idle,
+        "rollout_tokens_per_s": round(sum(len(t.response_ids) for t in in_window) / (hi - lo), 1),
+        "staleness_hist": {str(k): v for k, v in sorted(hist.items())},
+        "staleness_max": max(hist) if hist else None,
+        "trajectories_trained": sum(hist.values()),
+        "batches_untrained_at_end": {p: len(bs) - per_policy[p]["steps"] for p, bs in rec.batches.items()},
+        "trajectories_produced": len(rec.trajectories),
+        "trajectories_dropped": dropped,
+        "response_tokens": quantiles([float(x) for x in lengths]),
+        "policies": per_policy,
+        "wall_s": round(rec.wall_s, 1),
+        "run": rec.run_id,
+        "ok": rec.returncode == 0,
+    }
+    if node_pool is not None:
+        out["pools"] = pool_figures(rec, node_pool, warmup_steps)
+    return out
+
+
+def pool_figures(rec: RunRecords, node_pool: dict[str, str], warmup_steps: int) -> dict[str, Any]:
+    """Per pool: trajectories in each trained batch, refresh seconds, version lag at metrics records."""
+    pools = sorted(set(node_pool.values()))
+    per_iter: dict[str, list[int]] = {p: [] for p in pools}
+    for bs in rec.batches.values():
+        for b in bs[warmup_steps:]:
+            c = Counter(node_pool.get(t.node_id, "?") for t in b.trajectories)
+            for p in pools:
+                per_iter[p].append(c.get(p, 0))
+    latest: dict[str, int] = {}
+    refresh: dict[str, list[float]] = defaultdict(list)
+    lag: dict[str, list[int]] = defaultdict(list)
+    for r in rec.metrics:
+        if r.get("component") == "trainer" and "version" in r and "policy" in r:
+            latest[r["policy"]] = max(latest.get(r["policy"], 0), int(r["version"]))
+        elif r.get("component") == "raas" and r.get("pool"):
+            if r.get("refresh_s"):
+                refresh[r["pool"]].append(float(r["refresh_s"]))
+            for pol, v in (r.get("versions") or {}).items():
+                if pol in latest:
+                    lag[r["pool"]].append(max(0, latest[pol] - int(v)))
+    return {
+        p: {
+            "trajectories_per_iteration": per_iter[p],
+            "min_per_iteration": min(per_iter[p]) if per_iter[p] else 0,
+            "share": round(sum(per_iter[p]) / max(1, sum(sum(v) for v in per_iter.values())), 3),
+            "refresh_s": quantiles(refresh.get(p, [])),
+            "version_lag_at_metrics": quantiles([float(x) for x in lag.get(p, [])]),
+        }
+        for p in pools
+    }
+
+
+def wall() -> float:
+    return time.monotonic()

@@ -1,0 +1,91 @@
+"""Async vs sync dataflow, side by side in one run, on the real system.
+
+The same workload runs twice, ``dataflow.mode: sync`` (on-policy barrier: one wave of tasks per
+version; rollouts idle while the trainers step, trainers idle while the wave rolls out; the next
+wave starts only once the new weights are published and loaded by the nodes) and
+``dataflow.mode: async`` (tasks emitted ahead, bounded by ``max_staleness``). Everything is real —
+the embedded Kafka broker and S3 bucket, the dataflow, trainers and RaaS nodes as separate processes
+started by the launcher, the weight plane — except token generation and gradient steps, which are
+SIMULATED (``engine.type: simulated``: lognormal long-tail response lengths, continuous batching;
+``backend.type: simulated``: step time proportional to batch tokens, small real tensors published).
+
+Workloads: ``single`` (one policy, examples/recipes/sim_single.yaml) and ``solver_verifier`` (two
+policies, two trainers, examples/recipes/sim_solver_verifier.yaml). ``--real-model`` instead runs
+the CPU demo model (examples/recipes/math.yaml, HF engine, torch backend) for a few steps.
+
+Prints a human table on stderr and ONE JSON line last on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _harness import ROOT, load_recipe, private_cluster, run_recipe, summarize
+
+WORKLOADS = {
+    "single": ROOT / "examples" / "recipes" / "sim_single.yaml",
+    "solver_verifier": ROOT / "examples" / "recipes" / "sim_solver_verifier.yaml",
+}
+REAL = ROOT / "examples" / "recipes" / "math.yaml"
+
+
+def compare(cfg, path: Path, name: str, *, steps: int, warmup: int, runs_dir: Path, timeout_s: float,
+            updates: dict | None = None) -> dict:
+    out = {}
+    for mode in ("sync", "async"):
+        recipe = load_recipe(path, dataflow={"mode": mode}, trainer={"steps": steps}, **(updates or {}))
+        t0 = time.monotonic()
+        rec = run_recipe(recipe, cfg, runs_dir=runs_dir, label=f"{name}-{mode}", timeout_s=timeout_s)
+        out[mode] = summarize(rec, warmup_steps=warmup)
+        print(f"  {name:16s} {mode:5s}: {out[mode]['iteration_s']:.2f} s/iteration, trainer idle "
+              f"{out[mode]['trainer_idle_fraction']:.0%}, rollout idle {out[mode]['rollout_idle_fraction']:.0%}, "
+              f"staleness {out[mode]['staleness_hist']}, dropped {out[mode]['trajectories_dropped']} "
+              f"({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
+    out["ratio_sync_over_async"] = round(out["sync"]["iteration_s"] / out["async"]["iteration_s"], 2)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workloads", default="single,solver_verifier", help="comma-separated: single, solver_verifier")
+    ap.add_argument("--steps", type=int, default=12, help="trainer steps per run (default 12)")
+    ap.add_argument("--warmup", type=int, default=3, help="steps left out of the measurement (default 3)")
+    ap.add_argument("--real-model", action="store_true",
+                    help="the CPU demo model (math.yaml, HF engine, torch backend) instead of the simulation")
+    ap.add_argument("--timeout", type=float, default=240.0, help="seconds per run before it is abandoned")
+    args = ap.parse_args(argv)
+
+    t0 = time.monotonic()
+    result: dict = {"benchmark": "async_vs_sync"}
+    with tempfile.TemporaryDirectory(prefix="af-async-sync-") as tmp, private_cluster(Path(tmp) / "stack") as cfg:
+        runs_dir = Path(tmp) / "runs"
+        if args.real_model:
+            # Seeded model published as v0 (no SFT): learning is not the point, scheduling is.
+            steps = min(args.steps, 8)
+            warm = min(args.warmup, 2)
+            result["real_model"] = compare(cfg, REAL, "real-math", steps=steps, warmup=warm, runs_dir=runs_dir,
+                                           timeout_s=args.timeout,
+                                           updates={"dataflow": {"groups_per_batch": 8}, "dataset": {"samples": 4}})
+        else:
+            for name in [w.strip() for w in args.workloads.split(",") if w.strip()]:
+                if name not in WORKLOADS:
+                    ap.error(f"unknown workload {name!r}; choose from {sorted(WORKLOADS)}")
+                result[name] = compare(cfg, WORKLOADS[name], name, steps=args.steps, warmup=args.warmup,
+                                       runs_dir=runs_dir, timeout_s=args.timeout)
+    result["wall_s"] = round(time.monotonic() - t0, 1)
+    headline = result.get("solver_verifier") or result.get("single") or result.get("real_model")
+    result["ratio_sync_over_async"] = headline["ratio_sync_over_async"]
+    result["async_trainer_idle_fraction"] = headline["async"]["trainer_idle_fraction"]
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""The async staleness bound of the dataflow, without a broker: emission stops when the groups ahead
+of the trainer would be trained more than ``max_staleness`` versions after their emission."""
+
+from __future__ import annotations
+
+from astraflow.dataflow import Dataflow, DataflowConfig
+from astraflow.records import Task, Trajectory, episode_id_for, group_id_for
+
+
+def _tasks(n: int) -> list[Task]:
+    return [Task(f"p{i}", "q", [1, 2], "1", samples=2, task_type="t") for i in range(n)]
+
+
+def _rollout(task: Task, version: int) -> list[Trajectory]:
+    return [Trajectory(episode_id=episode_id_for(task.prompt_id, "pol", i), task_id=task.prompt_id,
+                       group_id=group_id_for(task.prompt_id, "pol"), sample_index=i, policy="pol",
+                       prompt_ids=[1], response_ids=[5], logprobs=[-1.0], versions=[version], loss_mask=[1],
+                       reward=float(i % 2)) for i in range(2)]
+
+
+def test_slow_trainer_stops_emission_at_the_staleness_bound():
+    B, eta = 2, 1
+    df = Dataflow(DataflowConfig(policies=["pol"], groups_per_batch=B, max_staleness=eta), _tasks(100))
+    trained_at: list[int] = []  # version at which each batch is trained (trainer: batch k at version k)
+    emitted: dict[str, int] = {}
+    for _round in range(6):  # rollouts are instant, the trainer never catches up unless told
+        for t in df.next_tasks(0.0):
+            emitted[t.prompt_id] = t.emitted_version
+            df.ingest(_rollout(t, t.emitted_version))
+        for b in df.take_batches():
+            trained_at.append(len(trained_at))
+            for tr in b.trajectories:
+                assert trained_at[-1] - tr.min_version <= eta
+    assert len(trained_at) == eta + 1  # then the bound holds emission until a new version arrives
+    assert df.next_tasks(0.0) == []
+    df.on_weights("pol", 1)
+    assert len(df.next_tasks(0.0)) == B  # one more version -> one more batch worth of tasks
