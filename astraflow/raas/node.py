@@ -153,7 +153,6 @@ class RaasNode:
         t0 = time.perf_counter()
         try:
             await self._await_weights(task)
-            await self._await_weights(task)
             trajs = await self.workflow.run_episode(task, self.engines)
             if trajs:
                 for tr in trajs:
@@ -179,24 +178,6 @@ class RaasNode:
         ready = self.inflight.task_done(msg)
         if ready is not None:
             await self._on_consumer(consumer.commit, [ready])
-
-    async def _await_weights(self, task: Any) -> None:
-        """A task emitted for version v starts only once the engines it uses serve v or newer.
-
-        The dataflow emits a task after it saw v announced; the follower may still be pulling v.
-        Without this wait an episode could start on v-1, and sync mode (on-policy barrier) would
-        train on stale tokens. In async mode it only orders a node's refresh before its next episode.
-        """
-        policies = [task.policy] if task.policy in self.engines else list(self.engines)
-        deadline = time.monotonic() + self.weights_timeout_s
-        while any(self.engines[p].weight_version < task.emitted_version for p in policies):
-            self.follower.check()
-            if self.stop_event.is_set():
-                raise asyncio.CancelledError  # not committed: another node runs it on fresh weights
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"node {self.node_id}: weights v{task.emitted_version} of {policies} "
-                                   f"not loaded within {self.weights_timeout_s:g} s")
-            await asyncio.sleep(0.01)
 
     async def _await_weights(self, task: Any) -> None:
         """A task emitted for version v starts only once the engines it uses serve v or newer.
