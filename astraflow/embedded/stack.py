@@ -99,9 +99,14 @@ class EmbeddedStack:
         running = self.running_endpoints()
         if running is not None:
             return UpResult(already_running=True, endpoints=running, seconds={})
-        self.down()  # leftovers of a crashed stack (one process alive, stale pid files)
+        stopped = self.down()  # leftovers of a crashed stack (one process alive, stale pid files)
 
         taken = self.ports.taken()
+        deadline = time.monotonic() + (5.0 if stopped else 0.0)
+        while taken and time.monotonic() < deadline:
+            # Our own just-stopped servers' sockets may take a moment to go.
+            time.sleep(0.2)
+            taken = self.ports.taken()
         if taken:
             names = ", ".join(f"{port} ({_describe(service)})" for service, port in taken.items())
             raise StackError(
