@@ -142,6 +142,16 @@ def launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console=None) -
                 elif time.monotonic() - last_line > 5.0:
                     console.print(progress.summary_line(), highlight=False)
                     last_line = time.monotonic()
+            if rc == 0:
+                # Trainers exit by themselves after "done" (final checkpoint, publisher drained):
+                # give them the grace period before the stop signal reaches them.
+                trainers = {f"trainer-{p}" for p in policies}
+                deadline = time.monotonic() + opts.grace_s
+                while trainers & set(group.alive()) and time.monotonic() < deadline:
+                    for msg in consumer.poll(timeout_s=0.2, max_records=500):
+                        if isinstance(msg.obj, dict):
+                            metrics.append(msg.obj)
+                            progress.update(msg.obj)
         finally:
             if live is not None:
                 live.update(progress.render())
