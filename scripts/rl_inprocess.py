@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import copy
 import json
-import random
 import sys
 import time
 from pathlib import Path
@@ -22,43 +21,60 @@ from pathlib import Path
 import yaml
 
 
+def load_recipe(path: str, overrides: dict):
+    """The recipe (astraflow.recipe.Recipe) with dotted overrides applied, e.g.
+    ``trainer.steps=20`` or ``policies.0.backend.lr=1e-3``."""
+    from astraflow.recipe import Recipe
+
+    data = yaml.safe_load(Path(path).read_text())
+    for dotted, value in overrides.items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node[int(p)] if isinstance(node, list) else node.setdefault(p, {})
+        if isinstance(node, list):
+            node[int(leaf)] = value
+        else:
+            node[leaf] = value
+    recipe = Recipe.model_validate(data)
+    recipe.source = Path(path).resolve()
+    return recipe
+
+
 def run_recipe(path: str, overrides: dict, seed: int, quiet: bool) -> dict:
     import torch
 
     from astraflow.engines import build_engine
     from astraflow.models import build_model
+    from astraflow.raas.setup import build_recipe_workflow
     from astraflow.records import Task
     from astraflow.sft import SFTConfig, solver_examples, supervised_finetune, verifier_examples
     from astraflow.tasks import build_dataset
     from astraflow.trainer import TorchBackend
-    from astraflow.workflows import build_workflow
     from astraflow.workflows.evaluate import solver_accuracy, verifier_accuracy
 
-    recipe = yaml.safe_load(Path(path).read_text())
-    for dotted, value in overrides.items():  # e.g. rl.steps=20 policies.policy.trainer.lr=1e-3
-        node = recipe
-        *parents, leaf = dotted.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
+    recipe = load_recipe(path, overrides)
     t_start = time.perf_counter()
     torch.manual_seed(seed)
-    task_cfg = dict(recipe["task"])
-    dataset = build_dataset(task_cfg.pop("dataset"), **task_cfg)
-    wf_cfg = dict(recipe["workflow"])
-    workflow = build_workflow(wf_cfg.pop("type"), **wf_cfg)
-    heldout = dataset.problems("heldout", recipe["eval"]["heldout_prompts"])
-    rl = recipe["rl"]
+    dataset = build_dataset(recipe.dataset.type, **recipe.dataset.params)
+    workflow = build_recipe_workflow(recipe)
+    heldout = dataset.problems("heldout", recipe.eval.prompts)
+    staleness = 0 if recipe.dataflow.mode == "sync" else recipe.dataflow.max_staleness
+    rl = {"steps": recipe.trainer.steps, "prompts_per_step": recipe.dataflow.groups_per_batch,
+          "group_size": recipe.dataset.samples, "max_staleness": staleness}
+    verifier_name = recipe.workflow.params.get("verifier_policy", "verifier" if recipe.workflow.type ==
+                                               "solver_verifier" else None)
 
     backends, engines, history = {}, {}, {}
-    result = {"recipe": recipe["name"], "policies": {}}
-    for name, pcfg in recipe["policies"].items():
-        model = build_model(recipe["model"])
-        sft = SFTConfig.model_validate(pcfg["sft"])
-        is_verifier = name == recipe["workflow"].get("verifier_policy")
+    result = {"recipe": recipe.run, "policies": {}}
+    for pspec in recipe.policies:
+        name = pspec.name
+        model = build_model(recipe.resolve_path(pspec.model))
+        sft = pspec.sft or SFTConfig()
+        is_verifier = name == verifier_name
         data = (verifier_examples if is_verifier else solver_examples)(dataset, sft.examples, seed=sft.seed)
         sft_metrics = supervised_finetune(model, data, sft, label=f"SFT {name}", progress=not quiet)
-        backends[name] = TorchBackend(model, pcfg["trainer"])
+        backends[name] = TorchBackend(model, pspec.backend)
         engines[name] = build_engine({"seed": seed}, copy.deepcopy(model), version=0)
         history[name] = [backends[name].state_dict()]
         result["policies"][name] = {"sft": sft_metrics, "verifier": is_verifier}
@@ -73,11 +89,10 @@ def run_recipe(path: str, overrides: dict, seed: int, quiet: bool) -> dict:
     evaluate("pre_rl")
     t_rl = time.perf_counter()
     stream = dataset.stream("train", seed=seed)
-    rng = random.Random(seed)
     curve = []
     for step in range(rl["steps"]):
         for name, eng in engines.items():  # serve version (trainer version - staleness)
-            v = max(0, len(history[name]) - 1 - rl.get("max_staleness", 0))
+            v = max(0, len(history[name]) - 1 - staleness)
             if eng.weight_version != v:
                 eng.load_weights(history[name][v], v)
         tasks = []
@@ -108,7 +123,6 @@ def run_recipe(path: str, overrides: dict, seed: int, quiet: bool) -> dict:
     result.update(rl_seconds=round(rl_seconds, 1), wall_seconds=round(time.perf_counter() - t_start, 1),
                   rl=rl, reward_first5={k: v for k, v in curve[0].items()} if curve else {},
                   reward_last={k: v for k, v in curve[-1].items()} if curve else {})
-    del rng
     return result
 
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 
 def verifier_prompt(problem_prompt: str, candidate: str) -> str:
-    """``check max 3 7 1 = 7 ?`` : the verifier answers ``<yes>`` or ``<no>``.
+    """``max 3 7 1 = 7``: the problem followed by the candidate answer; the verifier then emits
+    ``<yes>`` or ``<no>``.
 
-    An empty or malformed candidate is shown as ``?`` so the verifier always sees a well-formed
-    input (and learns that it is wrong).
+    The candidate is the *last* prompt token, so the verdict is read at the candidate's own
+    position: one attention over the problem (the solver's mechanism) plus a comparison with itself.
+    Measured on the tiny model: a trailing ``?`` or a ``check c |`` prefix left the verifier at
+    chance after 300 SFT steps, this format reached 65-72%. An empty candidate is shown as ``?``.
     """
     cand = " ".join(candidate.split()) or "?"
-    return f"check {problem_prompt} {cand} ?"
+    return f"{problem_prompt} {cand}"

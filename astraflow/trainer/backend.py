@@ -190,7 +190,11 @@ class TorchBackend(TrainerBackend):
         return {k: v.to(dtype) for k, v in sd.items()} if dtype is not None else sd
 
     def optimizer_state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
+        """A deep copy: torch returns live references to the moment tensors, which the next step
+        would mutate under a checkpoint being written off the critical path."""
+        import copy
+
+        return copy.deepcopy(self.optimizer.state_dict())
 
     def load_state(self, model_state: dict[str, Any], optimizer_state: dict[str, Any] | None) -> None:
         import torch
@@ -198,7 +202,10 @@ class TorchBackend(TrainerBackend):
         with torch.no_grad():
             self.model.load_state_dict(model_state, strict=True)
         if optimizer_state is not None:
-            self.optimizer.load_state_dict(optimizer_state)
+            import copy
+
+            # torch keeps the given moment tensors when dtype/device match: never share them
+            self.optimizer.load_state_dict(copy.deepcopy(optimizer_state))
 
 
 def build_backend(model, config: BackendConfig | dict | None = None) -> TrainerBackend:

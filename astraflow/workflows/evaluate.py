@@ -35,15 +35,15 @@ def verifier_accuracy(engine: Engine, problems: list, *, seed: int = 0) -> dict[
     with a plausible wrong one (so always-yes or always-no scores 50%)."""
     from astraflow.models.tokenizer import NO, YES, build_tokenizer
     from astraflow.sft import wrong_answer
-    from astraflow.tasks.verify import verifier_prompt
+    import astraflow.tasks.verify as _v
 
     tok = build_tokenizer()
     yes, no = tok.convert_tokens_to_ids(YES), tok.convert_tokens_to_ids(NO)
     rng = random.Random(f"verifier-eval/{seed}")
     items = []
     for p in problems:
-        items.append((verifier_prompt(p.prompt, p.answer), yes))
-        items.append((verifier_prompt(p.prompt, wrong_answer(p, rng)), no))
+        items.append((_v.verifier_prompt(p.prompt, p.answer), yes))
+        items.append((_v.verifier_prompt(p.prompt, wrong_answer(p, rng)), no))
     gens = engine.generate([_encode(t) for t, _ in items], SamplingParams(max_new_tokens=1, temperature=0.0))
     ok = sum(1 for (_, want), g in zip(items, gens) if g.token_ids and g.token_ids[0] == want)
     return {"accuracy": ok / len(items), "correct": ok, "n": len(items)}
