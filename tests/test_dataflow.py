@@ -53,7 +53,8 @@ def test_registry_builds_by_name_and_fails_fast():
 
 # -- emitter ----------------------------------------------------------------------------------
 def test_backpressure_bounds_in_flight_and_tags_version():
-    df = Dataflow(cfg(groups_per_batch=3, max_staleness=1), dataset(50))
+    # max_in_flight: the plain in-flight cap (the staleness bound is pinned in test_scheduling_modes_units)
+    df = Dataflow(cfg(groups_per_batch=3, max_staleness=1, max_in_flight=6), dataset(50))
     df.on_weights("solver", 4)
     first = df.next_tasks(0.0)
     assert len(first) == 6 == df.cfg.in_flight_cap  # 3 x (1 + 1)

@@ -48,8 +48,10 @@ def test_duplicate_trained_once_stale_dropped_and_resume(test_cluster):
     from astraflow.objstore import ObjectStore, RunLayout
 
     cfg, topics = test_cluster, Topics(test_cluster.run)
+    # max_in_flight: the plain cap; no trainer consumes the batches here (the default staleness
+    # bound would rightly hold p2 back until a version is announced for the queued batches)
     section = DataflowConfig(policies=["solver"], groups_per_batch=1, max_staleness=1, min_group_samples=1,
-                             epochs=1)
+                             epochs=1, max_in_flight=2)
     dataset = [Task(f"p{i}", f"q{i}", answer=str(i), samples=2) for i in range(3)]
     stop, th, result = start(cfg, section, dataset)
     prod = LogProducer(cfg, "test-raas")

@@ -35,3 +35,19 @@ def test_slow_trainer_stops_emission_at_the_staleness_bound():
     assert df.next_tasks(0.0) == []
     df.on_weights("pol", 1)
     assert len(df.next_tasks(0.0)) == B  # one more version -> one more batch worth of tasks
+
+
+def test_group_finishing_behind_a_queue_is_measured_against_its_training_version():
+    B, eta = 1, 1
+    df = Dataflow(DataflowConfig(policies=["pol"], groups_per_batch=B, max_staleness=eta), _tasks(10))
+    a, b = df.next_tasks(0.0)  # both at v0: trained at v0 and v1 in emission order
+    df.ingest(_rollout(b, 0))  # b overtakes a (long tail on a)
+    assert len(df.take_batches()) == 1  # b -> batch 0, trained at v0
+    df.on_weights("pol", 1)
+    (c,) = df.next_tasks(0.0)  # room for one more: trained at v1... or later
+    df.ingest(_rollout(c, 1))  # c -> batch 1 (trained at v1)
+    assert len(df.take_batches()) == 1
+    # a finishes last: it would be batch 2, trained at v2 while its tokens are v0 -> stale (> eta)
+    assert df.train_version("pol") == 2
+    df.ingest(_rollout(a, 0))
+    assert df.counters()["trajectories.stale"] == 2 and df.take_batches() == []

@@ -26,8 +26,9 @@ class DataflowConfig(BaseModel):
     max_in_flight: int | None = Field(default=None, ge=1)
     """Cap on emitted-but-unfinished tasks; default ``groups_per_batch * (max_staleness + 1)``, and
     then (async) also no more tasks than the trainer can consume within ``max_staleness`` versions
-    (``Dataflow.staleness_room``). An explicit value is a plain cap: the ingest filter still drops
-    stale trajectories, but batches queued at a slow trainer may then be trained staler."""
+    (``Dataflow.staleness_room``), and staleness is measured against the version that will train
+    the group (``Dataflow.train_version``). An explicit value is a plain cap and staleness is
+    measured against the announced version: batches queued at a slow trainer may be trained staler."""
     candidate_pool: int = Field(default=64, ge=1)
     """Dataset tasks drawn ahead so that the task selector has a choice."""
     epochs: int | None = Field(default=None, ge=1)

@@ -37,7 +37,7 @@ class Dataflow:
             max_staleness=cfg.max_staleness,
             filters=[build_plugin("filter", f) for f in cfg.filters],
             task_lookup=self.emitter.task,
-            version_of=lambda p: self.emitter.versions.get(p, 0),
+            version_of=self.train_version,
             dedup_capacity=cfg.dedup_capacity,
             min_group_samples=cfg.min_group_samples,
         )
@@ -45,6 +45,24 @@ class Dataflow:
             p: BatchAssembler(p, cfg.groups_per_batch, build_plugin("sampler", cfg.sampler)) for p in cfg.policies
         }
         self._batched_this_wave: set[str] = set()
+        self._base_version: dict[str, int] = {}
+        """Per policy, the announced version when this dataflow served its first batch."""
+
+    def train_version(self, policy: str) -> int:
+        """The version that will train a group finishing now (staleness is measured against it).
+
+        Batches are trained in order, one version each, so a group that joins the FIFO queue
+        behind ``buffered`` groups and ``batches`` already served is trained at
+        ``base + batches + buffered // B`` — later than the latest announced version whenever
+        batches queue at a slow trainer. Measuring against the announced version alone would let a
+        long-tail episode that finishes late, behind a queue, be trained beyond ``max_staleness``.
+        """
+        announced = self.emitter.versions.get(policy, 0)
+        b = self.batchers.get(policy) if hasattr(self, "batchers") else None
+        if b is None or self.cfg.max_in_flight is not None:
+            return announced  # an explicit in-flight cap keeps the plain rule (see DataflowConfig)
+        base = self._base_version.get(policy, announced)
+        return max(announced, base + b.counters["batches"] + b.sampler.buffered() // self.cfg.groups_per_batch)
 
     @property
     def versions(self) -> dict[str, int]:
@@ -63,8 +81,10 @@ class Dataflow:
 
         Policy p's groups are trained in arrival order, ``groups_per_batch`` per version: the group
         at position g (groups batched + buffered + in flight before it) is trained by version
-        ``g // B``. Its tokens are at least the emission version v (a node serves a task only once
-        it loaded ``emitted_version``), so staleness <= η holds iff g < (v + η + 1) * B. In-flight
+        ``base + g // B``. Its tokens are at least the emission version v (a node serves a task
+        only once it loaded ``emitted_version``), so staleness <= η holds iff
+        g < (v - base + η + 1) * B (a group finishing out of order, behind the queue, is caught by
+        the ingest filter against :meth:`train_version`). In-flight
         alone cannot guarantee this: when the trainer is the bottleneck, finished groups queue up as
         batches and the emitter would keep refilling (every queued batch adds a version of lag).
         """
@@ -73,7 +93,8 @@ class Dataflow:
         for p, b in self.batchers.items():
             ahead = b.counters["groups_batched"] + b.sampler.buffered() + sum(
                 1 for f in self.emitter.in_flight.values() if p in f.pending_policies)
-            r = (self.versions[p] + eta + 1) * B - ahead
+            base = self._base_version.get(p, self.versions[p])  # version that trains batch 0
+            r = (self.versions[p] - base + eta + 1) * B - ahead
             room = r if room is None else min(room, r)
         return max(0, room or 0)
 
@@ -112,6 +133,8 @@ class Dataflow:
     def take_batches(self) -> list[Batch]:
         out = []
         for p, b in self.batchers.items():
+            if b.sampler.buffered() >= self.cfg.groups_per_batch:
+                self._base_version.setdefault(p, self.versions[p] - b.counters["batches"])
             batches = b.take(self.versions[p])
             if batches:
                 self._batched_this_wave.add(p)
@@ -140,6 +163,7 @@ class Dataflow:
             "processor": self.processor.state_dict(),
             "batchers": {p: b.state_dict() for p, b in self.batchers.items()},
             "batched_this_wave": sorted(self._batched_this_wave),
+            "base_version": dict(self._base_version),
         }
 
     def load_state_dict(self, s: dict[str, Any]) -> None:
@@ -152,3 +176,4 @@ class Dataflow:
         for p, b in self.batchers.items():
             b.load_state_dict(s["batchers"][p])
         self._batched_this_wave = set(s["batched_this_wave"])
+        self._base_version = dict(s.get("base_version", {}))
