@@ -51,3 +51,17 @@ def test_group_finishing_behind_a_queue_is_measured_against_its_training_version
     assert df.train_version("pol") == 2
     df.ingest(_rollout(a, 0))
     assert df.counters()["trajectories.stale"] == 2 and df.take_batches() == []
+
+
+def test_route_pools_sends_each_task_to_the_pool_with_most_free_slots():
+    df = Dataflow(DataflowConfig(policies=["pol"], groups_per_batch=2, max_staleness=3,
+                                 route_pools={"fast": 4, "slow": 2}), _tasks(40))
+    first = df.next_tasks(0.0)
+    assert [t.pool for t in first].count("fast") > [t.pool for t in first].count("slow") > 0
+    fast_done = [t for t in first if t.pool == "fast"][:3]
+    for t in fast_done:  # the fast pool finishes first: it gets the next tasks
+        df.ingest(_rollout(t, 0))
+    assert len(df.take_batches()) == 1
+    df.on_weights("pol", 1)  # room for more under the staleness bound
+    nxt = df.next_tasks(0.0)
+    assert nxt and {t.pool for t in nxt} == {"fast"}

@@ -40,6 +40,11 @@ class DataflowConfig(BaseModel):
     task_timeout_s: float | None = Field(default=900.0, gt=0)
     """A task unfinished after this long is expired (counted): covers rejected episodes (a
     workflow returning None) and lost nodes. ``None`` never expires."""
+    route_pools: dict[str, int] = Field(default_factory=dict)
+    """Spread tasks over several pools: pool name -> episode slots (nodes x concurrency). Each task
+    goes to the pool with the most free slots (slots - its tasks in flight); a faster pool frees
+    slots sooner and so receives more tasks, and every pool keeps receiving work. Empty: every task
+    goes to the pool its dataset names."""
     selector: PluginSpec = Field(default_factory=lambda: PluginSpec(type="accept_all"))
     """Before-rollout task selection plug-in."""
     filters: list[PluginSpec] = Field(default_factory=list)

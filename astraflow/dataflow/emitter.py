@@ -39,6 +39,7 @@ class TaskEmitter:
         epochs: int | None = None,
         mode: Literal["async", "sync"] = "async",
         wave_size: int | None = None,
+        route_pools: dict[str, int] | None = None,
     ) -> None:
         self.dataset = dataset
         self.selector = selector
@@ -48,6 +49,7 @@ class TaskEmitter:
         self.epochs = epochs
         self.mode = mode
         self.wave_size = wave_size or in_flight_cap
+        self.route_pools = dict(route_pools or {})
         self.versions = {p: 0 for p in self.policies}
         self.in_flight: dict[str, InFlight] = {}
         self.candidates: list[Task] = []
@@ -136,6 +138,8 @@ class TaskEmitter:
             self.counters["selector_skipped"] += len(skip)
             for t in emit:
                 t = dataclasses.replace(t, emitted_version=self.version_for(t))
+                if self.route_pools:
+                    t = dataclasses.replace(t, pool=self._freest_pool())
                 if t.prompt_id in self.in_flight:  # a dataset with repeated ids: count, never clobber
                     self.counters["duplicate_prompt_id"] += 1
                     continue
@@ -148,6 +152,10 @@ class TaskEmitter:
             self.wave_version = max(self.wave_version, current)
             self.wave_shortfall = 0
         return out
+
+    def _freest_pool(self) -> str:
+        busy = Counter(f.task.pool for f in self.in_flight.values())
+        return max(self.route_pools, key=lambda p: self.route_pools[p] - busy[p])
 
     # -- completion --------------------------------------------------------------------------
     def task(self, prompt_id: str) -> Task | None:

@@ -31,6 +31,7 @@ class Dataflow:
             epochs=cfg.epochs,
             mode=cfg.mode,
             wave_size=cfg.groups_per_batch,
+            route_pools=cfg.route_pools,
         )
         self.processor = TrajectoryProcessor(
             policies=cfg.policies,
