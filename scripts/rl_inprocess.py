@@ -101,10 +101,10 @@ def run_recipe(path: str, overrides: dict, seed: int, quiet: bool) -> dict:
             tasks.append(Task(prompt_id=f"{p.prompt_id}#{step}", prompt=p.prompt, answer=p.answer,
                               samples=rl["group_size"], task_type=dataset.name))
 
-        async def episodes():
-            return await asyncio.gather(*(workflow.run_episode(t, engines) for t in tasks))
+        async def episodes(batch):
+            return await asyncio.gather(*(workflow.run_episode(t, engines) for t in batch))
 
-        trajs = [t for ep in asyncio.run(episodes()) if ep for t in ep]
+        trajs = [t for ep in asyncio.run(episodes(tasks)) if ep for t in ep]
         row = {"step": step}
         for name, backend in backends.items():
             mine = [t for t in trajs if t.policy == name]

@@ -44,13 +44,13 @@ def test_loss_matches_reference(seed):
     # proximal and new log-probs that move far enough to hit both the clip and the IS cap
     prox = [[b + rng.uniform(-0.3, 1.2) for b in row] for row in behav]
     logp = [[p + rng.uniform(-0.5, 0.5) for p in row] for row in prox]
-    args = dict(clip_eps=0.2, clip_hi=0.28, is_cap=2.0, eps=1e-6)
+    args = {"clip_eps": 0.2, "clip_hi": 0.28, "is_cap": 2.0, "eps": 1e-6}
     ref, ref_adv = reference_loss(logp, prox, behav, rewards, groups, mask, **args)
 
     adv = group_advantages(rewards, groups, eps=1e-6)
     assert adv == pytest.approx(ref_adv, abs=1e-9)
     assert adv[8:12] == [0.0] * 4
-    f64 = dict(dtype=torch.float64)
+    f64 = {"dtype": torch.float64}
     loss, m = policy_loss(torch.tensor(logp, **f64), torch.tensor(prox, **f64), torch.tensor(behav, **f64),
                           torch.tensor(adv, **f64), torch.tensor(mask, **f64),
                           clip_eps=0.2, clip_eps_high=0.28, is_cap=2.0)

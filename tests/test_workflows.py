@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from astraflow.engines.base import Engine, Generation, SamplingParams
+from astraflow.engines.base import Engine, Generation
 from astraflow.models import NO, YES, build_model, build_tokenizer
 from astraflow.records import Task
 from astraflow.workflows import REWARDS, build_workflow, register_reward
@@ -91,7 +91,7 @@ def test_solver_verifier_gives_each_policy_its_own_rewards_and_groups():
         _check_fields(t, "verifier")
     tok = build_tokenizer()
     # the verifier saw the problem followed by the solver's answer
-    assert tok.decode(verifier.prompts[1][1:]).split() == "max 3 7 1 = 3".split()
+    assert tok.decode(verifier.prompts[1][1:]).split() == ["max", "3", "7", "1", "=", "3"]
 
 
 def test_malformed_verdict_scores_zero():
@@ -113,3 +113,15 @@ def test_reward_plugins_are_registered_by_name():
         build_workflow("math", reward="nope")
     with pytest.raises(ValueError):
         build_workflow("nope")
+
+
+def test_verifier_groups_per_answer():
+    wf = build_workflow("solver_verifier", verifier_group="answer")
+    trajs = asyncio.run(wf.run_episode(_task(3), {"solver": ScriptedEngine(["7", "3", "7"]),
+                                                  "verifier": ScriptedEngine([YES])}))
+    v = [t for t in trajs if t.policy == "verifier"]
+    assert len(v) == 9 and len({t.episode_id for t in v}) == 9
+    assert [t.group_id for t in v] == [f"p1/verifier/{i // 3}" for i in range(9)]
+    assert [t.reward for t in v] == [1.0] * 3 + [0.0] * 3 + [1.0] * 3
+    with pytest.raises(ValueError):
+        build_workflow("solver_verifier", verifier_group="nope")

@@ -3,4 +3,4 @@
 from astraflow.models.build import ModelConfig, build_model
 from astraflow.models.tokenizer import NO, YES, build_tokenizer, compact
 
-__all__ = ["ModelConfig", "build_model", "build_tokenizer", "compact", "YES", "NO"]
+__all__ = ["NO", "YES", "ModelConfig", "build_model", "build_tokenizer", "compact"]

@@ -33,9 +33,9 @@ def solver_accuracy(engine: Engine, dataset, problems: list, max_new_tokens: int
 def verifier_accuracy(engine: Engine, problems: list, *, seed: int = 0) -> dict[str, Any]:
     """Greedy verdict accuracy on a balanced set: each problem once with its correct answer and once
     with a plausible wrong one (so always-yes or always-no scores 50%)."""
+    import astraflow.tasks.verify as _v
     from astraflow.models.tokenizer import NO, YES, build_tokenizer
     from astraflow.sft import wrong_answer
-    import astraflow.tasks.verify as _v
 
     tok = build_tokenizer()
     yes, no = tok.convert_tokens_to_ids(YES), tok.convert_tokens_to_ids(NO)

@@ -22,7 +22,16 @@ from astraflow.workflows.rewards import get_reward
 class SolverVerifierWorkflow(Workflow):
     def __init__(self, solver_policy: str = "solver", verifier_policy: str = "verifier",
                  reward: str = "exact_match", solver_sampling: SamplingConfig | dict | None = None,
-                 verifier_sampling: SamplingConfig | dict | None = None) -> None:
+                 verifier_sampling: SamplingConfig | dict | None = None,
+                 verifier_group: str = "prompt") -> None:
+        """``verifier_group``: "prompt" = one verdict per solver answer, one verifier group per prompt
+        (baseline = the verifier's mean score on this prompt); "answer" = ``task.samples`` verdicts
+        per solver answer, one group per answer (``<prompt_id>/verifier/<i>``), so each input is
+        judged against itself and the solver's growing share of right answers cannot bias the
+        baseline (costs ``samples``x more verifier tokens)."""
+        if verifier_group not in ("prompt", "answer"):
+            raise ValueError(f"verifier_group must be 'prompt' or 'answer', got {verifier_group!r}")
+        self.verifier_group = verifier_group
         self.solver_policy, self.verifier_policy = solver_policy, verifier_policy
         self.reward_name = reward
         self.reward_fn = get_reward(reward)
@@ -46,15 +55,21 @@ class SolverVerifierWorkflow(Workflow):
         correct = [self.reward_fn(t, task) for t in texts]
         v_prompts = [self.encode_prompt(verifier_prompt(task.prompt, t)) for t in texts]
         t1 = time.perf_counter()
-        verdicts = await verifier.agenerate(v_prompts, self.verifier_sampling.params())
+        k = task.samples if self.verifier_group == "answer" else 1
+        verdicts = await verifier.agenerate([vp for vp in v_prompts for _ in range(k)],
+                                            self.verifier_sampling.params())
         t_verify = time.perf_counter() - t1
         out = []
         for i, (g, r) in enumerate(zip(answers, correct)):
             out.append(self.trajectory(task, self.solver_policy, i, prompt_ids, g, r,
                                        {self.reward_name: r}, t_solve))
-        for i, (g, r, vp) in enumerate(zip(verdicts, correct, v_prompts)):
+        for j, g in enumerate(verdicts):
+            i = j // k
             v = self.verdict(g.token_ids)
-            vr = float(v is not None and v == (r > 0.5))
-            out.append(self.trajectory(task, self.verifier_policy, i, vp, g, vr,
-                                       {"verdict_correct": vr, "solver_correct": r}, t_verify))
+            vr = float(v is not None and v == (correct[i] > 0.5))
+            t = self.trajectory(task, self.verifier_policy, j, v_prompts[i], g, vr,
+                                {"verdict_correct": vr, "solver_correct": correct[i]}, t_verify)
+            if self.verifier_group == "answer":
+                t.group_id = f"{task.prompt_id}/{self.verifier_policy}/{i}"
+            out.append(t)
         return out
