@@ -147,8 +147,7 @@ def _metrics(path: Path) -> list[dict]:
     recs.append({"component": "trainer", "id": "trainer-solver", "time": 107.0, "event": "done",
                  "policy": "solver", "version": 5})
     with open(path, "w") as f:
-        for r in recs:
-            f.write(json.dumps(r) + "\n")
+        f.writelines(json.dumps(r) + "\n" for r in recs)
         f.write('{"component": "trai')  # a torn last line (crash mid-write) is skipped
     return recs
 
@@ -212,8 +211,7 @@ def _recipe(tmp_path: Path):
 def test_launch_interrupted_leaves_nothing_behind(tmp_path: Path, test_cluster, monkeypatch) -> None:
     from rich.console import Console
 
-    from astraflow.launcher import RunOptions, launch
-    from astraflow.launcher import runner
+    from astraflow.launcher import RunOptions, launch, runner
 
     monkeypatch.setattr(runner, "component_specs", _fake_specs(tmp_path, crash=False))
     opts = RunOptions(run_id=test_cluster.run, runs_dir=tmp_path, grace_s=3, live=False)
@@ -221,7 +219,7 @@ def test_launch_interrupted_leaves_nothing_behind(tmp_path: Path, test_cluster, 
     timer = threading.Timer(8.0, _thread.interrupt_main)
     timer.start()
     try:
-        result = launch(_recipe(tmp_path), test_cluster, opts, Console(file=open(os.devnull, "w")))
+        result = launch(_recipe(tmp_path), test_cluster, opts, Console(quiet=True))
     finally:
         timer.cancel()
     assert result.returncode == 130 and result.reason == "interrupted"
@@ -236,12 +234,11 @@ def test_launch_interrupted_leaves_nothing_behind(tmp_path: Path, test_cluster, 
 def test_launch_stops_when_a_component_dies(tmp_path: Path, test_cluster, monkeypatch) -> None:
     from rich.console import Console
 
-    from astraflow.launcher import RunOptions, launch
-    from astraflow.launcher import runner
+    from astraflow.launcher import RunOptions, launch, runner
 
     monkeypatch.setattr(runner, "component_specs", _fake_specs(tmp_path, crash=True))
     opts = RunOptions(run_id=test_cluster.run, runs_dir=tmp_path, grace_s=3, live=False, timeout_s=60)
-    result = launch(_recipe(tmp_path), test_cluster, opts, Console(file=open(os.devnull, "w")))
+    result = launch(_recipe(tmp_path), test_cluster, opts, Console(quiet=True))
     assert result.returncode == 1
     log = tmp_path / test_cluster.run / "logs" / "trainer-policy.log"
     assert "'trainer-policy' exited with status 7" in result.reason and str(log) in result.reason

@@ -39,7 +39,7 @@ def _env(cluster_file: Path) -> dict[str, str]:
 
 
 def _leftovers(marker: str) -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    out = subprocess.run(["ps", "-eo", "pid,args"], check=True, capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if marker in line and "ps -eo" not in line]
 
 
@@ -48,7 +48,7 @@ def test_astraflow_run_tiny_recipe(tmp_path: Path, test_cluster) -> None:
     recipe = tiny_recipe(tmp_path)
     cmd = [sys.executable, "-m", "astraflow.cli.main", "run", str(recipe), "--run-id", test_cluster.run,
            "--runs-dir", str(tmp_path / "runs"), "--no-live", "--timeout", "80", "--grace", "5"]
-    proc = subprocess.run(cmd, env=_env(cluster_file), capture_output=True, text=True, timeout=110, cwd=tmp_path)
+    proc = subprocess.run(cmd, check=False, env=_env(cluster_file), capture_output=True, text=True, timeout=110, cwd=tmp_path)
     run_dir = tmp_path / "runs" / test_cluster.run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -70,7 +70,7 @@ def test_astraflow_demo_tiny(tmp_path: Path, test_cluster) -> None:
     recipe = tiny_recipe(tmp_path)
     cmd = [sys.executable, "-m", "astraflow.cli.main", "demo", "--recipes", str(recipe), "--steps", "2",
            "--runs-dir", str(tmp_path / "runs"), "--no-live"]
-    proc = subprocess.run(cmd, env=_env(cluster_file), capture_output=True, text=True, timeout=150, cwd=tmp_path)
+    proc = subprocess.run(cmd, check=False, env=_env(cluster_file), capture_output=True, text=True, timeout=150, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (summary_path,) = (tmp_path / "runs").glob("*/summary.json")
     summary = json.loads(summary_path.read_text())

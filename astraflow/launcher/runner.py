@@ -106,7 +106,7 @@ def launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console=None) -
     t0 = time.monotonic()
     previous_term = signal.getsignal(signal.SIGTERM)
 
-    def on_term(signum, frame):  # noqa: ARG001
+    def on_term(signum, frame):
         raise _Terminate()
 
     with contextlib.suppress(ValueError):  # not the main thread: Ctrl+C handling only

@@ -9,20 +9,27 @@ terminates them instead of leaving orphans that keep consuming tasks.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+# Set PR_SET_PDEATHSIG, then exec the real command (the setting survives execve). Done in a tiny
+# exec wrapper rather than ``preexec_fn``: the launcher already runs Kafka client and torch threads
+# when it forks, and running Python code between fork and exec is unsafe then.
+_EXEC_DYING_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "try:\n"
+    "    ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGTERM)\n"
+    "except (OSError, AttributeError):\n"
+    "    pass\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(0)  # the launcher died before prctl took effect\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
 
 
 @dataclass
@@ -85,13 +92,12 @@ class ProcessGroup:
             log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} start: {' '.join(spec.argv)}\n".encode())
             log.flush()
             proc = subprocess.Popen(
-                spec.argv,
+                [sys.executable, "-c", _EXEC_DYING_WITH_PARENT, str(os.getpid()), *spec.argv],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=spec.env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
             )
         child = Child(spec, proc)
         self.children[spec.name] = child

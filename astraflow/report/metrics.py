@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 
 class MetricsLog:
@@ -13,7 +13,7 @@ class MetricsLog:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a", buffering=1)
+        self._file = open(self.path, "a", buffering=1)  # noqa: SIM115 - closed by close()
         self.count = 0
 
     def append(self, record: dict[str, Any]) -> None:
@@ -23,7 +23,7 @@ class MetricsLog:
     def close(self) -> None:
         self._file.close()
 
-    def __enter__(self) -> MetricsLog:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
