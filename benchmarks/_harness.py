@@ -180,17 +180,22 @@ def staleness_histogram(batches: dict[str, list], trained: dict[str, int] | None
     return h
 
 
-def episode_spans(trajs: list) -> dict[str, list[tuple[float, float]]]:
-    """Per node, (start, end) of every episode (deduplicated by task)."""
+def _task_spans(trajs: list) -> dict[str, dict[str, tuple[float, float]]]:
+    """Per node, per task: (start, end) of its episode."""
     by_task: dict[tuple[str, str], list] = defaultdict(list)
     for t in trajs:
         by_task[(t.node_id, t.task_id)].append(t)
-    spans: dict[str, list] = defaultdict(list)
-    for (node, _task), ts in by_task.items():
+    spans: dict[str, dict] = defaultdict(dict)
+    for (node, task), ts in by_task.items():
         end = max(t.created_at for t in ts)
         phases = {t.policy: t.gen_seconds for t in ts}  # one generation phase per policy
-        spans[node].append((end - sum(phases.values()), end))
+        spans[node][task] = (end - sum(phases.values()), end)
     return spans
+
+
+def episode_spans(trajs: list) -> dict[str, list[tuple[float, float]]]:
+    """Per node, (start, end) of every episode (deduplicated by task)."""
+    return {node: list(d.values()) for node, d in _task_spans(trajs).items()}
 
 
 def busy_seconds(spans: list[tuple[float, float]], lo: float, hi: float) -> float:
@@ -251,12 +256,24 @@ def summarize(rec: RunRecords, *, warmup_steps: int, node_pool: dict[str, str] |
     dropped = {k.split(".", 1)[1]: v for k, v in counters.items()
                if k.startswith("trajectories.") and v and k.split(".", 1)[1] in
                ("stale", "expired", "in_dropped_group", "unknown_task", "duplicate", "unknown_policy")}
+    # Rollout span of a trained batch: first episode start to last episode end among its tasks
+    # (in sync mode: the wave, which lasts as long as its slowest episode).
+    task_span: dict[str, tuple[float, float]] = {}
+    for node_spans in _task_spans(rec.trajectories).values():
+        task_span.update(node_spans)
+    first = policies[0]
+    batch_spans = []
+    for b in rec.batches[first][warmup_steps: per_policy[first]["steps"]]:
+        ss = [task_span[t.task_id] for t in b.trajectories if t.task_id in task_span]
+        if ss:
+            batch_spans.append(max(e for _, e in ss) - min(s for s, _ in ss))
     hist = staleness_histogram(rec.batches, {p: v["steps"] for p, v in per_policy.items()})
     out = {
         "iteration_s": round(max(v["iteration_s"] for v in per_policy.values()), 3),
         "trainer_idle_fraction": round(statistics.mean(v["trainer_idle_fraction"] for v in per_policy.values()), 3),
         "rollout_idle_fraction": round(statistics.mean(idle.values()), 3) if idle else None,
         "rollout_idle_by_node": idle,
+        "batch_rollout_span_s": round(statistics.mean(batch_spans), 3) if batch_spans else None,
         "rollout_tokens_per_s": round(sum(len(t.response_ids) for t in in_window) / (hi - lo), 1),
         "staleness_hist": {str(k): v for k, v in sorted(hist.items())},
         "staleness_max": max(hist) if hist else None,
@@ -279,8 +296,8 @@ def pool_figures(rec: RunRecords, node_pool: dict[str, str], warmup_steps: int) 
     """Per pool: trajectories in each trained batch, refresh seconds, version lag at metrics records."""
     pools = sorted(set(node_pool.values()))
     per_iter: dict[str, list[int]] = {p: [] for p in pools}
-    for bs in rec.batches.values():
-        for b in bs[warmup_steps:]:
+    for policy, bs in rec.batches.items():
+        for b in bs[warmup_steps: len(trainer_steps(rec.metrics, policy))]:
             c = Counter(node_pool.get(t.node_id, "?") for t in b.trajectories)
             for p in pools:
                 per_iter[p].append(c.get(p, 0))
