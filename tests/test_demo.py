@@ -25,3 +25,18 @@ def test_roles() -> None:
 
 def test_unknown_recipe_exits_non_zero(tmp_path: Path) -> None:
     assert run_demo(ClusterConfig(state_dir=tmp_path), DemoOptions(recipes=["nope"])) == 2
+
+
+def test_balanced_verifier_candidates_are_half_right() -> None:
+    """The demo's solver_verifier recipe relies on verifier_group "balanced" (see the recipe)."""
+    from types import SimpleNamespace
+
+    from astraflow.workflows.solver_verifier import balanced_candidates
+
+    task = SimpleNamespace(prompt_id="p1", prompt="max 3 7 1 =", answer="7")
+    for texts in (["7"] * 8, ["3"] * 8, ["7", "3", "7", "1", "7", "7", "7", "7"]):
+        truth = [t == "7" for t in texts]
+        cands, labels = balanced_candidates(task, texts, truth)
+        assert len(cands) == 8 and sum(labels) == 4
+        assert cands[:4] == texts[:4] and labels[:4] == truth[:4]
+        assert all((c == "7") == lab for c, lab in zip(cands, labels))
