@@ -156,21 +156,21 @@ def run_one(path: Path, cfg: ClusterConfig, opts: DemoOptions, console) -> dict[
 def print_summary(summaries: list[dict[str, Any]], total_s: float, console) -> None:
     from rich.table import Table
 
-    table = Table(title=f"astraflow demo — held-out accuracy (greedy), total wall time {total_s:.0f} s")
-    for col in ("recipe", "policy", "eval prompts", "before RL", "after RL", "delta", "RL steps",
-                "final version", "wall time"):
-        table.add_column(col, justify="right" if col not in ("recipe", "policy") else "left")
+    table = Table(title=f"astraflow demo: held-out accuracy (greedy) before/after RL, total {total_s:.0f} s")
+    for col in ("recipe", "policy", "eval n", "before", "after", "delta", "steps", "wall"):
+        table.add_column(col, justify="right" if col not in ("recipe", "policy") else "left",
+                         no_wrap=True, min_width=len(col))
     for s in summaries:
         for name, row in s["policies"].items():
             after = row.get("after")
             delta = row.get("delta")
             colour = "green" if delta is not None and delta > 0 else "red"
             table.add_row(
-                s["recipe"], f"{name} ({row['role']})", str(row["before"]["n"]),
+                s["recipe"], name, str(row["before"]["n"]),
                 f"{row['before']['accuracy']:.3f}",
                 f"{after['accuracy']:.3f}" if after else "[red]n/a[/red]",
                 f"[{colour}]{delta:+.3f}[/{colour}]" if delta is not None else "[red]run failed[/red]",
-                str(row.get("trainer_steps") or "-"), str(row.get("final_version", "-")),
+                str(row.get("trainer_steps") or "-"),
                 f"{s['wall_seconds']:.0f} s",
             )
     console.print(table)
