@@ -40,7 +40,10 @@ def compare(cfg, path: Path, name: str, *, steps: int, warmup: int, runs_dir: Pa
             updates: dict | None = None) -> dict:
     out = {}
     for mode in ("sync", "async"):
-        recipe = load_recipe(path, dataflow={"mode": mode}, trainer={"steps": steps}, **(updates or {}))
+        upd = dict(updates or {})
+        upd["dataflow"] = {**upd.get("dataflow", {}), "mode": mode}
+        upd["trainer"] = {**upd.get("trainer", {}), "steps": steps}
+        recipe = load_recipe(path, **upd)
         t0 = time.monotonic()
         rec = run_recipe(recipe, cfg, runs_dir=runs_dir, label=f"{name}-{mode}", timeout_s=timeout_s)
         out[mode] = summarize(rec, warmup_steps=warmup)
