@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _harness import batch_index, load_recipe, run_recipe, trainer_steps  # noqa: E402
+from _harness import batch_index, load_recipe, run_recipe, trainer_steps
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
