@@ -90,7 +90,7 @@ class ClusterConfig(_Section):
         path = path or env.get("ASTRAFLOW_CONFIG")
         data: dict[str, Any] = {}
         if path:
-            data = _read_yaml(Path(path))
+            data = read_yaml_mapping(Path(path), "cluster config")
         _overlay_env(data, env)
         try:
             return cls.model_validate(data)
@@ -133,15 +133,16 @@ class ClusterConfig(_Section):
         return self.model_copy(update={"kafka": kafka, "s3": self.s3.model_copy(update=s3_update)})
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
+    """The mapping at the top of a YAML file; ``what`` names the file in errors ("recipe", ...)."""
     if not path.exists():
-        raise ConfigError(f"cluster config file not found: {path}")
+        raise ConfigError(f"{what} not found: {path}")
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"cluster config {path} is not valid YAML: {exc}") from None
+        raise ConfigError(f"{what} {path} is not valid YAML: {exc}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"cluster config {path} must be a mapping, got {type(data).__name__}")
+        raise ConfigError(f"{what} {path} must be a mapping, got {type(data).__name__}")
     return data
 
 

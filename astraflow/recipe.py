@@ -10,10 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from astraflow.config import ConfigError
+from astraflow.config import ConfigError, read_yaml_mapping
 from astraflow.dataflow.config import DataflowConfig
 from astraflow.engines import EngineConfig
 from astraflow.sft import SFTConfig
@@ -140,14 +139,7 @@ class Recipe(_Section):
     @classmethod
     def load(cls, path: str | Path, **overrides: Any) -> Recipe:
         path = Path(path)
-        if not path.exists():
-            raise ConfigError(f"recipe not found: {path}")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"recipe {path} is not valid YAML: {exc}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"recipe {path} must be a mapping at the top level")
+        data = read_yaml_mapping(path, "recipe")
         data.update({k: v for k, v in overrides.items() if v is not None})
         try:
             recipe = cls.model_validate(data)
