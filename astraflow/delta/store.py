@@ -13,7 +13,6 @@ Manifests are immutable once published, so they are cached. Retention is describ
 
 from __future__ import annotations
 
-import hashlib
 import tempfile
 import time
 from collections.abc import MutableMapping
@@ -148,8 +147,8 @@ class WeightStore:
         m = self.manifest(version)
         if m.delta is None:
             raise VersionNotFoundError(f"{self.policy} v{version} has no delta")
-        blob = self.objects.get_bytes(m.delta.key)
-        if hashlib.sha256(blob).hexdigest() != m.delta.sha256:
+        blob, digest = self.objects.get_bytes_with_sha256(m.delta.key)
+        if digest != m.delta.sha256:
             raise DeltaCorruptError(f"delta {m.delta.key} is not the object its manifest names (sha256)")
         return blob
 

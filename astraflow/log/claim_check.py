@@ -6,6 +6,7 @@ harmless and a lost conditional put means the bytes are already there.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from typing import TYPE_CHECKING
 
@@ -43,10 +44,9 @@ class ClaimCheck:
         store, layout = self._open()
         digest = hashlib.sha256(payload).hexdigest()
         key = layout.claim_key(digest)
-        try:
-            store.put_bytes(key, bytes(payload), if_none_match=True)
-        except ObjectExistsError:
-            pass  # same key = same sha256 = same bytes
+        # The key is the digest, so the store is handed it rather than hashing the payload again.
+        with contextlib.suppress(ObjectExistsError):  # same key = same sha256 = same bytes
+            store.put_bytes(key, payload, if_none_match=True, sha256=digest)
         return key, digest
 
     def get(self, key: str, sha256: str, size: int | None = None) -> bytes:
@@ -59,12 +59,11 @@ class ClaimCheck:
 
         store, _ = self._open()
         try:
-            data = store.get_bytes(key)
+            data, actual = store.get_bytes_with_sha256(key)
         except ObjectNotFoundError:
             raise ClaimCheckError(f"claim {key} is not in bucket {self._cfg.s3.bucket}") from None
         except ChecksumError as exc:
             raise ClaimCheckError(f"claim {key} is corrupt in the bucket: {exc}") from None
-        actual = hashlib.sha256(data).hexdigest()
         if actual != sha256:
             raise ClaimCheckError(f"claim {key}: record says sha256 {sha256}, bucket bytes hash to {actual}")
         if size is not None and len(data) != size:

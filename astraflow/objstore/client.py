@@ -148,14 +148,17 @@ class ObjectStore:
         *,
         if_none_match: bool = False,
         content_type: str = "application/octet-stream",
+        sha256: str | None = None,
     ) -> str:
         """Write ``data`` under ``key``; return its sha256 hex (also stored in the object metadata).
 
         With ``if_none_match`` the put is conditional (``If-None-Match: *``) and raises
-        :class:`ObjectExistsError` if the key already exists.
+        :class:`ObjectExistsError` if the key already exists. ``sha256``: the hex digest of
+        ``data`` when the caller already computed it (a content-addressed key), so the bytes are
+        not hashed twice; a wrong one is not silently kept, every verified read refuses it.
         """
         data = bytes(data)
-        digest = hashlib.sha256(data).hexdigest()
+        digest = sha256 or hashlib.sha256(data).hexdigest()
         if len(data) > self.multipart_threshold and not if_none_match:
             # Large in-memory objects (anchors) go up as parallel multipart, like files; a single
             # PUT is also capped at 5 GB. A conditional put stays one request: s3transfer cannot
@@ -185,6 +188,31 @@ class ObjectStore:
         Raises :class:`ObjectNotFoundError`, or :class:`ChecksumError` on a mismatch or on an object
         that carries no checksum (written around this layer); ``verify=False`` skips the check.
         """
+        if verify:
+            return self.get_bytes_with_sha256(key)[0]
+        return self._read(key)[0]
+
+    def get_bytes_with_sha256(self, key: str) -> tuple[bytes, str]:
+        """The verified bytes (as :meth:`get_bytes`) and their sha256 hex, as :meth:`get_file` returns
+        it: for a caller that also checks the bytes against a digest of its own (a manifest, a
+        checkpoint pointer, a claim-check header) without hashing them a second time."""
+        data, metadata = self._read(key)
+        expected = metadata.get(SHA256_META)
+        actual = hashlib.sha256(data).hexdigest()
+        if expected is None:
+            raise ChecksumError(
+                key,
+                None,
+                actual,
+                f"object {key} carries no sha256 metadata (written outside "
+                "astraflow.objstore?); refusing to return unverified bytes (pass verify=False)",
+            )
+        if actual != expected:
+            raise ChecksumError(key, expected, actual)
+        return data, actual
+
+    def _read(self, key: str) -> tuple[bytes, dict[str, str]]:
+        """The object's bytes and user metadata, unverified."""
         from botocore.exceptions import (
             ConnectionClosedError,
             IncompleteReadError,
@@ -197,8 +225,7 @@ class ObjectStore:
             with self._errors("get", key):
                 resp = self.client.get_object(Bucket=self.bucket, Key=key)
             try:
-                data = resp["Body"].read()
-                break
+                return resp["Body"].read(), resp.get("Metadata", {})
             except body_errors as exc:
                 # botocore retries the request, not a body that breaks mid-read: retry the GET here.
                 if attempt == self.body_read_attempts:
@@ -207,20 +234,7 @@ class ObjectStore:
                         f"{attempt} attempts: {exc}"
                     ) from exc
                 time.sleep(0.2 * 2**attempt)
-        if verify:
-            expected = resp.get("Metadata", {}).get(SHA256_META)
-            actual = hashlib.sha256(data).hexdigest()
-            if expected is None:
-                raise ChecksumError(
-                    key,
-                    None,
-                    actual,
-                    f"object {key} carries no sha256 metadata (written outside "
-                    "astraflow.objstore?); refusing to return unverified bytes (pass verify=False)",
-                )
-            if actual != expected:
-                raise ChecksumError(key, expected, actual)
-        return data
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     # -- files (parallel multipart) ----------------------------------------------------------
     def _transfer_config(self) -> Any:

@@ -93,8 +93,6 @@ class CheckpointStore:
 
     def load(self) -> TrainerCheckpoint | None:
         """The latest checkpoint, None if there is none; :class:`CheckpointError` if it is corrupt."""
-        import hashlib
-
         import torch
         from safetensors.torch import load as st_load
 
@@ -109,10 +107,10 @@ class CheckpointStore:
         blobs = {}
         for part, info in pointer["parts"].items():
             try:
-                data = self.store.get_bytes(info["key"])
+                data, digest = self.store.get_bytes_with_sha256(info["key"])
             except (ChecksumError, ObjectNotFoundError) as exc:
                 raise CheckpointError(f"trainer checkpoint step {pointer['step']}: {part} refused: {exc}") from exc
-            if hashlib.sha256(data).hexdigest() != info["sha256"]:
+            if digest != info["sha256"]:
                 raise CheckpointError(f"trainer checkpoint step {pointer['step']}: {info['key']} does not match "
                                       f"the sha256 recorded in the pointer; refusing to resume from it")
             blobs[part] = data
