@@ -63,13 +63,13 @@ class Workflow(ABC):
     @staticmethod
     def trajectory(task: Any, policy: str, index: int, prompt_ids: list[int], gen: Generation,
                    reward: float, rewards: dict[str, float], gen_seconds: float):
-        from astraflow.records import Trajectory
+        from astraflow.records import Trajectory, episode_id_for, group_id_for
 
         n = len(gen.token_ids)
         return Trajectory(
-            episode_id=f"{task.prompt_id}/{policy}/{index}",
+            episode_id=episode_id_for(task.prompt_id, policy, index),
             task_id=task.prompt_id,
-            group_id=f"{task.prompt_id}/{policy}",
+            group_id=group_id_for(task.prompt_id, policy),
             sample_index=index,
             policy=policy,
             prompt_ids=list(prompt_ids),
