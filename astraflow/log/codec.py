@@ -39,6 +39,18 @@ ARROW_STREAM = "application/vnd.apache.arrow.stream"
 JSON = "application/json"
 CONTENT_TYPES = (ARROW_STREAM, JSON)
 
+# Headers and the record-batch framing need room beside the largest inline value.
+_FRAMING_HEADROOM = 64 * 1024
+_BROKER_DEFAULT_MAX_BYTES = 1024 * 1024
+
+
+def max_record_bytes(inline_limit_bytes: int) -> int:
+    """The largest record a client must be able to send or fetch: an inline value of up to
+    ``inline_limit_bytes`` (a dead letter carries one too) with its headers, never below the
+    broker's 1 MiB default."""
+    return max(_BROKER_DEFAULT_MAX_BYTES, inline_limit_bytes + _FRAMING_HEADROOM)
+
+
 Headers = list[tuple[str, bytes]]
 """kafka-python's header form: ``[(name, value bytes), ...]``."""
 

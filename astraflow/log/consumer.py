@@ -11,7 +11,14 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
 from astraflow.log.claim_check import ClaimCheck
-from astraflow.log.codec import ARROW_STREAM, ArrowCodec, ExpectedSchemas, RecordMeta, check_schema
+from astraflow.log.codec import (
+    ARROW_STREAM,
+    ArrowCodec,
+    ExpectedSchemas,
+    RecordMeta,
+    check_schema,
+    max_record_bytes,
+)
 from astraflow.log.dead_letters import DeadLetterPublisher
 from astraflow.log.errors import BrokerUnavailableError, DecodeError, PayloadError
 from astraflow.log.message import Message
@@ -72,7 +79,7 @@ class LogConsumer:
             session_timeout_ms=session_timeout_ms,
             heartbeat_interval_ms=heartbeat_interval_ms,
             max_poll_interval_ms=max_poll_interval_ms,
-            max_partition_fetch_bytes=max(1024 * 1024, cfg.inline_limit_bytes + 64 * 1024),
+            max_partition_fetch_bytes=max_record_bytes(cfg.inline_limit_bytes),
             bootstrap_timeout_ms=int(bootstrap_timeout_s * 1000),
         )
         kwargs.update(kafka_overrides)

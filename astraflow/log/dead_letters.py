@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from astraflow.log.admin import ensure_topics
+from astraflow.log.codec import max_record_bytes
 from astraflow.log.errors import LogError
 from astraflow.log.topics import Topics
 
@@ -45,7 +46,7 @@ class DeadLetterPublisher:
                 client_id=f"astraflow-dead-letters-{self.group_id}",
                 acks="all",
                 # A dead letter is as large as the record that failed.
-                max_request_size=max(1024 * 1024, self.cfg.inline_limit_bytes + 64 * 1024),
+                max_request_size=max_record_bytes(self.cfg.inline_limit_bytes),
             )
         return self._producer
 

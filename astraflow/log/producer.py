@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Self
 import pyarrow as pa
 
 from astraflow.log.claim_check import ClaimCheck
-from astraflow.log.codec import ARROW_STREAM, JSON, ArrowCodec, RecordMeta
+from astraflow.log.codec import ARROW_STREAM, JSON, ArrowCodec, RecordMeta, max_record_bytes
 from astraflow.log.errors import BrokerUnavailableError, LogError
 from astraflow.log.lag import OffsetLedger
 from astraflow.log.message import Ack
@@ -17,9 +17,6 @@ from astraflow.log.topics import validate_topic_name
 if TYPE_CHECKING:
     from astraflow.config import ClusterConfig
     from astraflow.objstore import ObjectStore
-
-# Headers and the record-batch framing need room beside the largest inline value.
-_REQUEST_HEADROOM = 64 * 1024
 
 
 class LogProducer:
@@ -56,7 +53,7 @@ class LogProducer:
             linger_ms=linger_ms,
             batch_size=batch_size,
             compression_type=compression_type,
-            max_request_size=max(1024 * 1024, cfg.inline_limit_bytes + _REQUEST_HEADROOM),
+            max_request_size=max_record_bytes(cfg.inline_limit_bytes),
             bootstrap_timeout_ms=int(bootstrap_timeout_s * 1000),
         )
         kwargs.update(kafka_overrides)
