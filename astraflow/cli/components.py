@@ -19,6 +19,8 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+from astraflow.cli.cluster_args import load_cluster
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     raas = subparsers.add_parser(
@@ -59,14 +61,13 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _setup(args: argparse.Namespace) -> tuple[Any, Any, threading.Event]:
     """Cluster config (resolved, with the run id), recipe and a stop event wired to SIGTERM/SIGINT."""
-    from astraflow.config import ClusterConfig
     from astraflow.recipe import Recipe
 
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.WARNING)
     recipe = Recipe.load(args.recipe)
-    cfg = ClusterConfig.load(args.config)
+    cfg = load_cluster(args)
     # --run-id, else a run set in the cluster config / $ASTRAFLOW_RUN (the launcher's way), else the recipe's
     run = args.run_id or (cfg.run if "run" in cfg.model_fields_set else recipe.run)
     recipe = recipe.model_copy(update={"run": run})

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from astraflow.cli.cluster_args import load_cluster
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     run = subparsers.add_parser(
@@ -64,15 +66,6 @@ def parse_nodes(items: list[str]) -> dict[str, int]:
     return out
 
 
-def _cluster(args: argparse.Namespace):
-    from astraflow.config import ClusterConfig
-
-    cfg = ClusterConfig.load(getattr(args, "config", None))
-    if getattr(args, "state_dir", None) is not None:
-        cfg = cfg.model_copy(update={"state_dir": args.state_dir})
-    return cfg
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -85,7 +78,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                       runs_dir=args.runs_dir, grace_s=args.grace, timeout_s=args.timeout,
                       live=False if args.no_live else None)
     try:
-        with open_cluster(_cluster(args), announce=lambda m: console.print(m, highlight=False)) as cfg:
+        with open_cluster(load_cluster(args), announce=lambda m: console.print(m, highlight=False)) as cfg:
             result = launch(recipe, cfg, opts, console)
     except KeyboardInterrupt:
         return 130
@@ -100,4 +93,4 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     opts = DemoOptions(recipes=[r.strip() for r in args.recipes.split(",") if r.strip()], quick=args.quick,
                        steps=args.steps, runs_dir=args.runs_dir, live=False if args.no_live else None)
-    return run_demo(_cluster(args), opts)
+    return run_demo(load_cluster(args), opts)

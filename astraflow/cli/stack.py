@@ -6,6 +6,8 @@ import argparse
 import os
 from pathlib import Path
 
+from astraflow.cli.cluster_args import load_cluster
+
 ENV_HELP = "(env {})"
 
 
@@ -84,22 +86,13 @@ def _state_dir_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _config(args: argparse.Namespace):
-    from astraflow.config import ClusterConfig
-
-    cfg = ClusterConfig.load(getattr(args, "config", None))
-    if args.state_dir is not None:
-        cfg = cfg.model_copy(update={"state_dir": args.state_dir})
-    return cfg
-
-
 def cmd_up(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from astraflow.embedded import EmbeddedStack, StackError, StackPorts
 
     console = Console()
-    cfg = _config(args)
+    cfg = load_cluster(args)
     try:
         ports = StackPorts.plan(args.kafka_port, args.s3_port, args.internal_port_base)
     except ValueError as exc:
@@ -145,7 +138,7 @@ def cmd_down(args: argparse.Namespace) -> int:
     from astraflow.embedded import EmbeddedStack
 
     console = Console()
-    cfg = _config(args)
+    cfg = load_cluster(args)
     stack = EmbeddedStack(cfg.state_dir)
     stopped = stack.down(timeout_s=args.timeout)
     left = [row for row in stack.status() if row.alive]
@@ -167,7 +160,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from astraflow.embedded import EmbeddedStack
 
     console = Console()
-    cfg = _config(args)
+    cfg = load_cluster(args)
     stack = EmbeddedStack(cfg.state_dir)
     rows = stack.status()
     table = Table(title=f"embedded stack under {stack.state_dir}")

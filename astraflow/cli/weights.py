@@ -6,6 +6,8 @@ import argparse
 import json
 import time
 
+from astraflow.cli.cluster_args import load_cluster
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     weights = subparsers.add_parser(
@@ -52,10 +54,9 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _store(args: argparse.Namespace):
-    from astraflow.config import ClusterConfig
     from astraflow.delta.store import WeightStore
 
-    cfg = ClusterConfig.load(getattr(args, "config", None)).model_copy(update={"run": args.run}).resolve()
+    cfg = load_cluster(args).model_copy(update={"run": args.run}).resolve()
     return WeightStore.from_config(cfg, args.policy)
 
 
