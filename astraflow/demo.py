@@ -1,11 +1,12 @@
 """``astraflow demo``: a tiny model learns with distributed RL on this machine, measured honestly.
 
 For each demo recipe: build each policy's model from the repo config (in-code tokenizer, seeded),
-supervised warm start, publish the warm-started weights as version 0 of each policy (the trainers
-and nodes bootstrap from the weight store), evaluate held-out accuracy on exactly those stored
-weights (greedy), run the recipe with the launcher (dataflow, trainers and RaaS nodes as separate
-processes on the real broker and bucket), pull each policy's final version from the weight store
-and evaluate again on the same held-out prompts. Every figure printed is measured in this run.
+supervised warm start, publish the warm-started weights (cast to ``trainer.publish_dtype``, as the
+trainer publishes) as version 0 of each policy (the trainers and nodes bootstrap from the weight
+store), evaluate held-out accuracy on exactly those stored weights (greedy), run the recipe with
+the launcher (dataflow, trainers and RaaS nodes as separate processes on the real broker and
+bucket), pull each policy's final version from the weight store and evaluate again on the same
+held-out prompts. Every figure printed is measured in this run.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ def warm_start_and_publish(recipe: Recipe, cfg: ClusterConfig, dataset, console)
     from astraflow.delta.publisher import WeightPublisher
     from astraflow.models import build_model
     from astraflow.sft import SFTConfig, solver_examples, supervised_finetune, verifier_examples
+    from astraflow.trainer.service import publishable
 
     out = {}
     for policy in recipe.policies:
@@ -95,7 +97,8 @@ def warm_start_and_publish(recipe: Recipe, cfg: ClusterConfig, dataset, console)
         figures = supervised_finetune(model, make(dataset, sft.examples, seed=sft.seed), sft,
                                       label=f"SFT {recipe.run}/{policy.name}")
         with WeightPublisher(cfg, policy.name, anchor_every=recipe.trainer.anchor_every) as pub:
-            pub.publish(model.state_dict(), 0)
+            # In the dtype the trainer publishes, so v0 -> v1 is a sparse delta, not a dtype change.
+            pub.publish(publishable(model.state_dict(), recipe.trainer.publish_dtype), 0)
             pub.flush()
         console.print(f"  {policy.name}: warm start published as v0 ({figures['sft_seconds']:.1f} s SFT, "
                       f"final loss {figures['sft_final_loss']:.3f})", highlight=False)

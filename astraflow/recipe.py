@@ -8,7 +8,7 @@ Each section's fields are documented in the config class that owns them (``Dataf
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -75,6 +75,12 @@ class TrainerSpec(_Section):
     """Trainer state (model, optimizer, consumed offsets) saved every N steps."""
     max_publish_lag: int = Field(default=2, ge=1)
     """The trainer blocks only when more than this many versions wait to be published."""
+    publish_dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    """Dtype of the published (served) weights. The trainer keeps fp32 master weights and fp32
+    checkpoints; every published version (v0 included, also the demo's) is a cast of them, as in
+    AstraFlow and TRL. bf16 makes each version a sparse delta (an update that does not move a weight
+    past a bf16 rounding boundary changes no bit); the small train/serve mismatch is corrected by
+    the PPO importance ratio against the behaviour log-probs the nodes record."""
 
 
 class EvalSpec(_Section):

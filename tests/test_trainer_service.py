@@ -134,3 +134,43 @@ def test_trainer_restart_resumes_from_checkpoint_without_retraining(test_cluster
     assert WeightStore.from_config(cfg, "policy").latest_version() == result["version"]
     for r in two:
         assert r["wait_s"] >= 0 and r["step_s"] > 0 and r["publish_bytes"] > 0 and r["tokens"] == 12
+
+
+def _run_trainer_in_process(cfg, recipe, *, stop_first: bool) -> dict:
+    import threading
+
+    from astraflow.trainer.service import run_trainer
+
+    stop_event = threading.Event()
+    if stop_first:
+        stop_event.set()  # bootstrap only: the loop ends before the first poll
+    return run_trainer(cfg, recipe, "policy", stop_event, poll_timeout_s=0.2)
+
+
+def test_trainer_bootstrapped_from_the_store_publishes_v1_as_a_delta(test_cluster):
+    """v0 published by someone else (the demo) in the publish dtype: the trainer's v1 is a sparse
+    delta on it, not a fresh anchor, and a node at v0 applies it bit for bit."""
+    import torch
+    from test_raas_support import TINY_MODEL, make_recipe
+
+    from astraflow.delta import WeightSubscriber
+    from astraflow.delta.publisher import WeightPublisher
+    from astraflow.delta.store import WeightStore
+    from astraflow.models import build_model
+    from astraflow.trainer.service import publishable
+
+    cfg = test_cluster
+    with WeightPublisher(cfg, "policy", anchor_every=10) as pub:
+        pub.publish(publishable(build_model(TINY_MODEL).state_dict(), "bfloat16"), 0)
+    node = WeightSubscriber(cfg, "policy", "test-node", register=False)
+    node.pull(0)
+    _send_batches(cfg, ["b0"])
+    result = _run_trainer_in_process(cfg, make_recipe(cfg.run, trainer={"steps": 1}), stop_first=False)
+    assert result["finished"] and result["version"] == 1
+    store = WeightStore.from_config(cfg, "policy")
+    m1 = store.manifest(1)
+    assert (m1.kind, m1.base, m1.anchor) == ("delta", 0, None)
+    state, version, _ = node.pull(1)
+    node.close(unregister=False)
+    assert version == 1 and all(t.dtype == torch.bfloat16 for t in state.values())
+    assert m1.bytes < store.manifest(0).bytes

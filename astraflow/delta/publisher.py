@@ -1,7 +1,8 @@
 """Trainer side: publish each new version off the training loop's critical path.
 
 ``publish(state_dict, version)`` snapshots the weights to CPU (the only work on the caller's
-thread) and queues them. A background thread encodes the delta from the previous version, uploads
+thread) and queues them; ``assume_published`` names a version already in the store as the base of
+the next delta. A background thread encodes the delta from the previous version, uploads
 the anchor (every ``anchor_every`` versions, and always first) and/or the delta, writes the
 manifest last (conditional put), then announces the version on ``<run>.weights.<policy>``. The
 caller blocks only when more than ``max_lag_versions`` versions wait to be uploaded. Memory: the
@@ -55,6 +56,8 @@ class WeightPublisher:
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, max_lag_versions))
         self._error: BaseException | None = None
         self._last_version: int | None = None
+        self._base_version: int | None = None
+        """The version given to ``assume_published`` (queued like a publish, not uploaded)."""
         self._closed = False
         self._producer = None
         self._topic = None
@@ -85,6 +88,15 @@ class WeightPublisher:
             except queue.Full:
                 self._raise_if_failed()
         self._last_version = version
+
+    def assume_published(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Take ``version``, already in the store with exactly these bits (e.g. the version a trainer
+        bootstrapped from, as pulled), as the base of the next publish: ``version + 1`` is then a
+        delta instead of the anchor a fresh publisher starts with. Call before the first publish."""
+        if self._last_version is not None:
+            raise ValueError("assume_published must come before the first publish")
+        self._base_version = version  # before queueing: the thread must never upload it
+        self.publish(state_dict, version)
 
     def flush(self) -> None:
         """Block until every queued version is published (or raise the thread's error)."""
@@ -122,7 +134,8 @@ class WeightPublisher:
                 if item is _STOP:
                     return
                 version, state = item
-                self.published.append(self._publish_one(version, state, prev))
+                if version != self._base_version:
+                    self.published.append(self._publish_one(version, state, prev))
                 prev = (version, state)
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 self._error = exc

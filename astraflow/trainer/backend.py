@@ -1,7 +1,7 @@
 """Trainer backends: one optimisation step on a list of trajectories, plus resumable state.
 
 ``TrainerBackend`` is the contract the trainer component drives (a Megatron-core connector would
-implement the same five members); ``TorchBackend`` is the built-in one on a ``transformers`` model.
+implement the same four members); ``TorchBackend`` is the built-in one on a ``transformers`` model.
 """
 
 from __future__ import annotations
@@ -69,14 +69,6 @@ class TrainerBackend(ABC):
     @abstractmethod
     def load_state(self, model_state: dict[str, Any], optimizer_state: dict[str, Any] | None) -> None:
         """Resume from a checkpoint."""
-
-    def optimizer_state(self) -> dict[str, Any]:
-        """Alias of :meth:`optimizer_state_dict` (the name used in the RL interface notes)."""
-        return self.optimizer_state_dict()
-
-    def load(self, model_state: dict[str, Any], optimizer_state: dict[str, Any] | None = None) -> None:
-        """Alias of :meth:`load_state`."""
-        self.load_state(model_state, optimizer_state)
 
 
 class TorchBackend(TrainerBackend):

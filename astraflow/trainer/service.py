@@ -16,7 +16,8 @@ process) are trained once more, in the resumed lineage. If the crash hit between
 write and the commit, the re-delivered batches are below the checkpointed offsets or carry a
 checkpointed batch id, and are skipped.
 
-Versions: each step publishes ``version + 1`` off the critical path (``WeightPublisher`` encodes
+Versions: each step publishes ``version + 1`` (its weights cast to ``trainer.publish_dtype``,
+bf16 by default; checkpoints keep the fp32 masters) off the critical path (``WeightPublisher`` encodes
 and uploads on its own thread; the step waits only when more than ``trainer.max_publish_lag``
 versions are queued).
 Versions that a crashed life published after its last checkpoint are orphaned: the resumed trainer
@@ -43,7 +44,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CheckpointError", "run_trainer"]
+__all__ = ["CheckpointError", "publishable", "run_trainer"]
+
+
+def publishable(state: dict[str, Any], dtype: str) -> dict[str, Any]:
+    """The weights as published: floating tensors cast to ``dtype`` (``TrainerSpec.publish_dtype``);
+    the caller's fp32 masters are untouched."""
+    import torch
+
+    target = getattr(torch, dtype)
+    return {k: v.to(target) if v.is_floating_point() else v for k, v in state.items()}
 
 
 def _offset_key(topic: str, partition: int) -> str:
@@ -90,14 +100,17 @@ class TrainerService:
                 # The lost life published past the checkpoint (or the checkpoint's own version never
                 # made it): announce the checkpointed weights under a version nobody has seen.
                 self.version = max(self.version, (latest or 0) + 1)
-                self._publish_now(self.backend.state_dict(), self.version)
+                self._publish_now(self._served_state(), self.version)
             return f"checkpoint step {ckpt.step} (version {self.version})"
         if latest is not None:
-            self.backend.load_state(pull_state(self.subscriber, latest), None)
+            state = pull_state(self.subscriber, latest)
+            self.backend.load_state(state, None)
             self.version = latest
+            # The pulled bits are the stored version's: the first step publishes a delta from them.
+            self.publisher.assume_published(state, latest)
             return f"weight store version {latest}"
         self.version = 0
-        self._publish_now(self.backend.state_dict(), 0)
+        self._publish_now(self._served_state(), 0)
         return "seeded model, published as v0"
 
     # -- checkpointing -----------------------------------------------------------------------------
@@ -227,9 +240,12 @@ class TrainerService:
             "grad_norm": float(m.get("grad_norm", 0.0)),
         }
         t1 = time.perf_counter()
-        self.publisher.publish(self.backend.state_dict(), self.version)
+        self.publisher.publish(self._served_state(), self.version)
         record["publish_blocked_s"] = time.perf_counter() - t1
         self._pending_records[self.version] = record
+
+    def _served_state(self) -> dict[str, Any]:
+        return publishable(self.backend.state_dict(), self.tspec.publish_dtype)
 
     def _publish_now(self, state: dict[str, Any], version: int) -> None:
         self.publisher.publish(state, version)
