@@ -56,8 +56,7 @@ class Dataset(ABC):
             prompt, answer = self._draw(rng)
             if prompt in out or split_of(prompt, self.heldout_fraction) != split:
                 continue
-            pid = f"{self.name}-{hashlib.sha256(prompt.encode()).hexdigest()[:12]}"
-            out[prompt] = Problem(prompt_id=pid, prompt=prompt, answer=answer)
+            out[prompt] = self._problem(prompt, answer)
         return list(out.values())
 
     def stream(self, split: Split = "train", *, seed: int = 0):
@@ -66,8 +65,13 @@ class Dataset(ABC):
         while True:
             prompt, answer = self._draw(rng)
             if split_of(prompt, self.heldout_fraction) == split:
-                pid = f"{self.name}-{hashlib.sha256(prompt.encode()).hexdigest()[:12]}"
-                yield Problem(prompt_id=pid, prompt=prompt, answer=answer)
+                yield self._problem(prompt, answer)
+
+    def _problem(self, prompt: str, answer: str) -> Problem:
+        """The problem with its id: derived from the prompt text, so the same prompt drawn by
+        ``problems`` or ``stream`` is the same problem."""
+        pid = f"{self.name}-{hashlib.sha256(prompt.encode()).hexdigest()[:12]}"
+        return Problem(prompt_id=pid, prompt=prompt, answer=answer)
 
 
 DATASETS: dict[str, type[Dataset]] = {}
