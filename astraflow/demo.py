@@ -19,6 +19,7 @@ from typing import Any
 
 from astraflow.config import ClusterConfig
 from astraflow.recipe import Recipe
+from astraflow.sft import verifier_policy
 
 QUICK_STEPS = 6
 QUICK_EVAL_PROMPTS = 60
@@ -48,11 +49,6 @@ def recipe_path(name: str) -> Path:
     raise FileNotFoundError(f"demo recipe {name!r} not found (looked for examples/recipes/{name}.yaml)")
 
 
-def verifier_policy(recipe: Recipe) -> str | None:
-    """The policy that plays the verifier in the recipe's workflow, if any."""
-    return recipe.workflow.params.get("verifier_policy") if recipe.workflow.type == "solver_verifier" else None
-
-
 def evaluate(recipe: Recipe, policy: str, state: dict, version: int, dataset, heldout: list) -> dict[str, Any]:
     """Greedy held-out accuracy of ``state`` (solver accuracy, or balanced verdict accuracy)."""
     from astraflow.engines import build_engine
@@ -80,22 +76,20 @@ def pull_version(cfg: ClusterConfig, policy: str, version: int | None) -> tuple[
 
 
 def warm_start_and_publish(recipe: Recipe, cfg: ClusterConfig, dataset, console) -> dict[str, dict[str, Any]]:
-    """SFT each policy, publish it as version 0. Returns the SFT figures per policy."""
+    """SFT each policy, publish it as version 0. Returns the SFT figures per policy. (The trainers
+    then bootstrap from v0 in the store, so they do not warm-start again.)"""
     import torch
 
     from astraflow.delta.publisher import WeightPublisher
     from astraflow.models import build_model
-    from astraflow.sft import SFTConfig, solver_examples, supervised_finetune, verifier_examples
+    from astraflow.sft import warm_start
     from astraflow.trainer.service import publishable
 
     out = {}
     for policy in recipe.policies:
         torch.manual_seed(recipe.seed)
         model = build_model(recipe.resolve_path(policy.model))
-        sft = policy.sft or SFTConfig()
-        make = verifier_examples if policy.name == verifier_policy(recipe) else solver_examples
-        figures = supervised_finetune(model, make(dataset, sft.examples, seed=sft.seed), sft,
-                                      label=f"SFT {recipe.run}/{policy.name}")
+        figures = warm_start(model, recipe, policy.name, dataset=dataset)
         with WeightPublisher(cfg, policy.name, anchor_every=recipe.trainer.anchor_every) as pub:
             # In the dtype the trainer publishes, so v0 -> v1 is a sparse delta, not a dtype change.
             pub.publish(publishable(model.state_dict(), recipe.trainer.publish_dtype), 0)

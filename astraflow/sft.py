@@ -9,9 +9,12 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from astraflow.recipe import Recipe
 
 
 class SFTConfig(BaseModel):
@@ -116,3 +119,23 @@ def supervised_finetune(model, examples: Sequence[tuple[str, str]], config: SFTC
     model.eval()
     return {"sft_steps": cfg.steps, "sft_final_loss": sum(losses[-10:]) / max(1, len(losses[-10:])),
             "sft_seconds": time.perf_counter() - t0}
+
+
+def verifier_policy(recipe: Recipe) -> str | None:
+    """The policy that plays the verifier in the recipe's workflow, if any."""
+    return recipe.workflow.params.get("verifier_policy") if recipe.workflow.type == "solver_verifier" else None
+
+
+def warm_start(model, recipe: Recipe, policy: str, *, dataset=None, progress: bool = True) -> dict[str, Any]:
+    """The recipe's warm start of ``policy``, on ``model`` in place: its ``sft`` config (defaults
+    when it has none) on examples from the recipe's dataset (train split, seeded), verdicts for the
+    workflow's verifier and answers otherwise. Used by ``astraflow demo`` and by a trainer that
+    bootstraps a fresh model, so both start RL from the same kind of weights."""
+    if dataset is None:
+        from astraflow.tasks import build_dataset
+
+        dataset = build_dataset(recipe.dataset.type, **{"seed": recipe.seed, **recipe.dataset.params})
+    cfg = recipe.policy(policy).sft or SFTConfig()
+    make = verifier_examples if policy == verifier_policy(recipe) else solver_examples
+    return supervised_finetune(model, make(dataset, cfg.examples, seed=cfg.seed), cfg,
+                               label=f"SFT {recipe.run}/{policy}", progress=progress)

@@ -147,6 +147,44 @@ def _run_trainer_in_process(cfg, recipe, *, stop_first: bool) -> dict:
     return run_trainer(cfg, recipe, "policy", stop_event, poll_timeout_s=0.2)
 
 
+def test_fresh_trainer_warm_starts_with_the_recipe_sft_then_a_restart_does_not(test_cluster):
+    """`astraflow run RECIPE` alone: a fresh trainer runs the policy's `sft` before publishing v0 (in
+    the publish dtype); a trainer that finds a stored version (the demo's v0) does not warm-start."""
+    import torch
+    from test_raas_support import TINY_MODEL, make_recipe
+
+    from astraflow.delta import WeightSubscriber
+    from astraflow.delta.store import WeightStore
+    from astraflow.log import Topics
+    from astraflow.models import build_model
+    from astraflow.raas.weights import pull_state
+
+    cfg = test_cluster
+    recipe = make_recipe(cfg.run, policies=[{"name": "policy", "model": TINY_MODEL, "backend": {"lr": 1e-3},
+                                             "sft": {"steps": 2, "batch_size": 8, "examples": 32}}])
+    metrics = TopicReader(cfg, Topics(cfg.run).metrics)
+    try:
+        first = _run_trainer_in_process(cfg, recipe, stop_first=True)
+        assert (first["step"], first["version"]) == (0, 0)
+        sub = WeightSubscriber(cfg, "policy", "test", register=False)
+        v0 = {k: v.clone() for k, v in pull_state(sub, 0).items()}
+        sub.close(unregister=False)
+        init = build_model(TINY_MODEL).state_dict()
+        assert all(t.dtype == torch.bfloat16 for t in v0.values())  # trainer.publish_dtype default
+        changed = [k for k in init if not torch.equal(v0[k], init[k].to(torch.bfloat16))]
+        assert len(changed) > len(init) // 2, "v0 is the seeded init: the warm start did not run"
+        second = _run_trainer_in_process(cfg, recipe, stop_first=True)
+        assert WeightStore.from_config(cfg, "policy").versions() == [0]
+        metrics.until(lambda items: len(_trainer_records(metrics)) >= 2, 30, "two start records")
+    finally:
+        metrics.close()
+    starts = {r["life"]: r for r in _trainer_records(metrics) if r.get("event") == "start"}
+    one, two = starts[first["life"]], starts[second["life"]]
+    assert "SFT warm start (2 steps" in one["origin"] and one["warm_start"]["sft_steps"] == 2
+    assert one["origin"].endswith("published as v0")
+    assert two["origin"] == "weight store version 0" and "warm_start" not in two
+
+
 def test_trainer_bootstrapped_from_the_store_publishes_v1_as_a_delta(test_cluster):
     """v0 published by someone else (the demo) in the publish dtype: the trainer's v1 is a sparse
     delta on it, not a fresh anchor, and a node at v0 applies it bit for bit."""

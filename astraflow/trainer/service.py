@@ -3,7 +3,9 @@
 Bootstrap (the weight bootstrap rule): resume from this policy's checkpoint in the bucket if there
 is one (a corrupt one is refused: :class:`CheckpointError`); else load the latest version the weight
 store has (e.g. v0 published by ``astraflow demo`` after the SFT warm start); else build the model
-from the recipe (seeded) and publish it as v0 (an anchor).
+from the recipe (seeded), run the policy's ``sft`` warm start if the recipe has one (so
+``astraflow run RECIPE`` alone starts RL from the same kind of weights as the demo), and publish it
+as v0 (an anchor).
 
 Exactly-once training across restarts ("restart does not re-train consumed batches"):
 a batch counts as *consumed* once its update is inside a checkpoint. Every
@@ -83,6 +85,8 @@ class TrainerService:
         self._last_ckpt_step = 0
         self._pending_records: dict[int, dict[str, Any]] = {}
         self._seen_published = 0
+        self.warm_start: dict[str, Any] | None = None
+        """SFT figures when this trainer warm-started a fresh model (the ``start`` metrics record)."""
 
     # -- bootstrap ---------------------------------------------------------------------------------
     def _bootstrap(self) -> str:
@@ -110,8 +114,27 @@ class TrainerService:
             self.publisher.assume_published(state, latest)
             return f"weight store version {latest}"
         self.version = 0
+        origin = "seeded model"
+        if self.spec.sft is not None and self.spec.backend.type == "torch":
+            self.warm_start = self._warm_start()
+            origin += (f" + SFT warm start ({self.warm_start['sft_steps']} steps, final loss "
+                       f"{self.warm_start['sft_final_loss']:.3f})")
         self._publish_now(self._served_state(), 0)
-        return "seeded model, published as v0"
+        return f"{origin}, published as v0"
+
+    def _warm_start(self) -> dict[str, Any]:
+        """The policy's ``sft`` warm start on the fresh model, as ``astraflow demo`` does it."""
+        import torch
+
+        from astraflow.sft import warm_start
+
+        log.info("trainer %s: fresh model, running the recipe's SFT warm start before publishing v0",
+                 self.policy)
+        torch.manual_seed(self.recipe.seed)
+        figures = warm_start(self.backend.model, self.recipe, self.policy, progress=False)
+        log.info("trainer %s: SFT warm start done: %d steps in %.1fs, final loss %.3f", self.policy,
+                 figures["sft_steps"], figures["sft_seconds"], figures["sft_final_loss"])
+        return figures
 
     # -- checkpointing -----------------------------------------------------------------------------
     def _checkpoint(self, consumer: Any) -> None:
@@ -151,7 +174,8 @@ class TrainerService:
             producer_id=f"{self.cfg.run}.{self.component_id}.{self.life}.weights")
         origin = self._bootstrap()
         log.info("trainer %s (life %s) starts from %s", self.policy, self.life, origin)
-        self._emit({"event": "start", "step": self.step, "version": self.version, "origin": origin})
+        self._emit({"event": "start", "step": self.step, "version": self.version, "origin": origin,
+                    **({"warm_start": self.warm_start} if self.warm_start else {})})
         consumer = LogConsumer(self.cfg, topics.batches(self.policy), f"{self.cfg.run}.trainer.{self.policy}",
                                {batch_rec.SCHEMA_NAME: batch_rec.SCHEMA_VERSION}, max_poll_interval_ms=600_000,
                                client_id=f"trainer-{self.policy}-{self.life}")
