@@ -33,6 +33,10 @@ class Dataflow:
             wave_size=cfg.groups_per_batch,
             route_pools=cfg.route_pools,
         )
+        # Before the processor: its staleness rule (train_version) reads the batchers.
+        self.batchers = {
+            p: BatchAssembler(p, cfg.groups_per_batch, build_plugin("sampler", cfg.sampler)) for p in cfg.policies
+        }
         self.processor = TrajectoryProcessor(
             policies=cfg.policies,
             max_staleness=cfg.max_staleness,
@@ -42,9 +46,6 @@ class Dataflow:
             dedup_capacity=cfg.dedup_capacity,
             min_group_samples=cfg.min_group_samples,
         )
-        self.batchers = {
-            p: BatchAssembler(p, cfg.groups_per_batch, build_plugin("sampler", cfg.sampler)) for p in cfg.policies
-        }
         self._batched_this_wave: set[str] = set()
         self._base_version: dict[str, int] = {}
         """Per policy, the announced version when this dataflow served its first batch."""
@@ -59,7 +60,7 @@ class Dataflow:
         long-tail episode that finishes late, behind a queue, be trained beyond ``max_staleness``.
         """
         announced = self.emitter.versions.get(policy, 0)
-        b = self.batchers.get(policy) if hasattr(self, "batchers") else None
+        b = self.batchers.get(policy)
         if b is None or self.cfg.max_in_flight is not None:
             return announced  # an explicit in-flight cap keeps the plain rule (see DataflowConfig)
         base = self._base_version.get(policy, announced)
