@@ -168,10 +168,11 @@ def launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console=None) -
             signal.signal(signal.SIGTERM, previous_term)
         # Records written just before the stop (last steps, done events) are still on the topic.
         with contextlib.suppress(Exception):
-            for msg in consumer.poll(timeout_s=1.0, max_records=5000):
-                if isinstance(msg.obj, dict):
-                    metrics.append(msg.obj)
-                    progress.update(msg.obj)
+            while batch := consumer.poll(timeout_s=1.0, max_records=5000):  # until the topic is drained
+                for msg in batch:
+                    if isinstance(msg.obj, dict):
+                        metrics.append(msg.obj)
+                        progress.update(msg.obj)
         with contextlib.suppress(Exception):
             consumer.close()
         metrics.close()

@@ -82,6 +82,9 @@ class RaasNode:
             # would only delay the tasks that another node could run now.
             versions = await asyncio.to_thread(self.follower.catch_up, self.weights_timeout_s, self.stop_event)
             log.info("node %s: serving %s", self.node_id, versions)
+            # Announce the node (pool, versions served) as soon as it can work, not only every
+            # metrics_every_s: short runs and autoscaling both want to see every member.
+            self.producer.send_json(topics.metrics, self.node_id, self._metrics_record())
             self.follower.start()
             consumer = await loop.run_in_executor(self._consumer_thread, functools.partial(
                 LogConsumer, self.cfg, topics.tasks(self.pool.name), f"{self.cfg.run}.raas.{self.pool.name}",
