@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-import random
-import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -17,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from astraflow.config import ClusterConfig, KafkaSettings, S3Settings
+from astraflow.embedded import StackPorts
+from astraflow.embedded.seaweedfs import weed_argv, weed_env
 from astraflow.objstore import (
     SHA256_META,
     ChecksumError,
@@ -282,50 +281,16 @@ def test_manifest_race_has_one_winner(store: ObjectStore, test_cluster: ClusterC
 
 
 # -- the S3 server dies (our own weed, so the shared cluster is untouched) -------------------------
-def _weed_argv(data_dir: Path, ports: dict[str, int]) -> list[str]:
-    beside = Path(sys.executable).parent / "weed"
-    weed = os.environ.get("ASTRAFLOW_WEED_BIN") or (str(beside) if beside.exists() else shutil.which("weed"))
-    if not weed:
+def _weed_argv(data_dir: Path, ports: StackPorts) -> list[str]:
+    """The embedded stack's own ``weed mini`` command line, on a port plan of this test's."""
+    try:
+        return weed_argv(data_dir, ports, ["astraflow"])
+    except FileNotFoundError:
         pytest.skip("SeaweedFS `weed` binary not found")
-    argv = [weed, "mini", f"-dir={data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"]
-    argv += [f"-{name}={port}" for name, port in ports.items()]
-    return argv + ["-webdav=false", "-admin.ui=false", "-master.telemetry=false", "-bucket=astraflow"]
-
-
-def _weed_ports() -> dict[str, int]:
-    names = [
-        "master.port",
-        "master.port.grpc",
-        "volume.port",
-        "volume.port.grpc",
-        "filer.port",
-        "filer.port.grpc",
-        "s3.port",
-        "s3.port.grpc",
-        "s3.port.iceberg",
-        "s3.port.lance",
-    ]
-    ports = {n: _free_port() for n in names}
-    # weed's admin worker dials admin.port + 10000 whatever it is told, so both must be free.
-    while True:
-        admin = random.randint(20000, 45000)
-        if all(_port_free(p) for p in (admin, admin + 10000)) and admin not in ports.values():
-            ports["admin.port"] = admin
-            return ports
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def _start_weed(argv: list[str], log: Path, endpoint: str) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(AWS_ACCESS_KEY_ID="killtest", AWS_SECRET_ACCESS_KEY="killtest-secret")
+    env = weed_env("killtest", "killtest-secret")
     proc = subprocess.Popen(argv, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env)
     import boto3  # the raw client, so that readiness does not depend on the layer under test
     from botocore.config import Config
@@ -354,8 +319,8 @@ def _start_weed(argv: list[str], log: Path, endpoint: str) -> subprocess.Popen[b
 
 @pytest.mark.slow
 def test_s3_server_killed_gives_clear_error_then_recovers(tmp_path: Path) -> None:
-    ports = _weed_ports()
-    endpoint = f"http://127.0.0.1:{ports['s3.port']}"
+    ports = StackPorts.free()
+    endpoint = f"http://127.0.0.1:{ports.s3}"
     argv = _weed_argv(tmp_path / "weed", ports)
     (tmp_path / "weed").mkdir()
     log = tmp_path / "weed.log"
