@@ -132,9 +132,9 @@ def warm_start(model, recipe: Recipe, policy: str, *, dataset=None, progress: bo
     workflow's verifier and answers otherwise. Used by ``astraflow demo`` and by a trainer that
     bootstraps a fresh model, so both start RL from the same kind of weights."""
     if dataset is None:
-        from astraflow.tasks import build_dataset
+        from astraflow.tasks.recipe_data import recipe_dataset
 
-        dataset = build_dataset(recipe.dataset.type, **{"seed": recipe.seed, **recipe.dataset.params})
+        dataset = recipe_dataset(recipe)
     cfg = recipe.policy(policy).sft or SFTConfig()
     make = verifier_examples if policy == verifier_policy(recipe) else solver_examples
     return supervised_finetune(model, make(dataset, cfg.examples, seed=cfg.seed), cfg,

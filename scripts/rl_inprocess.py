@@ -49,14 +49,14 @@ def run_recipe(path: str, overrides: dict, seed: int, quiet: bool) -> dict:
     from astraflow.raas.setup import build_recipe_workflow
     from astraflow.records import Task
     from astraflow.sft import SFTConfig, solver_examples, supervised_finetune, verifier_examples
-    from astraflow.tasks import build_dataset
+    from astraflow.tasks.recipe_data import recipe_dataset
     from astraflow.trainer import TorchBackend
     from astraflow.workflows.evaluate import solver_accuracy, verifier_accuracy
 
     recipe = load_recipe(path, overrides)
     t_start = time.perf_counter()
     torch.manual_seed(seed)
-    dataset = build_dataset(recipe.dataset.type, **recipe.dataset.params)
+    dataset = recipe_dataset(recipe)
     workflow = build_recipe_workflow(recipe)
     heldout = dataset.problems("heldout", recipe.eval.prompts)
     staleness = 0 if recipe.dataflow.mode == "sync" else recipe.dataflow.max_staleness

@@ -14,11 +14,11 @@ from test_raas_support import TINY_MODEL, TopicReader, make_recipe
 def test_dataflow_node_and_trainer_close_the_loop(test_cluster):
     import torch
 
-    from astraflow.cli.components import recipe_tasks
     from astraflow.dataflow.service import run_dataflow
     from astraflow.log import Topics
     from astraflow.models import build_model
     from astraflow.raas import run_raas_node
+    from astraflow.tasks.recipe_data import recipe_tasks
     from astraflow.trainer.service import run_trainer
 
     torch.set_num_threads(1)

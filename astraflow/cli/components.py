@@ -16,7 +16,6 @@ import socket
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 from astraflow.cli.cluster_args import load_cluster
@@ -115,21 +114,9 @@ def cmd_trainer(args: argparse.Namespace) -> int:
     return 0
 
 
-def recipe_tasks(recipe: Any) -> Iterator[Any]:
-    """The recipe's training tasks: an endless, seeded stream of the dataset's train split, each draw
-    with its own prompt id (a prompt drawn twice is two tasks)."""
-    from astraflow.records import Task
-    from astraflow.tasks import build_dataset
-
-    spec = recipe.dataset
-    dataset = build_dataset(spec.type, **{"seed": recipe.seed, **spec.params})
-    for i, problem in enumerate(dataset.stream("train", seed=recipe.seed)):
-        yield Task(prompt_id=f"{problem.prompt_id}.{i}", prompt=problem.prompt, answer=problem.answer,
-                   samples=spec.samples, task_type=spec.task_type, policy="", pool=spec.pool)
-
-
 def cmd_dataflow(args: argparse.Namespace) -> int:
     from astraflow.dataflow.service import run_dataflow
+    from astraflow.tasks.recipe_data import recipe_tasks
 
     cfg, recipe, stop = _setup(args)
     counters = run_dataflow(cfg, recipe.dataflow, stop, dataset=recipe_tasks(recipe),
