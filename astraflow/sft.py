@@ -6,6 +6,7 @@ that RL has room to learn (the demo checks held-out accuracy before and after RL
 
 from __future__ import annotations
 
+import inspect
 import random
 import time
 from collections.abc import Sequence
@@ -122,8 +123,14 @@ def supervised_finetune(model, examples: Sequence[tuple[str, str]], config: SFTC
 
 
 def verifier_policy(recipe: Recipe) -> str | None:
-    """The policy that plays the verifier in the recipe's workflow, if any."""
-    return recipe.workflow.params.get("verifier_policy") if recipe.workflow.type == "solver_verifier" else None
+    """The policy that plays the verifier in the recipe's workflow, if any: the workflow's
+    ``verifier_policy`` parameter, or the workflow's own default for it when the recipe sets none."""
+    if recipe.workflow.type != "solver_verifier":
+        return None
+    from astraflow.workflows.solver_verifier import SolverVerifierWorkflow
+
+    default = inspect.signature(SolverVerifierWorkflow).parameters["verifier_policy"].default
+    return recipe.workflow.params.get("verifier_policy", default)
 
 
 def warm_start(model, recipe: Recipe, policy: str, *, dataset=None, progress: bool = True) -> dict[str, Any]:

@@ -48,7 +48,13 @@ def run_recipe(path: str, overrides: dict, seed: int, quiet: bool) -> dict:
     from astraflow.models import build_model
     from astraflow.raas.setup import build_recipe_workflow
     from astraflow.records import Task
-    from astraflow.sft import SFTConfig, solver_examples, supervised_finetune, verifier_examples
+    from astraflow.sft import (
+        SFTConfig,
+        solver_examples,
+        supervised_finetune,
+        verifier_examples,
+        verifier_policy,
+    )
     from astraflow.tasks.recipe_data import recipe_dataset
     from astraflow.trainer import TorchBackend
     from astraflow.workflows.evaluate import solver_accuracy, verifier_accuracy
@@ -62,8 +68,7 @@ def run_recipe(path: str, overrides: dict, seed: int, quiet: bool) -> dict:
     staleness = 0 if recipe.dataflow.mode == "sync" else recipe.dataflow.max_staleness
     rl = {"steps": recipe.trainer.steps, "prompts_per_step": recipe.dataflow.groups_per_batch,
           "group_size": recipe.dataset.samples, "max_staleness": staleness}
-    verifier_name = recipe.workflow.params.get("verifier_policy", "verifier" if recipe.workflow.type ==
-                                               "solver_verifier" else None)
+    verifier_name = verifier_policy(recipe)
 
     backends, engines, history = {}, {}, {}
     result = {"recipe": recipe.run, "policies": {}}
