@@ -64,6 +64,9 @@ def test_duplicate_trained_once_stale_dropped_and_resume(test_cluster):
         prod.send_json(topics.weights("solver"), "3", {"version": 3}).result(10)
         seen_v3 = read_until(metrics_c, 1, pred=lambda m: (m.obj or {}).get("versions", {}).get("solver") == 3)
         assert seen_v3, "dataflow never saw the weight announcement"
+        # the metrics contract: component and id on every record, kind names the dataflow's record
+        assert {k: seen_v3[0].obj[k] for k in ("component", "id", "kind")} == {
+            "component": "dataflow", "id": "dataflow", "kind": "dataflow"}
 
         def send(trajs):
             prod.send_table(topics.trajectories, trajs[0].episode_id, trajectory.to_table(trajs),

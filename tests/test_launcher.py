@@ -179,8 +179,11 @@ def test_progress_folds_the_metrics_contract(tmp_path: Path) -> None:
     p = RunProgress(run="r", steps=5, policies=["solver", "verifier"])
     for rec in _metrics(tmp_path / "m.jsonl"):
         p.update(rec)
-    p.update({"kind": "dataflow", "counters": {"tasks.emitted": 9, "trajectories.dropped.stale": 2,
-                                                 "tasks.expired": 0}})
+    p.update({"component": "dataflow", "id": "dataflow", "kind": "dataflow",
+              "counters": {"tasks.emitted": 9, "trajectories.dropped.stale": 2, "tasks.expired": 0}})
+    p.update({"component": "dataflow", "id": "dataflow", "kind": "autoscale",
+              "pools": {"default": {"nodes": 1, "target_nodes": 2}}})
+    assert p.autoscale["pools"]["default"]["target_nodes"] == 2 and "pools" not in p.dataflow
     assert p.trainers["verifier"]["step"] == 5 and "solver" in p.done and not p.all_done
     assert p.dropped() == {"trajectories.dropped.stale": 2}
     line = p.summary_line()

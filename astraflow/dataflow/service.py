@@ -189,11 +189,16 @@ def _on_metrics(m: Any, window: _Window) -> None:
         window.nodes[obj["pool"]].add(obj["node_id"])
 
 
+def _identity() -> dict[str, str]:
+    """Fields of every metrics record (the metrics contract); ``kind`` tells the two records apart."""
+    return {"component": "dataflow", "id": COMPONENT_ID}
+
+
 def _publish_metrics(producer: Any, topic: str, df: Dataflow, window: _Window, section: DataflowConfig,
                      now: float) -> None:
     counters = df.counters()
-    producer.send_json(topic, COMPONENT_ID, {"kind": "dataflow", "time": now, "versions": dict(df.versions),
-                                             "counters": counters})
+    producer.send_json(topic, COMPONENT_ID, {**_identity(), "kind": "dataflow", "time": now,
+                                             "versions": dict(df.versions), "counters": counters})
     consumed_total = sum(v for k, v in counters.items() if k.endswith(".trajectories_batched"))
     entered_total = counters.get("trajectories.received", 0)
     consumed = consumed_total - window.consumed_before
@@ -205,7 +210,7 @@ def _publish_metrics(producer: Any, topic: str, df: Dataflow, window: _Window, s
         for pool, nodes in window.nodes.items()
     }
     if pools:
-        producer.send_json(topic, COMPONENT_ID, autoscale_report(section.autoscale, pools, now))
+        producer.send_json(topic, COMPONENT_ID, {**_identity(), **autoscale_report(section.autoscale, pools, now)})
     window.reset()
 
 

@@ -37,7 +37,7 @@ class RunProgress:
                 self.trainers.setdefault(policy, {}).update(rec)
         elif comp == "raas":
             self.nodes.setdefault(str(rec.get("node_id", rec.get("id", "?"))), {}).update(rec)
-        elif comp == "dataflow" or rec.get("kind") in ("dataflow", "autoscale"):
+        elif comp == "dataflow":
             if rec.get("kind") == "autoscale":
                 self.autoscale = rec
             else:
