@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from astraflow.log.errors import BrokerUnavailableError, LogError
 from astraflow.log.topics import validate_topic_name
@@ -12,30 +12,43 @@ if TYPE_CHECKING:
     from astraflow.config import ClusterConfig
 
 TOPIC_ALREADY_EXISTS = 36  # Kafka error code
+C = TypeVar("C")
+
+
+def open_kafka_client(factory: Callable[..., C], who: str, cfg: ClusterConfig, timeout_s: float, /,
+                      **kwargs: Any) -> C:
+    """``factory(**kwargs)``, a kafka-python client; :class:`BrokerUnavailableError` naming ``who``
+    and the bootstrap when no broker answers within ``timeout_s`` (a configuration error, which no
+    broker can fix, propagates as it is)."""
+    from kafka.errors import KafkaConfigurationError, KafkaError
+
+    try:
+        return factory(**kwargs)
+    except KafkaConfigurationError:
+        raise
+    except KafkaError as exc:
+        raise BrokerUnavailableError(
+            f"{who}: no Kafka broker answered at {cfg.kafka.bootstrap} within {timeout_s:g} s "
+            f"({type(exc).__name__}: {exc}); is the stack up (`astraflow up`) or ASTRAFLOW_KAFKA_BOOTSTRAP right?"
+        ) from None
 
 
 def open_admin(cfg: ClusterConfig, timeout_s: float = 10.0) -> Any:
     """A KafkaAdminClient, or :class:`BrokerUnavailableError` naming the bootstrap within ``timeout_s``."""
     from kafka import KafkaAdminClient
-    from kafka.errors import KafkaConfigurationError, KafkaError
 
     timeout_ms = int(timeout_s * 1000)
-    kwargs = cfg.kafka.client_kwargs()
-    try:
-        return KafkaAdminClient(
-            **kwargs,
-            client_id=f"astraflow-admin-{cfg.run}",
-            request_timeout_ms=timeout_ms,
-            bootstrap_timeout_ms=timeout_ms,
-            reconnect_backoff_max_ms=1000,
-        )
-    except KafkaConfigurationError:
-        raise
-    except KafkaError as exc:
-        raise BrokerUnavailableError(
-            f"no Kafka broker answered at {cfg.kafka.bootstrap} within {timeout_s:g} s ({type(exc).__name__}: "
-            f"{exc}); is the stack up (`astraflow up`) or ASTRAFLOW_KAFKA_BOOTSTRAP right?"
-        ) from None
+    return open_kafka_client(
+        KafkaAdminClient,
+        "admin",
+        cfg,
+        timeout_s,
+        **cfg.kafka.client_kwargs(),
+        client_id=f"astraflow-admin-{cfg.run}",
+        request_timeout_ms=timeout_ms,
+        bootstrap_timeout_ms=timeout_ms,
+        reconnect_backoff_max_ms=1000,
+    )
 
 
 def ensure_topics(

@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
+from astraflow.log.admin import open_kafka_client
 from astraflow.log.claim_check import ClaimCheck
 from astraflow.log.codec import (
     ARROW_STREAM,
@@ -20,7 +21,7 @@ from astraflow.log.codec import (
     max_record_bytes,
 )
 from astraflow.log.dead_letters import DeadLetterPublisher
-from astraflow.log.errors import BrokerUnavailableError, DecodeError, PayloadError
+from astraflow.log.errors import DecodeError, PayloadError
 from astraflow.log.message import Message
 from astraflow.log.offsets import Partition, ProcessedOffsets
 
@@ -56,7 +57,6 @@ class LogConsumer:
         45 s default). ``max_poll_interval_ms``: longest gap between polls (one RL step) before the
         member is considered dead. ``kafka_overrides`` go straight to ``KafkaConsumer``."""
         from kafka import ConsumerRebalanceListener, KafkaConsumer
-        from kafka.errors import KafkaConfigurationError, KafkaError
 
         self.cfg = cfg
         self.group_id = group_id
@@ -83,15 +83,8 @@ class LogConsumer:
             bootstrap_timeout_ms=int(bootstrap_timeout_s * 1000),
         )
         kwargs.update(kafka_overrides)
-        try:
-            self._consumer = KafkaConsumer(**kwargs)
-        except KafkaConfigurationError:
-            raise
-        except KafkaError as exc:
-            raise BrokerUnavailableError(
-                f"consumer {group_id}: no Kafka broker answered at {cfg.kafka.bootstrap} within "
-                f"{bootstrap_timeout_s:g} s ({exc})"
-            ) from None
+        self._consumer = open_kafka_client(KafkaConsumer, f"consumer {group_id}", cfg, bootstrap_timeout_s,
+                                           **kwargs)
 
         outer = self
 

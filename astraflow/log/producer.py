@@ -7,9 +7,10 @@ from typing import TYPE_CHECKING, Any, Self
 
 import pyarrow as pa
 
+from astraflow.log.admin import open_kafka_client
 from astraflow.log.claim_check import ClaimCheck
 from astraflow.log.codec import ARROW_STREAM, JSON, ArrowCodec, RecordMeta, max_record_bytes
-from astraflow.log.errors import BrokerUnavailableError, LogError
+from astraflow.log.errors import LogError
 from astraflow.log.lag import OffsetLedger
 from astraflow.log.message import Ack
 from astraflow.log.topics import validate_topic_name
@@ -39,7 +40,6 @@ class LogProducer:
         is the scarce resource; Tansu accepts ``gzip`` and ``zstd`` (kafka-python here lacks snappy/lz4).
         ``kafka_overrides`` go straight to ``KafkaProducer``."""
         from kafka import KafkaProducer
-        from kafka.errors import KafkaConfigurationError, KafkaError
 
         self.cfg = cfg
         self.producer_id = producer_id
@@ -57,15 +57,8 @@ class LogProducer:
             bootstrap_timeout_ms=int(bootstrap_timeout_s * 1000),
         )
         kwargs.update(kafka_overrides)
-        try:
-            self._producer = KafkaProducer(**kwargs)
-        except KafkaConfigurationError:
-            raise
-        except KafkaError as exc:
-            raise BrokerUnavailableError(
-                f"producer {producer_id}: no Kafka broker answered at {cfg.kafka.bootstrap} within "
-                f"{bootstrap_timeout_s:g} s ({exc})"
-            ) from None
+        self._producer = open_kafka_client(KafkaProducer, f"producer {producer_id}", cfg, bootstrap_timeout_s,
+                                           **kwargs)
 
     # -- sending ---------------------------------------------------------------------------------
     def send_table(
