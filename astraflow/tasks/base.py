@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from astraflow.models.tokenizer import compact
+
 Split = Literal["train", "heldout"]
 
 
@@ -42,7 +44,7 @@ class Dataset(ABC):
 
     def check(self, problem: Problem, response: str) -> bool:
         """Whether a decoded response answers the problem."""
-        return "".join(response.split()) == problem.answer
+        return compact(response) == problem.answer
 
     def problems(self, split: Split, n: int, *, seed: int | None = None) -> list[Problem]:
         """``n`` distinct problems of ``split`` (deterministic for the dataset seed and ``seed``)."""

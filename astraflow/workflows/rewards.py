@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from astraflow.models.tokenizer import compact
+
 RewardFn = Callable[[str, Any], float]
 REWARDS: dict[str, RewardFn] = {}
 
@@ -26,13 +28,13 @@ def get_reward(name: str) -> RewardFn:
 @register_reward("exact_match")
 def exact_match(response: str, task: Any) -> float:
     """1.0 when the response equals the task's answer, ignoring whitespace."""
-    return float("".join(response.split()) == "".join(task.answer.split()))
+    return float(compact(response) == compact(task.answer))
 
 
 @register_reward("numeric_match")
 def numeric_match(response: str, task: Any) -> float:
     """1.0 when both parse as the same number (``07`` == ``7``); 0.0 when the response does not parse."""
     try:
-        return float(float("".join(response.split())) == float("".join(task.answer.split())))
+        return float(float(compact(response)) == float(compact(task.answer)))
     except ValueError:
         return 0.0
