@@ -15,7 +15,10 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
+    import torch
+
     from astraflow.recipe import Recipe
+    from astraflow.tasks import Dataset, Problem
 
 
 class SFTConfig(BaseModel):
@@ -35,12 +38,12 @@ class SFTConfig(BaseModel):
     """Seed of example generation and shuffling."""
 
 
-def solver_examples(dataset, n: int, *, seed: int = 0) -> list[tuple[str, str]]:
+def solver_examples(dataset: Dataset, n: int, *, seed: int = 0) -> list[tuple[str, str]]:
     """(prompt, answer) pairs from the dataset's train split."""
     return [(p.prompt, p.answer) for p in dataset.problems("train", n, seed=seed)]
 
 
-def verifier_examples(dataset, n: int, *, seed: int = 0) -> list[tuple[str, str]]:
+def verifier_examples(dataset: Dataset, n: int, *, seed: int = 0) -> list[tuple[str, str]]:
     """(verifier prompt, verdict) pairs, half with the correct answer and half with a wrong one."""
     from astraflow.models.tokenizer import NO, YES
     from astraflow.tasks.verify import verifier_prompt
@@ -54,7 +57,7 @@ def verifier_examples(dataset, n: int, *, seed: int = 0) -> list[tuple[str, str]
     return out
 
 
-def wrong_answer(problem, rng: random.Random) -> str:
+def wrong_answer(problem: Problem, rng: random.Random) -> str:
     """A plausible wrong answer: another number from the prompt when there is one, else a near miss."""
     nums = [w for w in problem.prompt.split() if w.isdigit() and w != problem.answer]
     if nums and rng.random() < 0.7:
@@ -64,8 +67,9 @@ def wrong_answer(problem, rng: random.Random) -> str:
     return str(cand if cand >= 0 and cand != a else a + 1)
 
 
-def supervised_finetune(model, examples: Sequence[tuple[str, str]], config: SFTConfig | dict | None = None,
-                        *, label: str = "SFT", progress: bool = True) -> dict[str, Any]:
+def supervised_finetune(model: torch.nn.Module, examples: Sequence[tuple[str, str]],
+                        config: SFTConfig | dict | None = None, *, label: str = "SFT",
+                        progress: bool = True) -> dict[str, Any]:
     """Train ``model`` to emit ``target <eos>`` after ``<bos> prompt`` (loss on the target only)."""
     import torch
 
@@ -133,7 +137,8 @@ def verifier_policy(recipe: Recipe) -> str | None:
     return recipe.workflow.params.get("verifier_policy", default)
 
 
-def warm_start(model, recipe: Recipe, policy: str, *, dataset=None, progress: bool = True) -> dict[str, Any]:
+def warm_start(model: torch.nn.Module, recipe: Recipe, policy: str, *, dataset: Dataset | None = None,
+               progress: bool = True) -> dict[str, Any]:
     """The recipe's warm start of ``policy``, on ``model`` in place: its ``sft`` config (defaults
     when it has none) on examples from the recipe's dataset (train split, seeded), verdicts for the
     workflow's verifier and answers otherwise. Used by ``astraflow demo`` and by a trainer that

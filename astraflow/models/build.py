@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 class ModelConfig(BaseModel):
@@ -41,7 +44,7 @@ class ModelConfig(BaseModel):
         return cls.model_validate(data.get("model", data))
 
 
-def build_model(config: ModelConfig | dict[str, Any] | str | Path):
+def build_model(config: ModelConfig | dict[str, Any] | str | Path) -> PreTrainedModel:
     """A freshly initialised causal LM (fp32, eval mode) for the project tokenizer, seeded."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM

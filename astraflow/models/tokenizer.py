@@ -8,6 +8,10 @@ Text is split on whitespace and every digit is its own token, so ``"max 12 7 ="`
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 YES, NO = "<yes>", "<no>"
@@ -21,7 +25,7 @@ WORDS = [
 
 
 @lru_cache(maxsize=1)
-def build_tokenizer():
+def build_tokenizer() -> PreTrainedTokenizerFast:
     """The project tokenizer (cached: it is immutable and shared by models, engines and tasks)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -61,7 +61,7 @@ class Dataset(ABC):
             out[prompt] = self._problem(prompt, answer)
         return list(out.values())
 
-    def stream(self, split: Split = "train", *, seed: int = 0):
+    def stream(self, split: Split = "train", *, seed: int = 0) -> Iterator[Problem]:
         """An endless iterator of problems of ``split`` (repeats allowed), for task emitters."""
         rng = random.Random(f"{self.name}/{self.seed}/{split}/stream/{seed}")
         while True:

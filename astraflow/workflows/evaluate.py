@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from astraflow.engines.base import Engine, SamplingParams
+
+if TYPE_CHECKING:
+    from astraflow.tasks import Dataset
 
 
 def _encode(text: str) -> list[int]:
@@ -22,7 +25,7 @@ def _decode(ids: list[int]) -> str:
     return tok.decode([t for t in ids if t != tok.eos_token_id], skip_special_tokens=False)
 
 
-def solver_accuracy(engine: Engine, dataset, problems: list, max_new_tokens: int = 4) -> dict[str, Any]:
+def solver_accuracy(engine: Engine, dataset: Dataset, problems: list, max_new_tokens: int = 4) -> dict[str, Any]:
     """Fraction of ``problems`` answered correctly with greedy decoding."""
     gens = engine.generate([_encode(p.prompt) for p in problems],
                            SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0))

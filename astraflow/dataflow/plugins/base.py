@@ -10,6 +10,7 @@ offsets it reflects, so that a restarted dataflow continues exactly where it sto
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -109,7 +110,7 @@ P = TypeVar("P", bound=Plugin)
 _REGISTRY: dict[str, dict[str, type[Plugin]]] = {"selector": {}, "filter": {}, "sampler": {}}
 
 
-def register_plugin(name: str):
+def register_plugin(name: str) -> Callable[[type[P]], type[P]]:
     """Class decorator: make a plug-in class buildable by ``name`` from a recipe."""
 
     def deco(cls: type[P]) -> type[P]:
