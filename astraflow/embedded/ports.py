@@ -31,15 +31,6 @@ def port_is_free(port: int, host: str = LOOPBACK) -> bool:
     return True
 
 
-def port_answers(port: int, host: str = LOOPBACK, timeout_s: float = 0.5) -> bool:
-    """True when a TCP connection to ``host:port`` succeeds."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
-
-
 class StackPorts(BaseModel):
     """Every TCP port the embedded stack listens on (all on 127.0.0.1)."""
 
