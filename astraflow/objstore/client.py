@@ -199,16 +199,7 @@ class ObjectStore:
         data, metadata = self._read(key)
         expected = metadata.get(SHA256_META)
         actual = hashlib.sha256(data).hexdigest()
-        if expected is None:
-            raise ChecksumError(
-                key,
-                None,
-                actual,
-                f"object {key} carries no sha256 metadata (written outside "
-                "astraflow.objstore?); refusing to return unverified bytes (pass verify=False)",
-            )
-        if actual != expected:
-            raise ChecksumError(key, expected, actual)
+        _check_sha256(key, expected, actual, "return")
         return data, actual
 
     def _read(self, key: str) -> tuple[bytes, dict[str, str]]:
@@ -283,16 +274,7 @@ class ObjectStore:
                 self.client.download_file(self.bucket, key, tmp, Config=self._transfer_config())
             actual = sha256_file(tmp)
             if verify:
-                if expected is None:
-                    raise ChecksumError(
-                        key,
-                        None,
-                        actual,
-                        f"object {key} carries no sha256 metadata (written outside "
-                        "astraflow.objstore?); refusing to keep unverified bytes (pass verify=False)",
-                    )
-                if actual != expected:
-                    raise ChecksumError(key, expected, actual)
+                _check_sha256(key, expected, actual, "keep")
             os.replace(tmp, path)
             return actual
         finally:
@@ -429,6 +411,22 @@ class ObjectStore:
         if isinstance(exc, ClientError) or code is not None:
             return ObjectStoreError(f"S3 {op} {where} on {self.endpoint} failed ({code}): {exc}")
         return ObjectStoreError(f"S3 {op} {where} on {self.endpoint} failed: {type(exc).__name__}: {exc}")
+
+
+def _check_sha256(key: str, expected: str | None, actual: str, refusing: str) -> None:
+    """Raise :class:`ChecksumError` unless ``actual`` is the sha256 the object's metadata records;
+    an object without one (written around this layer) is refused too. ``refusing``: what the caller
+    would otherwise do with the bytes ("return", "keep"), for the message."""
+    if expected is None:
+        raise ChecksumError(
+            key,
+            None,
+            actual,
+            f"object {key} carries no sha256 metadata (written outside "
+            f"astraflow.objstore?); refusing to {refusing} unverified bytes (pass verify=False)",
+        )
+    if actual != expected:
+        raise ChecksumError(key, expected, actual)
 
 
 def _error_code(exc: BaseException) -> str | None:
