@@ -109,6 +109,15 @@ def launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console=None) -
     def on_term(signum, frame):
         raise _Terminate()
 
+    def absorb(timeout_s: float, max_records: int) -> int:
+        """One poll of the metrics topic into metrics.jsonl and the progress view; records polled."""
+        batch = consumer.poll(timeout_s=timeout_s, max_records=max_records)
+        for msg in batch:
+            if isinstance(msg.obj, dict):
+                metrics.append(msg.obj)
+                progress.update(msg.obj)
+        return len(batch)
+
     with contextlib.suppress(ValueError):  # not the main thread: Ctrl+C handling only
         signal.signal(signal.SIGTERM, on_term)
 
@@ -126,10 +135,7 @@ def launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console=None) -
         last_line = 0.0
         try:
             while True:
-                for msg in consumer.poll(timeout_s=0.5, max_records=500):
-                    if isinstance(msg.obj, dict):
-                        metrics.append(msg.obj)
-                        progress.update(msg.obj)
+                absorb(0.5, 500)
                 finished = group.check()
                 trainers_exited = all(f"trainer-{p}" in finished for p in policies)
                 if progress.all_done or trainers_exited:
@@ -148,10 +154,7 @@ def launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console=None) -
                 trainers = {f"trainer-{p}" for p in policies}
                 deadline = time.monotonic() + opts.grace_s
                 while trainers & set(group.alive()) and time.monotonic() < deadline:
-                    for msg in consumer.poll(timeout_s=0.2, max_records=500):
-                        if isinstance(msg.obj, dict):
-                            metrics.append(msg.obj)
-                            progress.update(msg.obj)
+                    absorb(0.2, 500)
         finally:
             if live is not None:
                 live.update(progress.render())
@@ -168,11 +171,8 @@ def launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console=None) -
             signal.signal(signal.SIGTERM, previous_term)
         # Records written just before the stop (last steps, done events) are still on the topic.
         with contextlib.suppress(Exception):
-            while batch := consumer.poll(timeout_s=1.0, max_records=5000):  # until the topic is drained
-                for msg in batch:
-                    if isinstance(msg.obj, dict):
-                        metrics.append(msg.obj)
-                        progress.update(msg.obj)
+            while absorb(1.0, 5000):  # until the topic is drained
+                pass
         with contextlib.suppress(Exception):
             consumer.close()
         metrics.close()
