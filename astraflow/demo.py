@@ -52,10 +52,9 @@ def recipe_path(name: str) -> Path:
 def evaluate(recipe: Recipe, policy: str, state: dict, version: int, dataset, heldout: list) -> dict[str, Any]:
     """Greedy held-out accuracy of ``state`` (solver accuracy, or balanced verdict accuracy)."""
     from astraflow.engines import build_engine
-    from astraflow.models import build_model
     from astraflow.workflows.evaluate import solver_accuracy, verifier_accuracy
 
-    model = build_model(recipe.resolve_path(recipe.policy(policy).model))
+    model = recipe.build_policy_model(policy)
     engine = build_engine(recipe.pool(recipe.dataset.pool).engine, model, version=version)
     engine.load_weights(state, version)
     if policy == verifier_policy(recipe):
@@ -81,14 +80,13 @@ def warm_start_and_publish(recipe: Recipe, cfg: ClusterConfig, dataset, console)
     import torch
 
     from astraflow.delta.publisher import WeightPublisher
-    from astraflow.models import build_model
     from astraflow.sft import warm_start
     from astraflow.trainer.service import publishable
 
     out = {}
     for policy in recipe.policies:
         torch.manual_seed(recipe.seed)
-        model = build_model(recipe.resolve_path(policy.model))
+        model = recipe.build_policy_model(policy.name)
         figures = warm_start(model, recipe, policy.name, dataset=dataset)
         with WeightPublisher(cfg, policy.name, anchor_every=recipe.trainer.anchor_every) as pub:
             # In the dtype the trainer publishes, so v0 -> v1 is a sparse delta, not a dtype change.

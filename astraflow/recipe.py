@@ -142,6 +142,12 @@ class Recipe(_Section):
             return self.source.parent / p
         return p
 
+    def build_policy_model(self, name: str) -> Any:
+        """A freshly initialised ``torch.nn.Module`` from policy ``name``'s model config."""
+        from astraflow.models import build_model  # torch / transformers: only when a model is built
+
+        return build_model(self.resolve_path(self.policy(name).model))
+
     @classmethod
     def load(cls, path: str | Path, **overrides: Any) -> Recipe:
         path = Path(path)

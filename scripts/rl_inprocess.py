@@ -45,7 +45,6 @@ def run_recipe(path: str, overrides: dict, seed: int, quiet: bool) -> dict:
     import torch
 
     from astraflow.engines import build_engine
-    from astraflow.models import build_model
     from astraflow.raas.setup import build_recipe_workflow
     from astraflow.records import Task
     from astraflow.sft import (
@@ -74,7 +73,7 @@ def run_recipe(path: str, overrides: dict, seed: int, quiet: bool) -> dict:
     result = {"recipe": recipe.run, "policies": {}}
     for pspec in recipe.policies:
         name = pspec.name
-        model = build_model(recipe.resolve_path(pspec.model))
+        model = recipe.build_policy_model(name)
         sft = pspec.sft or SFTConfig()
         is_verifier = name == verifier_name
         data = (verifier_examples if is_verifier else solver_examples)(dataset, sft.examples, seed=sft.seed)

@@ -38,11 +38,10 @@ def build_policy_engines(recipe: Recipe, pool: PoolSpec, node_id: str) -> dict[s
     """One engine per recipe policy on a freshly built model; weights are loaded later from the
     weight plane. Each node samples with its own seed, so a task re-run elsewhere draws new samples."""
     from astraflow.engines import build_engine
-    from astraflow.models import build_model
 
     engine_cfg = pool.engine.model_copy(update={"seed": pool.engine.seed + zlib.crc32(node_id.encode()) % 100_000})
     engines = {}
     for policy in recipe.policies:
-        model = build_model(recipe.resolve_path(policy.model))
+        model = recipe.build_policy_model(policy.name)
         engines[policy.name] = build_engine(engine_cfg, model, version=0)
     return engines

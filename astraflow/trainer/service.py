@@ -157,7 +157,6 @@ class TrainerService:
     def run(self) -> dict[str, Any]:
         from astraflow.delta import WeightPublisher, WeightSubscriber
         from astraflow.log import LogConsumer, LogProducer, Topics, ensure_topics
-        from astraflow.models import build_model
         from astraflow.objstore import ObjectStore
         from astraflow.records import batch as batch_rec
         from astraflow.trainer.backend import build_backend
@@ -165,7 +164,7 @@ class TrainerService:
         topics = Topics(self.cfg.run)
         ensure_topics(self.cfg, {topics.batches(self.policy): 1, topics.weights(self.policy): 1, topics.metrics: 1})
         self.checkpoints = CheckpointStore(ObjectStore.from_config(self.cfg), self.cfg.run, self.policy)
-        self.backend = build_backend(build_model(self.recipe.resolve_path(self.spec.model)), self.spec.backend)
+        self.backend = build_backend(self.recipe.build_policy_model(self.policy), self.spec.backend)
         self.subscriber = WeightSubscriber(self.cfg, self.policy, f"trainer-{self.life}", register=False)
         self.producer = LogProducer(self.cfg, f"{self.cfg.run}.{self.component_id}.{self.life}")
         self.publisher = WeightPublisher(
