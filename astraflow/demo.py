@@ -101,7 +101,7 @@ def warm_start_and_publish(recipe: Recipe, cfg: ClusterConfig, dataset, console)
 def run_one(path: Path, cfg: ClusterConfig, opts: DemoOptions, console) -> dict[str, Any]:
     from astraflow.launcher import RunOptions, launch
     from astraflow.launcher.runner import default_run_id
-    from astraflow.tasks import build_dataset
+    from astraflow.tasks.recipe_data import recipe_dataset
 
     t0 = time.monotonic()
     recipe = Recipe.load(path)
@@ -110,8 +110,8 @@ def run_one(path: Path, cfg: ClusterConfig, opts: DemoOptions, console) -> dict[
     run_id = default_run_id(recipe)
     run_cfg = cfg.model_copy(update={"run": run_id})
     console.rule(f"[bold]{recipe.run}[/bold]: {', '.join(p.name for p in recipe.policies)} — run {run_id}")
-    # The same dataset the dataflow emits from (astraflow.cli.components.recipe_tasks): same seed.
-    dataset = build_dataset(recipe.dataset.type, **{"seed": recipe.seed, **recipe.dataset.params})
+    # The same seeded dataset the dataflow emits its tasks from (astraflow.tasks.recipe_data).
+    dataset = recipe_dataset(recipe)
     heldout = dataset.problems("heldout", n_eval)
 
     sft = warm_start_and_publish(recipe, run_cfg, dataset, console)
