@@ -157,7 +157,6 @@ def test_fresh_trainer_warm_starts_with_the_recipe_sft_then_a_restart_does_not(t
     from astraflow.delta.store import WeightStore
     from astraflow.log import Topics
     from astraflow.models import build_model
-    from astraflow.raas.weights import pull_state
 
     cfg = test_cluster
     recipe = make_recipe(cfg.run, policies=[{"name": "policy", "model": TINY_MODEL, "backend": {"lr": 1e-3},
@@ -167,7 +166,7 @@ def test_fresh_trainer_warm_starts_with_the_recipe_sft_then_a_restart_does_not(t
         first = _run_trainer_in_process(cfg, recipe, stop_first=True)
         assert (first["step"], first["version"]) == (0, 0)
         sub = WeightSubscriber(cfg, "policy", "test", register=False)
-        v0 = {k: v.clone() for k, v in pull_state(sub, 0).items()}
+        v0 = {k: v.clone() for k, v in sub.pull(0)[0].items()}
         sub.close(unregister=False)
         init = build_model(TINY_MODEL).state_dict()
         assert all(t.dtype == torch.bfloat16 for t in v0.values())  # trainer.publish_dtype default

@@ -14,24 +14,13 @@ import logging
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from astraflow.config import ClusterConfig
     from astraflow.engines import Engine
 
 log = logging.getLogger(__name__)
-
-
-def latest_version(subscriber: Any) -> int | None:
-    """Latest published version in the bucket (None: nothing published yet)."""
-    return subscriber.latest_version()
-
-
-def pull_state(subscriber: Any, version: int) -> dict[str, Any]:
-    """The full state dict of ``version`` (the subscriber's own copy: load it, do not keep it)."""
-    state, _version, _pulled = subscriber.pull(version)
-    return state
 
 
 class WeightFollower:
@@ -62,13 +51,13 @@ class WeightFollower:
     def refresh(self, policy: str) -> bool:
         """Load the latest version of ``policy`` if it is newer than the engine's; True if loaded."""
         sub, engine = self.subscribers[policy], self.engines[policy]
-        latest = latest_version(sub)
+        latest = sub.latest_version()
         # The first load always happens: the engine starts from the seeded model, whose "version 0"
         # need not be the published v0 (e.g. after an SFT warm start).
         if latest is None or (policy in self._loaded and latest <= engine.weight_version):
             return False
         t0 = time.perf_counter()
-        state = pull_state(sub, latest)
+        state, _, _ = sub.pull(latest)  # the subscriber's own copy: load it, do not keep it
         engine.load_weights(state, latest)
         self.refresh_s = time.perf_counter() - t0
         self.refreshes += 1

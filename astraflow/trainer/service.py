@@ -90,10 +90,8 @@ class TrainerService:
 
     # -- bootstrap ---------------------------------------------------------------------------------
     def _bootstrap(self) -> str:
-        from astraflow.raas.weights import latest_version, pull_state
-
         ckpt = self.checkpoints.load()
-        latest = latest_version(self.subscriber)
+        latest = self.subscriber.latest_version()
         if ckpt is not None:
             self.backend.load_state(ckpt.model_state, ckpt.optimizer_state)
             self.step, self.version = ckpt.step, ckpt.version
@@ -107,7 +105,7 @@ class TrainerService:
                 self._publish_now(self._served_state(), self.version)
             return f"checkpoint step {ckpt.step} (version {self.version})"
         if latest is not None:
-            state = pull_state(self.subscriber, latest)
+            state, _, _ = self.subscriber.pull(latest)
             self.backend.load_state(state, None)
             self.version = latest
             # The pulled bits are the stored version's: the first step publishes a delta from them.
