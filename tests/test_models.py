@@ -1,7 +1,9 @@
 """Tokenizer round trip and seeded, deterministic model construction."""
 
+import pytest
 import torch
 
+from astraflow.config import ConfigError
 from astraflow.models import NO, YES, ModelConfig, build_model, build_tokenizer, compact
 from astraflow.tasks import build_dataset, split_of
 
@@ -53,3 +55,8 @@ def test_dataset_splits_are_disjoint_and_seeded():
     for p in add:
         a, _, b, _ = p.prompt.split()
         assert int(p.answer) == int(a) + int(b)
+
+
+def test_missing_model_config_is_a_config_error_naming_it(tmp_path):
+    with pytest.raises(ConfigError, match="model config not found: .*nope.yaml"):
+        ModelConfig.load(tmp_path / "nope.yaml")

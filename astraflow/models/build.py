@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict
+
+from astraflow.config import read_yaml_mapping
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -40,7 +41,9 @@ class ModelConfig(BaseModel):
 
     @classmethod
     def load(cls, path: str | Path) -> ModelConfig:
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        """A model config YAML (the fields at the top, or under ``model:``); a missing file or one
+        that is not a YAML mapping is a ``ConfigError`` naming it."""
+        data = read_yaml_mapping(Path(path), "model config")
         return cls.model_validate(data.get("model", data))
 
 
