@@ -8,16 +8,14 @@ process's kernel start time, which guards against stopping an unrelated process 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-_PR_SET_PDEATHSIG = 1
+from astraflow.process import log_tail, signal_group, spawn_logged, terminate_groups
 
 
 class ProcessStartError(RuntimeError):
@@ -35,17 +33,6 @@ def _start_time(pid: int) -> int | None:
     if fields[0] == "Z":  # zombie: it has exited, only the exit status is left
         return None
     return int(fields[19])
-
-
-def _die_with_parent_hook() -> Callable[[], None] | None:
-    """A ``preexec_fn`` asking the kernel to SIGTERM the child when its parent exits (test fixtures
-    use it so that a killed pytest leaves no servers behind). libc is loaded here, in the parent:
-    the hook itself only makes one system call, which is safe between fork and exec."""
-    try:
-        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    return lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class SupervisedProcess:
@@ -89,21 +76,10 @@ class SupervisedProcess:
         die_with_parent: bool = False,
     ) -> int:
         """Start ``argv`` in its own session (Ctrl+C in the terminal does not reach it), output
-        appended to the log file; returns the pid."""
-        self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_file, "ab") as log:
-            log.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} start: {' '.join(argv)}\n".encode())
-            log.flush()
-            proc = subprocess.Popen(
-                list(argv),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=dict(env) if env is not None else None,
-                cwd=cwd,
-                start_new_session=True,
-                preexec_fn=_die_with_parent_hook() if die_with_parent else None,  # noqa: PLW1509
-            )
+        appended to the log file; returns the pid. ``die_with_parent`` (test fixtures): the kernel
+        stops it when the calling process ends, even by SIGKILL, so a killed pytest leaves no
+        servers behind; ``astraflow up`` leaves it off, since the stack must outlive the CLI."""
+        proc = spawn_logged(argv, self.log_file, env=env, cwd=cwd, die_with_parent=die_with_parent)
         record = {"pid": proc.pid, "start_time": _start_time(proc.pid), "argv": list(argv)}
         tmp = self.pid_file.with_suffix(".pid.tmp")
         tmp.write_text(json.dumps(record))
@@ -138,14 +114,11 @@ class SupervisedProcess:
         if pid is None:
             self.pid_file.unlink(missing_ok=True)
             return False
-        self._signal(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and self.pid() is not None:
-            time.sleep(0.05)
-        if self.pid() is not None:
-            self._signal(pid, signal.SIGKILL)
-            while self.pid() is not None:
-                time.sleep(0.02)
+        # Only while the pid file's process (pid and start time) lives: its pid, once free, may
+        # lead an unrelated group.
+        terminate_groups([pid], lambda _: self.pid() is not None, timeout_s)
+        while self.pid() is not None:
+            time.sleep(0.02)
         self.pid_file.unlink(missing_ok=True)
         return True
 
@@ -153,23 +126,9 @@ class SupervisedProcess:
         """SIGKILL now, leaving the pid file (as a crash would)."""
         pid = self.pid()
         if pid is not None:
-            self._signal(pid, signal.SIGKILL)
+            signal_group(pid, signal.SIGKILL)
             while self.pid() is not None:
                 time.sleep(0.02)
 
-    @staticmethod
-    def _signal(pid: int, sig: int) -> None:
-        # The child leads its own session and process group: signal the group so that helper
-        # processes it may have forked go too.
-        try:
-            os.killpg(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-
     def log_tail(self, lines: int = 20) -> str:
-        try:
-            text = self.log_file.read_text(errors="replace").splitlines()[-lines:]
-        except OSError:
-            return f"(no log at {self.log_file})"
-        return f"last lines of {self.log_file}:\n" + "\n".join(text)
+        return log_tail(self.log_file, lines)

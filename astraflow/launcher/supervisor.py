@@ -9,27 +9,12 @@ terminates them instead of leaving orphans that keep consuming tasks.
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# Set PR_SET_PDEATHSIG, then exec the real command (the setting survives execve). Done in a tiny
-# exec wrapper rather than ``preexec_fn``: the launcher already runs Kafka client and torch threads
-# when it forks, and running Python code between fork and exec is unsafe then.
-_EXEC_DYING_WITH_PARENT = (
-    "import ctypes, os, signal, sys\n"
-    "try:\n"
-    "    ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGTERM)\n"
-    "except (OSError, AttributeError):\n"
-    "    pass\n"
-    "if os.getppid() != int(sys.argv[1]):\n"
-    "    sys.exit(0)  # the launcher died before prctl took effect\n"
-    "os.execvp(sys.argv[2], sys.argv[2:])\n"
-)
+from astraflow.process import log_tail, spawn_logged, terminate_groups
 
 
 @dataclass
@@ -68,14 +53,6 @@ class Child:
         return self.proc.poll()
 
 
-def log_tail(path: Path, lines: int = 15) -> str:
-    try:
-        text = path.read_text(errors="replace").splitlines()[-lines:]
-    except OSError:
-        return f"(no log at {path})"
-    return f"--- last {len(text)} lines of {path} ---\n" + "\n".join(text)
-
-
 class ProcessGroup:
     """The children of one run. Not thread-safe: drive it from the launcher's main loop."""
 
@@ -87,18 +64,7 @@ class ProcessGroup:
     def start(self, spec: ChildSpec) -> Child:
         if spec.name in self.children:
             raise ValueError(f"a component named {spec.name!r} already runs")
-        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(spec.log_path, "ab") as log:
-            log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} start: {' '.join(spec.argv)}\n".encode())
-            log.flush()
-            proc = subprocess.Popen(
-                [sys.executable, "-c", _EXEC_DYING_WITH_PARENT, str(os.getpid()), *spec.argv],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=spec.env,
-                start_new_session=True,
-            )
+        proc = spawn_logged(spec.argv, spec.log_path, env=spec.env, die_with_parent=True)
         child = Child(spec, proc)
         self.children[spec.name] = child
         return child
@@ -129,24 +95,11 @@ class ProcessGroup:
         reap everything. Returns each child's exit status."""
         self.stopping = True
         grace = self.grace_s if grace_s is None else grace_s
-        for child in self.children.values():
-            if child.returncode() is None:
-                _signal_group(child.proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and self.alive():
-            time.sleep(0.05)
-        for child in self.children.values():
-            # Signal the group even when the leader is gone: a helper it forked may still run.
-            _signal_group(child.proc.pid, signal.SIGKILL)
+        procs = {c.proc.pid: c.proc for c in self.children.values()}
+        # Signal the group even when the leader is gone: a helper it forked may still run.
+        terminate_groups(list(procs), lambda pid: procs[pid].poll() is None, grace, kill_leaderless=True)
         for child in self.children.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.proc.wait(timeout=5)
         return {c.name: c.proc.returncode for c in self.children.values()}
 
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
