@@ -66,6 +66,7 @@ def run_dataflow(
     up and nothing is in flight); returns the final counters. Resumes from the bucket checkpoint."""
     from astraflow.log import LogConsumer, LogProducer, Topics, ensure_topics
     from astraflow.objstore import ObjectStore, RunLayout
+    from astraflow.objstore.errors import ObjectNotFoundError
 
     topics = Topics(cfg.run)
     store = ObjectStore.from_config(cfg)
@@ -73,8 +74,11 @@ def run_dataflow(
     df = Dataflow(section, dataset)
 
     skip_below: dict[tuple[str, int], int] = {}
-    if store.exists(state_key):
+    try:
         saved = store.get_json(state_key)
+    except ObjectNotFoundError:
+        pass  # a fresh run
+    else:
         df.load_state_dict(saved["dataflow"])
         skip_below = {(t, int(p)): o for t, p, o in saved["offsets"]}
         log.info("dataflow %s resumed from %s", cfg.run, state_key)
@@ -92,16 +96,18 @@ def run_dataflow(
     )
     ready_pools: set[str] = set()
 
+    def ensure_pool_topic(pool: str) -> None:
+        if pool not in ready_pools:
+            ensure_topics(cfg, {topics.tasks(pool): task_partitions})
+            ready_pools.add(pool)
+
     def send_task(t: Task) -> None:
-        if t.pool not in ready_pools:  # a dataset may name pools beyond ``pools``
-            ensure_topics(cfg, {topics.tasks(t.pool): task_partitions})
-            ready_pools.add(t.pool)
+        ensure_pool_topic(t.pool)  # a dataset may name pools beyond ``pools``
         producer.send_table(topics.tasks(t.pool), t.prompt_id, task.to_table([t]),
                             task.SCHEMA_NAME, task.SCHEMA_VERSION, policy=t.policy or None)
 
     for pool in pools:
-        ensure_topics(cfg, {topics.tasks(pool): task_partitions})
-        ready_pools.add(pool)
+        ensure_pool_topic(pool)
     producer = LogProducer(cfg, f"{cfg.run}.{COMPONENT_ID}")
     consumer = LogConsumer(
         cfg,
