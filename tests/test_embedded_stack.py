@@ -20,6 +20,7 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import KafkaError
+from process_helpers import pid_alive
 
 from astraflow.config import ClusterConfig
 from astraflow.embedded import EmbeddedStack, StackError, StackPorts
@@ -115,14 +116,6 @@ def _listening_addresses(pid: int) -> list[str]:
     return found
 
 
-def _pid_running(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 # -- the session fixtures --------------------------------------------------------------------
 def test_fixture_cluster_is_real_kafka_and_s3(test_cluster, unique_name):
     topic = f"{test_cluster.run}.smoke"
@@ -155,7 +148,7 @@ def test_up_status_down_leaves_nothing_behind(tmp_path):
     assert stack["kafka_bootstrap"] == f"127.0.0.1:{ports.kafka}"
     pids = [json.loads((state / f"{name}.pid").read_text())["pid"] for name in ("tansu", "seaweedfs")]
     try:
-        assert all(_pid_running(pid) for pid in pids)
+        assert all(pid_alive(pid) for pid in pids)
         # Nothing may listen beyond loopback; weed opens a dozen listeners.
         listening = [addr for pid in pids for addr in _listening_addresses(pid)]
         assert len(listening) >= 3, listening
@@ -171,7 +164,7 @@ def test_up_status_down_leaves_nothing_behind(tmp_path):
         down = _cli("down", "--state-dir", str(state))
     assert down.returncode == 0, down.stdout + down.stderr
     assert "Stopped" in down.stdout
-    assert not any(_pid_running(pid) for pid in pids)
+    assert not any(pid_alive(pid) for pid in pids)
     assert not (state / "stack.json").exists()
     assert not ports.taken()
 
@@ -198,7 +191,7 @@ def test_up_twice_is_harmless(tmp_path):
         assert first.endpoints["s3_secret_key"] == json.loads((tmp_path / "s3-credentials.json").read_text())["secret_key"]
     finally:
         stack.down()
-    assert not any(_pid_running(pid) for pid in pids)
+    assert not any(pid_alive(pid) for pid in pids)
 
 
 def test_fixture_stack_dies_with_a_killed_test_process(tmp_path):
@@ -211,14 +204,14 @@ def test_fixture_stack_dies_with_a_killed_test_process(tmp_path):
     parent = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         pids = json.loads(parent.stdout.readline())
-        assert all(_pid_running(pid) for pid in pids)
+        assert all(pid_alive(pid) for pid in pids)
     finally:
         parent.kill()
         parent.wait()
     deadline = time.monotonic() + 20
-    while any(_pid_running(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(pid_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(_pid_running(pid) for pid in pids)
+    assert not any(pid_alive(pid) for pid in pids)
 
 
 def test_taken_port_is_a_clear_error(tmp_path):

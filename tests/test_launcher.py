@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from process_helpers import pid_alive
 
 from astraflow.launcher.supervisor import ChildExited, ChildSpec, ProcessGroup
 
@@ -30,14 +31,6 @@ SLEEPER = textwrap.dedent("""
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     time.sleep(600)
 """)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _spec(tmp_path: Path, name: str, code: str, *args: str, may_exit: bool = False) -> ChildSpec:
@@ -60,13 +53,13 @@ def test_stop_terminates_children_and_their_helpers(tmp_path: Path) -> None:
     group.start(_spec(tmp_path, "raas-a", SLEEPER))
     group.start(_spec(tmp_path, "raas-b", SLEEPER))
     pids = _pids_from_log(tmp_path / "logs/raas-a.log") + _pids_from_log(tmp_path / "logs/raas-b.log")
-    assert all(_alive(p) for p in pids)
+    assert all(pid_alive(p) for p in pids)
     assert group.check() == []
     t0 = time.monotonic()
     codes = group.stop()
     assert time.monotonic() - t0 < 5, "children that honour SIGTERM must not wait for the grace period"
     assert codes == {"raas-a": -signal.SIGTERM, "raas-b": -signal.SIGTERM}
-    assert not any(_alive(p) for p in pids), "a child or its helper was left behind"
+    assert not any(pid_alive(p) for p in pids), "a child or its helper was left behind"
 
 
 def test_child_ignoring_sigterm_is_killed_after_grace(tmp_path: Path) -> None:
@@ -78,7 +71,7 @@ def test_child_ignoring_sigterm_is_killed_after_grace(tmp_path: Path) -> None:
     codes = group.stop()
     assert 0.9 < time.monotonic() - t0 < 8
     assert codes["stubborn"] == -signal.SIGKILL
-    assert not any(_alive(p) for p in pids)
+    assert not any(pid_alive(p) for p in pids)
 
 
 def test_dead_child_is_named_with_its_log(tmp_path: Path) -> None:
@@ -124,13 +117,13 @@ def test_children_die_with_a_killed_launcher(tmp_path: Path) -> None:
     """)
     proc = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, text=True)
     child = int(proc.stdout.readline())
-    assert _alive(child)
+    assert pid_alive(child)
     proc.kill()
     proc.wait()
     deadline = time.monotonic() + 10
-    while _alive(child) and time.monotonic() < deadline:
+    while pid_alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(child), "child outlived its SIGKILLed launcher"
+    assert not pid_alive(child), "child outlived its SIGKILLed launcher"
 
 
 # -- report ----------------------------------------------------------------------------------
@@ -228,7 +221,7 @@ def test_launch_interrupted_leaves_nothing_behind(tmp_path: Path, test_cluster, 
     assert result.returncode == 130 and result.reason == "interrupted"
     run_dir = tmp_path / test_cluster.run
     pids = _pids_from_log(run_dir / "logs/dataflow.log") + _pids_from_log(run_dir / "logs/raas-default-0.log")
-    assert not any(_alive(p) for p in pids)
+    assert not any(pid_alive(p) for p in pids)
     assert (run_dir / "metrics.jsonl").exists() and (run_dir / "report.png").exists()
     assert (run_dir / "recipe.yaml").exists() and oct((run_dir / "cluster.yaml").stat().st_mode)[-3:] == "600"
 
@@ -248,4 +241,4 @@ def test_launch_stops_when_a_component_dies(tmp_path: Path, test_cluster, monkey
     assert "CUDA out of memory" in result.reason
     run_dir = tmp_path / test_cluster.run
     pids = _pids_from_log(run_dir / "logs/dataflow.log") + _pids_from_log(run_dir / "logs/raas-default-0.log")
-    assert not any(_alive(p) for p in pids)
+    assert not any(pid_alive(p) for p in pids)
