@@ -76,7 +76,7 @@ def encode(
         else:
             entry, planes = _encode_change(name, t_old, t_new, dense_fraction)
         frames = [zstd.compress(p) for p in planes]
-        for plane, frame in zip(planes, frames):
+        for plane, frame in zip(planes, frames, strict=True):
             entry.streams.append([offset, len(frame), int(plane.size)])
             offset += len(frame)
         record = b"".join(frames)

@@ -104,7 +104,7 @@ class HFEngine(Engine):
         return [
             Generation(token_ids=t, logprobs=lp, versions=v,
                        finish_reason="stop" if t and t[-1] in stops else "length")
-            for t, lp, v in zip(tokens, logps, versions)
+            for t, lp, v in zip(tokens, logps, versions, strict=True)
         ]
 
     def _sample(self, logp, top_p: float):

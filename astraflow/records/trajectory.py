@@ -90,7 +90,7 @@ class Trajectory:
     @property
     def min_version(self) -> int:
         """Oldest weight version among the trained tokens (all tokens when none is masked in)."""
-        trained = [v for v, m in zip(self.versions, self.loss_mask) if m]
+        trained = [v for v, m in zip(self.versions, self.loss_mask, strict=True) if m]
         vs = trained or self.versions
         return min(vs) if vs else 0
 

@@ -103,7 +103,7 @@ class TorchBackend(TrainerBackend):
         gather_pos = torch.zeros((n, resp_w), dtype=torch.long)
         behav = torch.zeros((n, resp_w))
         mask = torch.zeros((n, resp_w))
-        for i, (t, s) in enumerate(zip(trajs, seqs)):
+        for i, (t, s) in enumerate(zip(trajs, seqs, strict=True)):
             ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
             attn[i, : len(s)] = 1
             r, p = len(t.response_ids), len(t.prompt_ids)

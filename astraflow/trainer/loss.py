@@ -35,7 +35,7 @@ def group_advantages(rewards: Sequence[float], group_ids: Sequence[str], eps: fl
     if len(rewards) != len(group_ids):
         raise ValueError(f"{len(rewards)} rewards but {len(group_ids)} group ids")
     groups: dict[str, list[float]] = defaultdict(list)
-    for r, g in zip(rewards, group_ids):
+    for r, g in zip(rewards, group_ids, strict=True):
         groups[g].append(float(r))
     stats = {}
     for g, rs in groups.items():
@@ -43,7 +43,7 @@ def group_advantages(rewards: Sequence[float], group_ids: Sequence[str], eps: fl
         std = math.sqrt(sum((r - mean) ** 2 for r in rs) / len(rs))
         stats[g] = (mean, std)
     out = []
-    for r, g in zip(rewards, group_ids):
+    for r, g in zip(rewards, group_ids, strict=True):
         mean, std = stats[g]
         out.append((float(r) - mean) / (std + eps) if scale_by_std else float(r) - mean)
     return out

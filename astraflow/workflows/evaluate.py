@@ -29,7 +29,7 @@ def solver_accuracy(engine: Engine, dataset: Dataset, problems: list, max_new_to
     """Fraction of ``problems`` answered correctly with greedy decoding."""
     gens = engine.generate([_encode(p.prompt) for p in problems],
                            SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0))
-    ok = sum(dataset.check(p, _decode(g.token_ids)) for p, g in zip(problems, gens))
+    ok = sum(dataset.check(p, _decode(g.token_ids)) for p, g in zip(problems, gens, strict=True))
     return {"accuracy": ok / len(problems), "correct": ok, "n": len(problems)}
 
 
@@ -48,5 +48,5 @@ def verifier_accuracy(engine: Engine, problems: list, *, seed: int = 0) -> dict[
         items.append((_v.verifier_prompt(p.prompt, p.answer), yes))
         items.append((_v.verifier_prompt(p.prompt, wrong_answer(p, rng)), no))
     gens = engine.generate([_encode(t) for t, _ in items], SamplingParams(max_new_tokens=1, temperature=0.0))
-    ok = sum(1 for (_, want), g in zip(items, gens) if g.token_ids and g.token_ids[0] == want)
+    ok = sum(1 for (_, want), g in zip(items, gens, strict=True) if g.token_ids and g.token_ids[0] == want)
     return {"accuracy": ok / len(items), "correct": ok, "n": len(items)}

@@ -67,7 +67,7 @@ class SolverVerifierWorkflow(Workflow):
                                             self.verifier_sampling.params())
         t_verify = time.perf_counter() - t1
         out = []
-        for i, (g, r) in enumerate(zip(answers, correct)):
+        for i, (g, r) in enumerate(zip(answers, correct, strict=True)):
             out.append(self.trajectory(task, self.solver_policy, i, prompt_ids, g, r,
                                        {self.reward_name: r}, t_solve))
         for j, g in enumerate(verdicts):
