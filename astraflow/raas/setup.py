@@ -18,7 +18,7 @@ def build_recipe_workflow(recipe: Recipe) -> Workflow:
     from astraflow.workflows import WORKFLOWS, build_workflow
 
     params: dict[str, Any] = dict(recipe.workflow.params)
-    cls = WORKFLOWS.get(recipe.workflow.type)
+    cls = WORKFLOWS.get(recipe.workflow.type) if recipe.workflow.type in WORKFLOWS else None
     if cls is not None and recipe.sampling:
         sig = inspect.signature(cls.__init__).parameters
         if "sampling" in sig and "sampling" not in params:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from astraflow.models.tokenizer import compact
+from astraflow.registry import Registry
 
 Split = Literal["train", "heldout"]
 
@@ -76,21 +77,17 @@ class Dataset(ABC):
         return Problem(prompt_id=pid, prompt=prompt, answer=answer)
 
 
-DATASETS: dict[str, type[Dataset]] = {}
+DATASETS: Registry[type[Dataset]] = Registry("dataset")
 
 
 def register_dataset(name: str) -> Callable[[type[Dataset]], type[Dataset]]:
     def deco(cls: type[Dataset]) -> type[Dataset]:
+        DATASETS.register(name)(cls)
         cls.name = name
-        DATASETS[name] = cls
         return cls
     return deco
 
 
 def build_dataset(name: str, **kwargs) -> Dataset:
     """The dataset registered under ``name`` (kwargs go to its constructor)."""
-    try:
-        cls = DATASETS[name]
-    except KeyError:
-        raise ValueError(f"unknown dataset {name!r}; registered: {sorted(DATASETS)}") from None
-    return cls(**kwargs)
+    return DATASETS.get(name)(**kwargs)

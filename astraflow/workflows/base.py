@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from astraflow.engines.base import Engine, Generation, SamplingParams
+from astraflow.registry import Registry
 
 
 class SamplingConfig(BaseModel):
@@ -87,21 +88,17 @@ class Workflow(ABC):
         )
 
 
-WORKFLOWS: dict[str, type[Workflow]] = {}
+WORKFLOWS: Registry[type[Workflow]] = Registry("workflow")
 
 
 def register_workflow(name: str) -> Callable[[type[Workflow]], type[Workflow]]:
     def deco(cls: type[Workflow]) -> type[Workflow]:
+        WORKFLOWS.register(name)(cls)
         cls.name = name
-        WORKFLOWS[name] = cls
         return cls
     return deco
 
 
 def build_workflow(name: str, **config: Any) -> Workflow:
     """The workflow registered under ``name`` configured with ``config``."""
-    try:
-        cls = WORKFLOWS[name]
-    except KeyError:
-        raise ValueError(f"unknown workflow {name!r}; registered: {sorted(WORKFLOWS)}") from None
-    return cls(**config)
+    return WORKFLOWS.get(name)(**config)

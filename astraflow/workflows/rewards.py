@@ -6,23 +6,18 @@ from collections.abc import Callable
 from typing import Any
 
 from astraflow.models.tokenizer import compact
+from astraflow.registry import Registry
 
 RewardFn = Callable[[str, Any], float]
-REWARDS: dict[str, RewardFn] = {}
+REWARDS: Registry[RewardFn] = Registry("reward")
 
 
 def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
-    def deco(fn: RewardFn) -> RewardFn:
-        REWARDS[name] = fn
-        return fn
-    return deco
+    return REWARDS.register(name)
 
 
 def get_reward(name: str) -> RewardFn:
-    try:
-        return REWARDS[name]
-    except KeyError:
-        raise ValueError(f"unknown reward {name!r}; registered: {sorted(REWARDS)}") from None
+    return REWARDS.get(name)
 
 
 @register_reward("exact_match")

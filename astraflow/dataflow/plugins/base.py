@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from astraflow.dataflow.group import Group
 from astraflow.records import Task
+from astraflow.registry import Registry
 
 
 class PluginError(ValueError):
@@ -107,25 +108,24 @@ class BatchSampler(Plugin):
 
 
 P = TypeVar("P", bound=Plugin)
-_REGISTRY: dict[str, dict[str, type[Plugin]]] = {"selector": {}, "filter": {}, "sampler": {}}
+_REGISTRY: dict[str, Registry[type[Plugin]]] = {
+    kind: Registry(f"{kind} plug-in", PluginError) for kind in ("selector", "filter", "sampler")
+}
 
 
 def register_plugin(name: str) -> Callable[[type[P]], type[P]]:
     """Class decorator: make a plug-in class buildable by ``name`` from a recipe."""
 
     def deco(cls: type[P]) -> type[P]:
-        kinds = _REGISTRY[cls.kind]
-        if name in kinds and kinds[name] is not cls:
-            raise PluginError(f"{cls.kind} plug-in {name!r} is already registered by {kinds[name].__qualname__}")
+        _REGISTRY[cls.kind].register(name)(cls)
         cls.name = name
-        kinds[name] = cls
         return cls
 
     return deco
 
 
 def registered(kind: str) -> list[str]:
-    return sorted(_REGISTRY[kind])
+    return _REGISTRY[kind].names()
 
 
 def build_plugin(kind: str, spec: PluginSpec | dict[str, Any] | str) -> Plugin:
@@ -135,8 +135,6 @@ def build_plugin(kind: str, spec: PluginSpec | dict[str, Any] | str) -> Plugin:
     elif isinstance(spec, dict):
         spec = PluginSpec.model_validate(spec)
     cls = _REGISTRY[kind].get(spec.type)
-    if cls is None:
-        raise PluginError(f"unknown {kind} plug-in {spec.type!r}; registered: {registered(kind)}")
     try:
         options = cls.Options.model_validate(spec.options)
     except ValidationError as exc:
