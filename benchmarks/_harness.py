@@ -38,13 +38,12 @@ def private_cluster(state_dir: Path | None = None) -> Iterator[Any]:
     """A resolved ClusterConfig on an embedded Tansu + SeaweedFS stack of our own (free loopback
     ports, in-memory log), stopped on exit."""
     from astraflow.config import ClusterConfig
-    from astraflow.embedded import EmbeddedStack, StackPorts
+    from astraflow.embedded import EmbeddedStack
 
     with contextlib.ExitStack() as stack_ctx:
         if state_dir is None:
             state_dir = Path(stack_ctx.enter_context(tempfile.TemporaryDirectory(prefix="af-bench-")))
-        stack = EmbeddedStack(state_dir, StackPorts.free(), storage="memory", die_with_parent=True)
-        stack.up()
+        stack, _ = EmbeddedStack.start_private(state_dir)
         try:
             yield ClusterConfig(state_dir=state_dir).resolve()
         finally:

@@ -73,12 +73,11 @@ def open_cluster(stack: list):
 
     if os.environ.get("ASTRAFLOW_KAFKA_BOOTSTRAP"):
         return ClusterConfig.load().resolve(), "external"
-    from astraflow.embedded import EmbeddedStack, StackPorts
+    from astraflow.embedded import EmbeddedStack
 
     state = Path(tempfile.mkdtemp(prefix="astraflow-bench-"))
-    embedded = EmbeddedStack(state, StackPorts.free(), storage="memory", die_with_parent=True)
+    embedded, _ = EmbeddedStack.start_private(state)
     stack.append(embedded)
-    embedded.up()
     return ClusterConfig(run="bench", state_dir=state).resolve(), "embedded (Tansu memory + SeaweedFS)"
 
 

@@ -111,21 +111,11 @@ def _docker_cluster(stack: list) -> ClusterConfig:
 
 
 def _embedded_cluster(state_dir, stack: list) -> ClusterConfig:
-    from astraflow.embedded import EmbeddedStack, StackError, StackPorts
+    from astraflow.embedded import EmbeddedStack
 
     storage = os.environ.get("ASTRAFLOW_TEST_LOG_STORAGE", "memory")
-    for attempt in range(3):
-        # Free ports are checked, then bound by another process a moment later: a teammate's
-        # test run can take one in between, so retry on a fresh plan.
-        embedded = EmbeddedStack(state_dir, StackPorts.free(), storage=storage, die_with_parent=True)
-        stack.append(embedded)
-        try:
-            embedded.up()
-            break
-        except StackError:
-            stack.pop()
-            if attempt == 2:
-                raise
+    embedded, _ = EmbeddedStack.start_private(state_dir, storage=storage)
+    stack.append(embedded)
     return ClusterConfig(run="tests", state_dir=state_dir).resolve()
 
 

@@ -68,6 +68,30 @@ class EmbeddedStack:
         self.s3 = SupervisedProcess("seaweedfs", self.state_dir)
         self.kafka = SupervisedProcess("tansu", self.state_dir)
 
+    @classmethod
+    def start_private(
+        cls,
+        state_dir: str | Path,
+        *,
+        ports: StackPorts | None = None,
+        storage: LogStorage = "memory",
+        attempts: int = 3,
+    ) -> tuple[EmbeddedStack, UpResult]:
+        """Start a stack owned by the calling process (tests, benchmarks, a run): it dies with the
+        caller even on SIGKILL; the caller stops it with :meth:`down`. On ``ports`` if given, else
+        on free random ones. A port is checked free, then bound by the server a moment later, and
+        another process (a teammate's test run) may take it in between: a failed start is retried
+        on a fresh random plan, ``attempts`` times in all."""
+        for attempt in range(attempts):
+            stack = cls(state_dir, ports or StackPorts.free(), storage=storage, die_with_parent=True)
+            try:
+                return stack, stack.up()
+            except StackError:
+                if attempt == attempts - 1:
+                    raise
+                ports = None
+        raise StackError(f"attempts must be at least 1, not {attempts}")
+
     @property
     def stack_file(self) -> Path:
         return self.state_dir / STACK_FILE

@@ -37,11 +37,10 @@ def open_cluster(cfg: ClusterConfig, *, log_storage: str = "memory",
     # random free ones: a busy port must not stop a run.
     ports = StackPorts()
     if ports.taken():
-        ports = StackPorts.free()
-    stack = EmbeddedStack(cfg.state_dir, ports, storage=log_storage, die_with_parent=True)
+        ports = None
     announce(f"starting the embedded stack (Kafka + S3) under {stack.state_dir} ...")
     try:
-        result = stack.up()
+        stack, result = EmbeddedStack.start_private(cfg.state_dir, ports=ports, storage=log_storage)
     except StackError as exc:
         raise RuntimeError(f"cannot start the embedded stack: {exc}") from None
     try:
