@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 
 import pyarrow as pa
@@ -328,13 +329,31 @@ def test_rebalance_redelivers_only_uncommitted_records(test_cluster: ClusterConf
         assert {m.partition for m in first} == {0, 1}
         a.commit([m for m in first if m.partition == 0])  # partition 1 still in flight
         b = LogConsumer(test_cluster, [topic], group)
+        # Each member polls on its own thread, as separate processes would: with one thread
+        # alternating short polls, a member sits out of the JoinGroup round while the other's request
+        # blocks, and Tansu's rebalance can stall for the whole test (seen in CI).
         again: list[Message] = []
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            again += a.poll(0.2) + b.poll(0.2)
-            if a.assignment and b.assignment and not (a.assignment & b.assignment) and len(again) >= 1:
-                again += _quiet(a, 0.5) + _quiet(b, 0.5)
-                break
+        stop = threading.Event()
+
+        def poll_until_stopped(consumer: LogConsumer) -> None:
+            while not stop.is_set():
+                again.extend(consumer.poll(0.3))
+
+        pollers = [threading.Thread(target=poll_until_stopped, args=(c,)) for c in (a, b)]
+        for t in pollers:
+            t.start()
+        deadline = time.monotonic() + 45
+        try:
+            while time.monotonic() < deadline:
+                settled = a.assignment and b.assignment and not (a.assignment & b.assignment)
+                if settled and len(again) >= 4:
+                    time.sleep(1.0)  # anything beyond partition 1's four records would show up now
+                    break
+                time.sleep(0.2)
+        finally:
+            stop.set()
+            for t in pollers:
+                t.join()
         assert a.assignment | b.assignment == {(topic, 0), (topic, 1)}
         # Whoever owns partition 1 now re-reads exactly its uncommitted records; partition 0 stays done.
         expected = sorted((m.partition, m.offset) for m in first if m.partition == 1)

@@ -112,7 +112,10 @@ class LogConsumer:
             # A partition kept through a rebalance keeps kafka-python's fetch position, but its
             # processed-offset state was dropped on revoke: re-read it from the committed offset so
             # "commit only the processed prefix" stays true (in-flight records come again).
-            reseek, self._reseek = self._reseek & self._consumer.assignment(), set()
+            # Only partitions already in the assignment are re-positioned now; one the IO thread
+            # has announced but not yet installed waits for the next poll instead of being dropped.
+            reseek = self._reseek & self._consumer.assignment()
+            self._reseek -= reseek
             batches = {tp: records for tp, records in batches.items() if tp not in reseek}
             self._seek_to_committed(reseek)
         out: list[Message] = []
