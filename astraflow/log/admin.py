@@ -17,13 +17,15 @@ C = TypeVar("C")
 
 def open_kafka_client(factory: Callable[..., C], who: str, cfg: ClusterConfig, timeout_s: float, /,
                       **kwargs: Any) -> C:
-    """``factory(**kwargs)``, a kafka-python client; :class:`BrokerUnavailableError` naming ``who``
-    and the bootstrap when no broker answers within ``timeout_s`` (a configuration error, which no
-    broker can fix, propagates as it is)."""
+    """A kafka-python client ``factory`` connected with the cluster config's settings, waiting at most
+    ``timeout_s`` for a broker; ``kwargs`` add client-specific settings (and may override).
+    :class:`BrokerUnavailableError` names ``who`` and the bootstrap when no broker answers (a
+    configuration error, which no broker can fix, propagates as it is)."""
     from kafka.errors import KafkaConfigurationError, KafkaError
 
+    settings = {**cfg.kafka.client_kwargs(), "bootstrap_timeout_ms": int(timeout_s * 1000), **kwargs}
     try:
-        return factory(**kwargs)
+        return factory(**settings)
     except KafkaConfigurationError:
         raise
     except KafkaError as exc:
@@ -43,10 +45,8 @@ def open_admin(cfg: ClusterConfig, timeout_s: float = 10.0) -> Any:
         "admin",
         cfg,
         timeout_s,
-        **cfg.kafka.client_kwargs(),
         client_id=f"astraflow-admin-{cfg.run}",
         request_timeout_ms=timeout_ms,
-        bootstrap_timeout_ms=timeout_ms,
         reconnect_backoff_max_ms=1000,
     )
 

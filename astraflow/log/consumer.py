@@ -70,18 +70,16 @@ class LogConsumer:
         self._auto_offset_reset = auto_offset_reset
         self._revoked_before: set[Any] = set()
         self._reseek: set[Any] = set()
-        kwargs = dict(
-            cfg.kafka.client_kwargs(),
-            group_id=group_id,
-            client_id=client_id or f"astraflow-{group_id}",
-            enable_auto_commit=False,
-            auto_offset_reset=auto_offset_reset,
-            session_timeout_ms=session_timeout_ms,
-            heartbeat_interval_ms=heartbeat_interval_ms,
-            max_poll_interval_ms=max_poll_interval_ms,
-            max_partition_fetch_bytes=max_record_bytes(cfg.inline_limit_bytes),
-            bootstrap_timeout_ms=int(bootstrap_timeout_s * 1000),
-        )
+        kwargs = {
+            "group_id": group_id,
+            "client_id": client_id or f"astraflow-{group_id}",
+            "enable_auto_commit": False,
+            "auto_offset_reset": auto_offset_reset,
+            "session_timeout_ms": session_timeout_ms,
+            "heartbeat_interval_ms": heartbeat_interval_ms,
+            "max_poll_interval_ms": max_poll_interval_ms,
+            "max_partition_fetch_bytes": max_record_bytes(cfg.inline_limit_bytes),
+        }
         kwargs.update(kafka_overrides)
         self._consumer = open_kafka_client(KafkaConsumer, f"consumer {group_id}", cfg, bootstrap_timeout_s,
                                            **kwargs)

@@ -46,16 +46,14 @@ class LogProducer:
         self.ledger = OffsetLedger()
         self.codec = ArrowCodec()
         self._claims = ClaimCheck(cfg, store)
-        kwargs = dict(
-            cfg.kafka.client_kwargs(),
-            client_id=producer_id,
-            acks="all",
-            linger_ms=linger_ms,
-            batch_size=batch_size,
-            compression_type=compression_type,
-            max_request_size=max_record_bytes(cfg.inline_limit_bytes),
-            bootstrap_timeout_ms=int(bootstrap_timeout_s * 1000),
-        )
+        kwargs = {
+            "client_id": producer_id,
+            "acks": "all",
+            "linger_ms": linger_ms,
+            "batch_size": batch_size,
+            "compression_type": compression_type,
+            "max_request_size": max_record_bytes(cfg.inline_limit_bytes),
+        }
         kwargs.update(kafka_overrides)
         self._producer = open_kafka_client(KafkaProducer, f"producer {producer_id}", cfg, bootstrap_timeout_s,
                                            **kwargs)
