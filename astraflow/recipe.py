@@ -2,12 +2,17 @@
 rollout pools, dataflow plug-ins and hyper-parameters. YAML, validated here with readable errors.
 
 Each section's fields are documented in the config class that owns them (``DataflowConfig``,
-``BackendConfig``, ``EngineConfig``, ``SamplingConfig``, ``SFTConfig``, ``ModelConfig``).
+``BackendConfig``, ``EngineConfig``, ``SamplingConfig``, ``SFTConfig``). The ``dataset`` and
+``workflow`` sections (and the tools, environments and rewards inside a workflow) are plug-ins named
+by ``type``: each is parsed into the named plug-in's own typed options when the recipe loads, so an
+unknown name, a misspelt option or a wrong type is refused with a message naming the field before
+any process starts. ``imports`` names modules that register a user's own plug-ins.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+import importlib
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -17,38 +22,24 @@ from astraflow.dataflow.config import DataflowConfig
 from astraflow.engines import EngineConfig
 from astraflow.sft import SFTConfig
 from astraflow.trainer.backend import BackendConfig
-from astraflow.workflows.base import SamplingConfig
+from astraflow.tasks import DatasetField
+from astraflow.workflows import SamplingConfig, WorkflowField
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class DatasetSpec(_Section):
-    type: str = "arithmetic"
-    """A dataset registered in ``astraflow.tasks`` (``astraflow.tasks.DATASETS``)."""
-    params: dict[str, Any] = Field(default_factory=dict)
-    """Keyword arguments of the dataset class (seed, held-out fraction, difficulty, ...)."""
-    task_type: str = "math"
-    """Written on each Task; routing and mixing plug-ins can key on it."""
-    samples: int = Field(default=8, ge=1)
-    """Trajectories per task and policy (the GRPO group size)."""
-    pool: str = "default"
-    """Rollout pool whose task topic receives the tasks."""
-
-
-class WorkflowSpec(_Section):
-    type: str = "math"
-    """A workflow registered in ``astraflow.workflows`` ("math", "solver_verifier", ...)."""
-    params: dict[str, Any] = Field(default_factory=dict)
-    """Keyword arguments of the workflow class (policy names, reward plug-in, sampling)."""
-
-
 class PolicySpec(_Section):
     name: str = Field(pattern=r"^[a-z][a-z0-9_-]*$")
     """Policy id: names its batch and weight topics and its bucket prefix."""
     model: str = "examples/models/tiny.yaml"
-    """Model config YAML (relative to the recipe file or the working directory)."""
+    """The policy's checkpoint: a Hugging Face checkpoint directory (config.json, safetensors,
+    tokenizer files, optional chat template), an ``s3://bucket/prefix`` holding one (downloaded
+    once into a local cache), a ``.gguf`` file (converted once), or a tiny-model ``.yaml`` spec
+    (materialised once as a checkpoint directory). Relative to the recipe file or the working dir."""
+    trust_remote_code: bool = False
+    """Let ``transformers`` run code shipped with the checkpoint (off unless you trust it)."""
     backend: BackendConfig = Field(default_factory=BackendConfig)
     """Trainer backend and optimiser hyper-parameters."""
     sft: SFTConfig | None = None
@@ -91,10 +82,15 @@ class EvalSpec(_Section):
 class Recipe(_Section):
     run: str = Field(default="run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     """Run id (topic and bucket prefix). ``astraflow run --run-id`` overrides it."""
+    imports: list[str] = Field(default_factory=list)
+    """Python modules imported before the rest is validated: they register a user's own datasets,
+    workflows, tools, environments, rewards and dataflow plug-ins by name."""
     seed: int = 0
     """Seed of model initialisation, data generation and sampling."""
-    dataset: DatasetSpec = Field(default_factory=DatasetSpec)
-    workflow: WorkflowSpec = Field(default_factory=WorkflowSpec)
+    dataset: DatasetField = Field(default_factory=lambda: {"type": "minmax"}, validate_default=True)
+    """The dataset plug-in and its options (``type`` names it: minmax, add, jsonl, parquet, ...)."""
+    workflow: WorkflowField = Field(default_factory=lambda: {"type": "math"}, validate_default=True)
+    """The workflow plug-in and its options (``type`` names it: math, solver_verifier, tool_agent, ...)."""
     policies: list[PolicySpec] = Field(min_length=1)
     pools: list[PoolSpec] = Field(default_factory=lambda: [PoolSpec()], min_length=1)
     sampling: dict[str, SamplingConfig] = Field(default_factory=dict)
@@ -105,11 +101,26 @@ class Recipe(_Section):
     source: Path | None = Field(default=None, exclude=True)
     """The file this recipe was read from (set by ``load``)."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _import_plugins(cls, data: Any) -> Any:
+        for module in (data.get("imports") or []) if isinstance(data, dict) else []:
+            try:
+                importlib.import_module(module)
+            except ImportError as exc:
+                raise ValueError(f"imports: cannot import plug-in module {module!r}: {exc}") from None
+        return data
+
     @model_validator(mode="after")
     def _check_names(self) -> Recipe:
         names = [p.name for p in self.policies]
         if len(set(names)) != len(names):
             raise ValueError(f"policy names must be unique, got {names}")
+        called = self.workflow.policies()
+        missing = [p for p in called if p not in names]
+        if missing:
+            raise ValueError(f"workflow {self.workflow.type!r} calls policies {missing} that the recipe does "
+                             f"not define; policies are {names}")
         if set(self.dataflow.policies) != set(names):
             self.dataflow = self.dataflow.model_copy(update={"policies": names})
         pools = [p.name for p in self.pools]
@@ -142,11 +153,28 @@ class Recipe(_Section):
             return self.source.parent / p
         return p
 
-    def build_policy_model(self, name: str) -> Any:
-        """A freshly initialised ``torch.nn.Module`` from policy ``name``'s model config."""
-        from astraflow.models import build_model  # torch / transformers: only when a model is built
+    def role(self, policy: str) -> str:
+        """The policy's role in the workflow ("solver", "verifier", "agent", ...)."""
+        return self.workflow.roles().get(policy, "solver")
 
-        return build_model(self.resolve_path(self.policy(name).model))
+    def checkpoint_dir(self, name: str) -> Path:
+        """Local checkpoint directory of policy ``name`` (downloaded / converted / built once)."""
+        from astraflow.models import resolve_checkpoint
+
+        spec = self.policy(name)
+        return resolve_checkpoint(spec.model, base=self.source.parent if self.source else None)
+
+    def build_policy_model(self, name: str) -> Any:
+        """Policy ``name``'s model, loaded from its checkpoint with ``AutoModelForCausalLM``."""
+        from astraflow.models import load_model  # torch / transformers: only when a model is built
+
+        return load_model(self.checkpoint_dir(name), trust_remote_code=self.policy(name).trust_remote_code)
+
+    def build_policy_tokenizer(self, name: str) -> Any:
+        """Policy ``name``'s tokenizer, loaded from its checkpoint with ``AutoTokenizer``."""
+        from astraflow.models import load_tokenizer
+
+        return load_tokenizer(self.checkpoint_dir(name), trust_remote_code=self.policy(name).trust_remote_code)
 
     @classmethod
     def load(cls, path: str | Path, **overrides: Any) -> Recipe:

@@ -1,12 +1,31 @@
-"""Name -> plug-in tables (datasets, workflows, rewards, dataflow plug-ins) that recipes name by a
-string; filled by a ``register`` decorator when the plug-in's module is imported."""
+"""Name -> plug-in tables (datasets, workflows, rewards, tools, environments, dataflow plug-ins)
+that recipes name by a string; filled by a ``register`` decorator when the plug-in's module is
+imported.
+
+A plug-in may carry typed options: a pydantic model (its ``Config``) whose ``type`` field is the
+registered name. :meth:`Registry.parse` turns a recipe entry (``{type: calculator, timeout_s: 2}``
+or the bare name ``calculator``) into that model, so a recipe section is a discriminated union on
+``type`` that user plug-ins extend by registering a class, and :func:`plugin_field` makes it a
+pydantic field type validated when the recipe loads.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from typing import Annotated, Any, Generic, TypeVar
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, SerializeAsAny, ValidationError
 
 T = TypeVar("T")
+
+
+class PluginConfig(BaseModel):
+    """Options of one registered plug-in as written in a recipe: ``type`` names the plug-in, every
+    other field is one of its typed options. Subclasses narrow ``type`` to ``Literal["<name>"]``."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: str
+    """Registered name of the plug-in."""
 
 
 class Registry(Generic[T]):
@@ -47,3 +66,43 @@ class Registry(Generic[T]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
+
+    # -- typed options ----------------------------------------------------------------------------
+    def config_class(self, name: str) -> type[PluginConfig]:
+        """The options model of the plug-in registered under ``name`` (its ``Config`` attribute)."""
+        cls = getattr(self.get(name), "Config", None)
+        if not (isinstance(cls, type) and issubclass(cls, PluginConfig)):
+            raise self.error(f"{self.what} {name!r} declares no Config (a PluginConfig subclass)")
+        return cls
+
+    def parse(self, data: Any) -> PluginConfig:
+        """A recipe entry as the named plug-in's typed options: a bare name, a mapping with
+        ``type``, or an already-built config. Errors name the plug-in and the offending option."""
+        if isinstance(data, PluginConfig):
+            data = data.model_dump()
+        if isinstance(data, str):
+            data = {"type": data}
+        if not isinstance(data, dict):
+            raise ValueError(f"a {self.what} is a name or a mapping with 'type', got {type(data).__name__}")
+        name = data.get("type")
+        if not isinstance(name, str):
+            raise ValueError(f"a {self.what} needs a 'type' (one of {self.names()})")
+        if name not in self._entries:
+            raise ValueError(f"unknown {self.what} {name!r}; registered: {self.names()}")
+        try:
+            return self.config_class(name).model_validate(data)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'options'}: {e['msg']}"
+                                 for e in exc.errors())
+            raise ValueError(f"{self.what} {name!r}: {problems}") from None
+
+    def build(self, config: PluginConfig | dict[str, Any] | str, *args: Any, **kwargs: Any) -> Any:
+        """The plug-in named by ``config``, constructed with its parsed options first."""
+        parsed = self.parse(config)
+        return self.get(parsed.type)(parsed, *args, **kwargs)
+
+
+def plugin_field(registry: Registry[Any]) -> Any:
+    """A pydantic field type for one entry of ``registry``: parsed by :meth:`Registry.parse` at
+    validation and serialised with all of the concrete options (not only ``type``)."""
+    return Annotated[SerializeAsAny[PluginConfig], BeforeValidator(registry.parse)]

@@ -1,8 +1,19 @@
-"""Generated datasets (seeded, train/held-out split by prompt), registered by name."""
+"""Datasets (generated and from files), registered by name, with seeded train/held-out splits."""
 
 from astraflow.tasks import arithmetic as _arithmetic  # noqa: F401  (registers the datasets)
-from astraflow.tasks.base import DATASETS, Dataset, Problem, build_dataset, register_dataset, split_of
-from astraflow.tasks.verify import verifier_prompt
+from astraflow.tasks.base import (
+    DATASETS,
+    Dataset,
+    DatasetConfig,
+    DatasetField,
+    GeneratedDataset,
+    Problem,
+    build_dataset,
+    compact,
+    register_dataset,
+    split_of,
+)
+from astraflow.tasks.verify import verifier_prompt, wrong_answer
 
-__all__ = ["DATASETS", "Dataset", "Problem", "build_dataset", "register_dataset", "split_of",
-           "verifier_prompt"]
+__all__ = ["DATASETS", "Dataset", "DatasetConfig", "DatasetField", "GeneratedDataset", "Problem",
+           "build_dataset", "compact", "register_dataset", "split_of", "verifier_prompt", "wrong_answer"]

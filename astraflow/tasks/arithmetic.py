@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import random
+from typing import Literal
 
-from astraflow.tasks.base import Dataset, register_dataset
+from pydantic import Field
+
+from astraflow.tasks.base import DatasetConfig, GeneratedDataset, register_dataset
 
 
 @register_dataset("minmax")
-class MinMax(Dataset):
+class MinMax(GeneratedDataset):
     """``max 3 7 1 9 =`` -> ``9``: the max or min of a list of digits.
 
     A one-token answer makes GRPO groups informative from the first step (a partially trained
@@ -16,26 +19,32 @@ class MinMax(Dataset):
     lists, so held-out accuracy measures learning rather than memorisation.
     """
 
-    def __init__(self, seed: int = 0, heldout_fraction: float = 0.1, min_len: int = 3,
-                 max_len: int = 6, ops: tuple[str, ...] = ("max", "min")) -> None:
-        super().__init__(seed, heldout_fraction)
-        self.min_len, self.max_len, self.ops = min_len, max_len, tuple(ops)
+    class Config(DatasetConfig):
+        type: Literal["minmax"] = "minmax"
+        min_len: int = Field(default=3, ge=1)
+        """Shortest list."""
+        max_len: int = Field(default=6, ge=1)
+        """Longest list."""
+        ops: tuple[Literal["max", "min"], ...] = ("max", "min")
+        """Operations drawn from."""
 
     def _draw(self, rng: random.Random) -> tuple[str, str]:
-        op = rng.choice(self.ops)
-        xs = [rng.randrange(10) for _ in range(rng.randint(self.min_len, self.max_len))]
+        cfg = self.config
+        op = rng.choice(cfg.ops)
+        xs = [rng.randrange(10) for _ in range(rng.randint(cfg.min_len, cfg.max_len))]
         ans = max(xs) if op == "max" else min(xs)
         return f"{op} {' '.join(map(str, xs))} =", str(ans)
 
 
 @register_dataset("add")
-class Addition(Dataset):
+class Addition(GeneratedDataset):
     """``12 + 7 =`` -> ``19``: addition of two non-negative integers below ``10**digits``."""
 
-    def __init__(self, seed: int = 0, heldout_fraction: float = 0.1, digits: int = 2) -> None:
-        super().__init__(seed, heldout_fraction)
-        self.digits = digits
+    class Config(DatasetConfig):
+        type: Literal["add"] = "add"
+        digits: int = Field(default=2, ge=1)
+        """Digits of each operand."""
 
     def _draw(self, rng: random.Random) -> tuple[str, str]:
-        a, b = rng.randrange(10**self.digits), rng.randrange(10**self.digits)
+        a, b = rng.randrange(10**self.config.digits), rng.randrange(10**self.config.digits)
         return f"{a} + {b} =", str(a + b)

@@ -1,4 +1,11 @@
-"""Generated datasets with checkable answers: a tiny ABC, a registry by name, seeded splits."""
+"""Datasets: a tiny ABC, a registry by name with typed options, deterministic train/held-out splits.
+
+A dataset is a class registered by name whose ``Config`` (a :class:`DatasetConfig`) is the recipe's
+``dataset`` section: ``{type: jsonl, path: ..., fields: {...}, samples: 8}``. Generated datasets
+draw problems from a seeded RNG (:class:`GeneratedDataset`); file datasets read rows
+(``astraflow.tasks.files``). Either way the split is by a hash of the prompt, so train and held-out
+never share a prompt and every component that builds the dataset sees the same split.
+"""
 
 from __future__ import annotations
 
@@ -6,49 +13,92 @@ import hashlib
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
 
-from astraflow.models.tokenizer import compact
-from astraflow.registry import Registry
+from pydantic import Field
+
+from astraflow.registry import PluginConfig, Registry, plugin_field
 
 Split = Literal["train", "heldout"]
 
 
+def compact(text: str) -> str:
+    """Text without whitespace: ``"1 2"`` -> ``"12"`` (how short answers are compared)."""
+    return "".join(text.split())
+
+
 @dataclass(frozen=True)
 class Problem:
-    """One prompt with its reference answer (answers are compared without whitespace)."""
+    """One prompt with its reference answer."""
 
     prompt_id: str
     prompt: str
+    """The prompt text (the user message when the problem has no ``messages``)."""
     answer: str
+    task_type: str = ""
+    """Task family; "" means the dataset section's ``task_type``."""
+    messages: tuple[tuple[str, str], ...] = ()
+    """A chat prompt as (role, content) pairs, rendered with the policy's chat template."""
+    metadata: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
+    """Free-form string pairs carried on the Task (difficulty, source, ...)."""
 
 
-def split_of(prompt: str, heldout_fraction: float) -> Split:
-    """Deterministic split by the prompt text's hash: train and held-out never share a prompt."""
-    h = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:8], "big") / 2**64
+def split_of(key: str, heldout_fraction: float) -> Split:
+    """Deterministic split by a hash of ``key`` (the prompt text): train and held-out never share it."""
+    h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
     return "heldout" if h < heldout_fraction else "train"
 
 
+def prompt_id_of(dataset: str, prompt: str) -> str:
+    """A problem id derived from the prompt text: the same prompt is the same problem everywhere."""
+    return f"{dataset}-{hashlib.sha256(prompt.encode()).hexdigest()[:12]}"
+
+
+class DatasetConfig(PluginConfig):
+    """Options every dataset has; subclasses add theirs and narrow ``type``."""
+
+    seed: int | None = None
+    """Seed of generation / shuffling; ``None`` uses the recipe's seed."""
+    heldout_fraction: float = Field(default=0.1, ge=0.0, lt=1.0)
+    """Share of prompts kept out of training (by prompt hash) for evaluation."""
+    task_type: str = "math"
+    """Written on each Task unless the problem has its own; routing and mixing plug-ins key on it."""
+    samples: int = Field(default=8, ge=1)
+    """Trajectories per task and policy (the GRPO group size)."""
+    pool: str = "default"
+    """Rollout pool whose task topic receives the tasks."""
+
+
 class Dataset(ABC):
-    """A seeded generator of problems, split into disjoint train and held-out sets by prompt."""
+    """Problems split into disjoint train and held-out sets by prompt."""
 
-    name: str = ""
+    name: ClassVar[str] = ""
+    Config: ClassVar[type[DatasetConfig]] = DatasetConfig
 
-    def __init__(self, seed: int = 0, heldout_fraction: float = 0.1) -> None:
-        self.seed = seed
-        self.heldout_fraction = heldout_fraction
+    def __init__(self, config: DatasetConfig) -> None:
+        self.config = config
+        self.seed = config.seed or 0
+        self.heldout_fraction = config.heldout_fraction
+
+    @abstractmethod
+    def problems(self, split: Split, n: int, *, seed: int | None = None) -> list[Problem]:
+        """``n`` distinct problems of ``split`` (deterministic for the dataset seed and ``seed``);
+        fewer only when the split has fewer."""
+
+    @abstractmethod
+    def stream(self, split: Split = "train", *, seed: int = 0) -> Iterator[Problem]:
+        """An endless iterator of problems of ``split`` (repeats allowed), for task emitters."""
+
+
+class GeneratedDataset(Dataset):
+    """A seeded generator of (prompt, answer) pairs."""
 
     @abstractmethod
     def _draw(self, rng: random.Random) -> tuple[str, str]:
         """One random (prompt, answer) pair."""
 
-    def check(self, problem: Problem, response: str) -> bool:
-        """Whether a decoded response answers the problem."""
-        return compact(response) == problem.answer
-
     def problems(self, split: Split, n: int, *, seed: int | None = None) -> list[Problem]:
-        """``n`` distinct problems of ``split`` (deterministic for the dataset seed and ``seed``)."""
         rng = random.Random(f"{self.name}/{self.seed}/{split}/{seed}")
         out: dict[str, Problem] = {}
         attempts = 0
@@ -63,7 +113,6 @@ class Dataset(ABC):
         return list(out.values())
 
     def stream(self, split: Split = "train", *, seed: int = 0) -> Iterator[Problem]:
-        """An endless iterator of problems of ``split`` (repeats allowed), for task emitters."""
         rng = random.Random(f"{self.name}/{self.seed}/{split}/stream/{seed}")
         while True:
             prompt, answer = self._draw(rng)
@@ -71,13 +120,12 @@ class Dataset(ABC):
                 yield self._problem(prompt, answer)
 
     def _problem(self, prompt: str, answer: str) -> Problem:
-        """The problem with its id: derived from the prompt text, so the same prompt drawn by
-        ``problems`` or ``stream`` is the same problem."""
-        pid = f"{self.name}-{hashlib.sha256(prompt.encode()).hexdigest()[:12]}"
-        return Problem(prompt_id=pid, prompt=prompt, answer=answer)
+        return Problem(prompt_id=prompt_id_of(self.name, prompt), prompt=prompt, answer=answer)
 
 
 DATASETS: Registry[type[Dataset]] = Registry("dataset")
+DatasetField = plugin_field(DATASETS)
+"""Pydantic field type of a recipe's dataset section."""
 
 
 def register_dataset(name: str) -> Callable[[type[Dataset]], type[Dataset]]:
@@ -88,6 +136,8 @@ def register_dataset(name: str) -> Callable[[type[Dataset]], type[Dataset]]:
     return deco
 
 
-def build_dataset(name: str, **kwargs) -> Dataset:
-    """The dataset registered under ``name`` (kwargs go to its constructor)."""
-    return DATASETS.get(name)(**kwargs)
+def build_dataset(config: DatasetConfig | dict[str, Any] | str, **options: Any) -> Dataset:
+    """The dataset named by ``config`` (a parsed config, a recipe entry, or a name plus options)."""
+    if isinstance(config, str):
+        config = {"type": config, **options}
+    return DATASETS.build(config)

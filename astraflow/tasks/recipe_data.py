@@ -6,10 +6,11 @@ held-out evaluation) builds it here, so they all draw from the same seeded datas
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from astraflow.tasks.base import Dataset, build_dataset
+from astraflow.tasks.base import Dataset, Problem, build_dataset
 
 if TYPE_CHECKING:
     from astraflow.recipe import Recipe
@@ -17,17 +18,30 @@ if TYPE_CHECKING:
 
 
 def recipe_dataset(recipe: Recipe) -> Dataset:
-    """The recipe's dataset, seeded with the recipe's seed unless its ``params`` set one."""
+    """The recipe's dataset, seeded with the recipe's seed unless its section sets one."""
     spec = recipe.dataset
-    return build_dataset(spec.type, **{"seed": recipe.seed, **spec.params})
+    if spec.seed is None:
+        spec = spec.model_copy(update={"seed": recipe.seed})
+    return build_dataset(spec)
+
+
+def task_of(problem: Problem, recipe: Recipe, prompt_id: str | None = None) -> Task:
+    """The Task for ``problem`` under the recipe's dataset section (a chat prompt travels as JSON
+    in ``metadata["messages"]``, rendered by each policy's own chat template on the node)."""
+    from astraflow.records import Task
+    from astraflow.workflows.policy import MESSAGES_KEY
+
+    spec = recipe.dataset
+    metadata = dict(problem.metadata)
+    if problem.messages:
+        metadata[MESSAGES_KEY] = json.dumps([{"role": r, "content": c} for r, c in problem.messages])
+    return Task(prompt_id=prompt_id or problem.prompt_id, prompt=problem.prompt, answer=problem.answer,
+                samples=spec.samples, task_type=problem.task_type or spec.task_type, policy="",
+                pool=spec.pool, metadata=metadata)
 
 
 def recipe_tasks(recipe: Recipe) -> Iterator[Task]:
     """The recipe's training tasks: an endless, seeded stream of the dataset's train split, each draw
     with its own prompt id (a prompt drawn twice is two tasks)."""
-    from astraflow.records import Task
-
-    spec = recipe.dataset
     for i, problem in enumerate(recipe_dataset(recipe).stream("train", seed=recipe.seed)):
-        yield Task(prompt_id=f"{problem.prompt_id}.{i}", prompt=problem.prompt, answer=problem.answer,
-                   samples=spec.samples, task_type=spec.task_type, policy="", pool=spec.pool)
+        yield task_of(problem, recipe, f"{problem.prompt_id}.{i}")

@@ -1,6 +1,13 @@
-"""How a verifier policy is prompted: the problem, then the candidate answer to judge."""
+"""How a verifier policy is prompted (the problem, then the candidate answer to judge) and the
+plausible wrong candidates it is trained and evaluated on."""
 
 from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from astraflow.tasks.base import Problem
 
 
 def verifier_prompt(problem_prompt: str, candidate: str) -> str:
@@ -14,3 +21,13 @@ def verifier_prompt(problem_prompt: str, candidate: str) -> str:
     """
     cand = " ".join(candidate.split()) or "?"
     return f"{problem_prompt} {cand}"
+
+
+def wrong_answer(problem: Problem, rng: random.Random) -> str:
+    """A plausible wrong answer: another number from the prompt when there is one, else a near miss."""
+    nums = [w for w in problem.prompt.split() if w.isdigit() and w != problem.answer]
+    if nums and rng.random() < 0.7:
+        return rng.choice(nums)
+    a = int(problem.answer) if problem.answer.isdigit() else 0
+    cand = a + rng.choice([-2, -1, 1, 2, 3])
+    return str(cand if cand >= 0 and cand != a else a + 1)

@@ -1,9 +1,24 @@
-"""Episode logic: workflows and reward plug-ins, each registered by name."""
+"""Episode logic: workflows, reward plug-ins and the policy handle workflows call, each by name."""
 
-from astraflow.workflows import math as _math  # noqa: F401  (registers "math")
-from astraflow.workflows import solver_verifier as _sv  # noqa: F401  (registers "solver_verifier")
-from astraflow.workflows.base import WORKFLOWS, SamplingConfig, Workflow, build_workflow, register_workflow
-from astraflow.workflows.rewards import REWARDS, get_reward, register_reward
+from astraflow.workflows.base import (
+    WORKFLOWS,
+    PolicyClient,
+    SamplingConfig,
+    Workflow,
+    WorkflowConfig,
+    build_workflow,
+    register_workflow,
+)
+from astraflow.registry import plugin_field
+from astraflow.workflows.rewards import REWARDS, Reward, RewardField, build_reward, register_reward
 
-__all__ = ["REWARDS", "WORKFLOWS", "SamplingConfig", "Workflow", "build_workflow", "get_reward",
-           "register_reward", "register_workflow"]
+WorkflowField = plugin_field(WORKFLOWS)
+"""Pydantic field type of a recipe's workflow section."""
+
+# Built-in workflows register themselves on import.
+from astraflow.workflows import math as _math  # noqa: E402,F401
+from astraflow.workflows import solver_verifier as _sv  # noqa: E402,F401
+
+__all__ = ["REWARDS", "WORKFLOWS", "PolicyClient", "Reward", "RewardField", "SamplingConfig", "Workflow",
+           "WorkflowConfig", "WorkflowField", "build_reward", "build_workflow", "register_reward",
+           "register_workflow"]

@@ -1,91 +1,61 @@
-"""The workflow contract: one episode of a task, possibly calling several policies' engines."""
+"""The workflow contract: one episode of a task, possibly calling several policies.
+
+A workflow is a class registered by name with a typed ``Config`` (a :class:`WorkflowConfig`); the
+recipe's ``workflow`` section is parsed into that config when the recipe loads, so a typo in an
+option is refused before any process starts. The config declares the policies the workflow calls
+(:meth:`WorkflowConfig.policies`); nothing is discovered by inspecting signatures.
+"""
 
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from typing import Any
+from collections import Counter
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from astraflow.registry import PluginConfig, Registry
+from astraflow.workflows.policy import PolicyClient, SamplingConfig
 
-from astraflow.engines.base import Engine, Generation, SamplingParams
-from astraflow.registry import Registry
+if TYPE_CHECKING:
+    from astraflow.records import Task, Trajectory
 
 
-class SamplingConfig(BaseModel):
-    """Sampling settings of one policy inside a workflow."""
+class WorkflowConfig(PluginConfig):
+    """Options of a workflow (subclasses add theirs and narrow ``type``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    def policies(self) -> list[str]:
+        """Every policy an episode of this workflow calls, in a stable order."""
+        raise NotImplementedError
 
-    max_new_tokens: int = 4
-    """Longest response (the EOS token counts)."""
-    temperature: float = 1.0
-    """Sampling temperature (must equal the trainer backend's temperature)."""
-    top_p: float = 1.0
-    """Nucleus mass."""
-
-    def params(self) -> SamplingParams:
-        return SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
-                              top_p=self.top_p)
+    def roles(self) -> dict[str, str]:
+        """Policy name -> its role in the workflow ("solver", "verifier", "agent", ...): how the
+        warm start and evaluation treat it. Default: every policy is a "solver"."""
+        return {p: "solver" for p in self.policies()}
 
 
 class Workflow(ABC):
-    """Turns a Task into trajectories by calling engines; ``None`` rejects the task."""
+    """Turns a Task into trajectories by calling policies; ``None`` rejects the task (the whole
+    group: a workflow never returns part of a GRPO group)."""
 
-    name: str = ""
+    name: ClassVar[str] = ""
+    Config: ClassVar[type[WorkflowConfig]] = WorkflowConfig
+
+    def __init__(self, config: WorkflowConfig) -> None:
+        self.config = config
+        self.counters: Counter[str] = Counter()
+        """Named event counts (tool calls, tool timeouts, environment failures, ...) that the node
+        publishes in its metrics records."""
 
     @abstractmethod
-    async def run_episode(self, task: Any, engines: dict[str, Engine]) -> list[Any] | None:
+    async def run_episode(self, task: Task, policies: Mapping[str, PolicyClient]) -> list[Trajectory] | None:
         """Trajectories of every policy the episode used (``node_id`` is left for the node to set)."""
 
-    # -- helpers shared by the built-in workflows -------------------------------------------------
     @staticmethod
-    def tokenizer():
-        from astraflow.models.tokenizer import build_tokenizer
-
-        return build_tokenizer()
-
-    def encode_prompt(self, text: str) -> list[int]:
-        tok = self.tokenizer()
-        return [tok.bos_token_id, *tok.encode(text, add_special_tokens=False)]
-
-    def decode_response(self, token_ids: list[int]) -> str:
-        tok = self.tokenizer()
-        return tok.decode([t for t in token_ids if t != tok.eos_token_id], skip_special_tokens=False)
-
-    @staticmethod
-    def engine_for(engines: dict[str, Engine], policy: str) -> Engine:
+    def policy(policies: Mapping[str, PolicyClient], name: str) -> PolicyClient:
         try:
-            return engines[policy]
+            return policies[name]
         except KeyError:
-            raise ValueError(f"no engine for policy {policy!r}; have {sorted(engines)}") from None
-
-    @staticmethod
-    def trajectory(task: Any, policy: str, index: int, prompt_ids: list[int], gen: Generation,
-                   reward: float, rewards: dict[str, float], gen_seconds: float):
-        from astraflow.records import Trajectory, episode_id_for, group_id_for
-
-        n = len(gen.token_ids)
-        return Trajectory(
-            episode_id=episode_id_for(task.prompt_id, policy, index),
-            task_id=task.prompt_id,
-            group_id=group_id_for(task.prompt_id, policy),
-            sample_index=index,
-            policy=policy,
-            prompt_ids=list(prompt_ids),
-            response_ids=list(gen.token_ids),
-            logprobs=list(gen.logprobs),
-            versions=list(gen.versions),
-            loss_mask=[1] * n,
-            reward=float(reward),
-            rewards=dict(rewards),
-            turn_bounds=[0, n],
-            node_id="",
-            created_at=time.time(),
-            gen_seconds=gen_seconds,
-            task_type=task.task_type,
-        )
+            raise ValueError(f"no policy {name!r} in this node; have {sorted(policies)}") from None
 
 
 WORKFLOWS: Registry[type[Workflow]] = Registry("workflow")
@@ -99,6 +69,10 @@ def register_workflow(name: str) -> Callable[[type[Workflow]], type[Workflow]]:
     return deco
 
 
-def build_workflow(name: str, **config: Any) -> Workflow:
-    """The workflow registered under ``name`` configured with ``config``."""
-    return WORKFLOWS.get(name)(**config)
+def build_workflow(config: WorkflowConfig | dict[str, Any] | str) -> Workflow:
+    """The workflow named by ``config`` (a parsed config, or a recipe entry)."""
+    return WORKFLOWS.build(config)
+
+
+__all__ = ["WORKFLOWS", "PolicyClient", "SamplingConfig", "Workflow", "WorkflowConfig", "build_workflow",
+           "register_workflow"]

@@ -1,93 +1,113 @@
 """Two policies in one episode: a solver answers, a verifier judges each answer.
 
 The solver samples ``task.samples`` answers (reward: answer correct). For every answer the verifier
-sees ``check <problem> <answer> ?`` and emits a verdict token, ``<yes>`` or ``<no>`` (reward: the
-verdict matches the truth; anything else scores 0). Each policy gets its own trajectories and its
-own GRPO group (``<prompt_id>/solver``, ``<prompt_id>/verifier``), so two trainers can consume them.
+sees ``<problem> <answer>`` and emits a verdict, ``<yes>`` or ``<no>`` (reward: the verdict matches
+the truth; anything else scores 0). Each policy gets its own trajectories and its own GRPO group
+(``<prompt_id>/solver``, ``<prompt_id>/verifier``), so two trainers can consume them.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Literal
 
-from astraflow.engines.base import Engine
-from astraflow.models.tokenizer import NO, YES
-from astraflow.tasks.verify import verifier_prompt
-from astraflow.workflows.base import SamplingConfig, Workflow, register_workflow
-from astraflow.workflows.rewards import get_reward
+from pydantic import Field
+
+from astraflow.tasks.verify import verifier_prompt, wrong_answer
+from astraflow.workflows.base import PolicyClient, Workflow, WorkflowConfig, register_workflow
+from astraflow.workflows.rewards import RewardField, build_reward
+from astraflow.workflows.transcript import Transcript
+
+if TYPE_CHECKING:
+    from astraflow.records import Task, Trajectory
 
 
 @register_workflow("solver_verifier")
 class SolverVerifierWorkflow(Workflow):
-    def __init__(self, solver_policy: str = "solver", verifier_policy: str = "verifier",
-                 reward: str = "exact_match", solver_sampling: SamplingConfig | dict | None = None,
-                 verifier_sampling: SamplingConfig | dict | None = None,
-                 verifier_group: str = "prompt") -> None:
-        """``verifier_group``: "prompt" = one verdict per solver answer, one verifier group per prompt
-        (baseline = the verifier's mean score on this prompt); "answer" = ``task.samples`` verdicts
-        per solver answer, one group per answer (``<prompt_id>/verifier/<i>``), so each input is
-        judged against itself and the solver's growing share of right answers cannot bias the
-        baseline (costs ``samples``x more verifier tokens); "balanced" = one group per prompt over
-        ``task.samples`` candidates: the first half of the solver's answers, topped up with the
-        reference answer or a plausible wrong one (:func:`astraflow.sft.wrong_answer`) so that right
-        and wrong candidates are equal in number — as the solver improves, "always yes" no longer
-        pays, so the verifier must discriminate (the held-out verifier eval is balanced too)."""
-        if verifier_group not in ("prompt", "answer", "balanced"):
-            raise ValueError(f"verifier_group must be 'prompt', 'answer' or 'balanced', got {verifier_group!r}")
-        self.verifier_group = verifier_group
-        self.solver_policy, self.verifier_policy = solver_policy, verifier_policy
-        self.reward_name = reward
-        self.reward_fn = get_reward(reward)
-        self.solver_sampling = SamplingConfig.model_validate(solver_sampling or {})
-        self.verifier_sampling = SamplingConfig.model_validate(verifier_sampling or {"max_new_tokens": 2})
+    class Config(WorkflowConfig):
+        type: Literal["solver_verifier"] = "solver_verifier"
+        solver_policy: str = "solver"
+        """The policy that answers."""
+        verifier_policy: str = "verifier"
+        """The policy that judges each answer."""
+        reward: RewardField = Field(default="exact_match", validate_default=True)
+        """Reward plug-in scoring the solver's answers (and so the truth the verifier must find)."""
+        verifier_group: Literal["prompt", "answer", "balanced"] = "prompt"
+        """"prompt": one verdict per solver answer, one verifier group per prompt (baseline = the
+        verifier's mean score on this prompt); "answer": ``task.samples`` verdicts per solver answer,
+        one group per answer (``<prompt_id>/verifier/<i>``), so the solver's growing share of right
+        answers cannot bias the baseline (costs ``samples``x more verifier tokens); "balanced": one
+        group per prompt over ``task.samples`` candidates, the first half of the solver's answers
+        topped up with the reference answer or plausible wrong ones so that right and wrong
+        candidates are equal in number (as the solver improves, "always yes" no longer pays)."""
+        yes: str = "<yes>"
+        """Verdict text meaning "correct" (a special token of the demo tokenizer)."""
+        no: str = "<no>"
+        """Verdict text meaning "wrong"."""
 
-    def verdict(self, token_ids: list[int]) -> bool | None:
-        """True for ``<yes>``, False for ``<no>``, None for anything else (a malformed verdict)."""
-        tok = self.tokenizer()
-        first = token_ids[0] if token_ids else None
-        return {tok.convert_tokens_to_ids(YES): True, tok.convert_tokens_to_ids(NO): False}.get(first)
+        def policies(self) -> list[str]:
+            return [self.solver_policy, self.verifier_policy]
 
-    async def run_episode(self, task: Any, engines: dict[str, Engine]) -> list[Any] | None:
-        solver = self.engine_for(engines, self.solver_policy)
-        verifier = self.engine_for(engines, self.verifier_policy)
-        prompt_ids = list(task.prompt_ids) or self.encode_prompt(task.prompt)
+        def roles(self) -> dict[str, str]:
+            return {self.solver_policy: "solver", self.verifier_policy: "verifier"}
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        self.reward = build_reward(config.reward)
+
+    def verdict(self, text: str) -> bool | None:
+        """True for the yes verdict, False for no, None for anything else (a malformed verdict)."""
+        text = text.strip()
+        if text.startswith(self.config.yes):
+            return True
+        if text.startswith(self.config.no):
+            return False
+        return None
+
+    async def run_episode(self, task: Task, policies: Mapping[str, PolicyClient]) -> list[Trajectory] | None:
+        cfg = self.config
+        solver = self.policy(policies, cfg.solver_policy)
+        verifier = self.policy(policies, cfg.verifier_policy)
+        prompt_ids = solver.prompt_ids(task)
         t0 = time.perf_counter()
-        answers = await solver.agenerate([prompt_ids] * task.samples, self.solver_sampling.params())
+        answers = await solver.generate([prompt_ids] * task.samples)
         t_solve = time.perf_counter() - t0
-        texts = [self.decode_response(g.token_ids) for g in answers]
-        correct = [self.reward_fn(t, task) for t in texts]
+        texts = [solver.decode(g.token_ids) for g in answers]
+        correct = [self.reward(t, task) for t in texts]
         cands, truth = texts, [c > 0.5 for c in correct]
-        if self.verifier_group == "balanced":
+        if cfg.verifier_group == "balanced":
             cands, truth = balanced_candidates(task, texts, truth)
-        v_prompts = [self.encode_prompt(verifier_prompt(task.prompt, t)) for t in cands]
+        v_prompts = [verifier.render([{"role": "user", "content": verifier_prompt(task.prompt, t)}])
+                     for t in cands]
         t1 = time.perf_counter()
-        k = task.samples if self.verifier_group == "answer" else 1
-        verdicts = await verifier.agenerate([vp for vp in v_prompts for _ in range(k)],
-                                            self.verifier_sampling.params())
+        k = task.samples if cfg.verifier_group == "answer" else 1
+        verdicts = await verifier.generate([vp for vp in v_prompts for _ in range(k)])
         t_verify = time.perf_counter() - t1
         out = []
         for i, (g, r) in enumerate(zip(answers, correct, strict=True)):
-            out.append(self.trajectory(task, self.solver_policy, i, prompt_ids, g, r,
-                                       {self.reward_name: r}, t_solve))
+            tr = Transcript(prompt_ids)
+            tr.add_generation(g, t_solve)
+            out.append(tr.to_trajectory(task, cfg.solver_policy, i, r, {self.reward.name: r}))
         for j, g in enumerate(verdicts):
             i = j // k
-            v = self.verdict(g.token_ids)
+            v = self.verdict(verifier.decode(g.token_ids))
             vr = float(v is not None and v == truth[i])
-            t = self.trajectory(task, self.verifier_policy, j, v_prompts[i], g, vr,
-                                {"verdict_correct": vr, "solver_correct": float(truth[i])}, t_verify)
-            if self.verifier_group == "answer":
-                t.group_id = f"{task.prompt_id}/{self.verifier_policy}/{i}"
+            tr = Transcript(v_prompts[i])
+            tr.add_generation(g, t_verify)
+            t = tr.to_trajectory(task, cfg.verifier_policy, j, vr,
+                                 {"verdict_correct": vr, "solver_correct": float(truth[i])})
+            if cfg.verifier_group == "answer":
+                t.group_id = f"{task.prompt_id}/{cfg.verifier_policy}/{i}"
             out.append(t)
         return out
 
 
-def balanced_candidates(task: Any, texts: list[str], truth: list[bool]) -> tuple[list[str], list[bool]]:
+def balanced_candidates(task: Task, texts: list[str], truth: list[bool]) -> tuple[list[str], list[bool]]:
     """``len(texts)`` answers to verify, half right and half wrong: the first half of the solver's
     answers, then the reference answer / plausible wrong answers (seeded by the prompt id)."""
     import random
 
-    from astraflow.sft import wrong_answer
     from astraflow.tasks.base import Problem
 
     n, half = len(texts), len(texts) // 2

@@ -1,0 +1,140 @@
+"""What a workflow sees of one policy: its engine, its tokenizer and its sampling settings.
+
+The tokenizer travels with the policy (it is loaded from the policy's checkpoint), so workflows,
+rewards and evaluation never reach for a global one. Everything here is token-in-token-out: a
+prompt is rendered and tokenised once, generated ids are kept as the engine returned them, and a
+message appended to a running conversation (a tool result, an environment observation) is
+tokenised once on its own, framed by the chat template, and never merged with the history.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from astraflow.engines.base import Engine, Generation, SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from astraflow.records import Task
+
+MESSAGES_KEY = "messages"
+"""``Task.metadata`` key holding a chat prompt (JSON list of ``{role, content}``) from a dataset."""
+
+
+class SamplingConfig(BaseModel):
+    """Sampling settings of one policy."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_new_tokens: int = Field(default=4, ge=1)
+    """Longest response of one turn (the end-of-turn token counts)."""
+    temperature: float = Field(default=1.0, ge=0.0)
+    """Sampling temperature (must equal the trainer backend's temperature)."""
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Nucleus mass."""
+
+    def params(self, stop_token_ids: tuple[int, ...] | None = None, max_new_tokens: int | None = None) -> SamplingParams:
+        return SamplingParams(max_new_tokens=max_new_tokens or self.max_new_tokens,
+                              temperature=self.temperature, top_p=self.top_p, stop_token_ids=stop_token_ids)
+
+
+@dataclass
+class PolicyClient:
+    """One policy inside an episode: generate from token ids, render prompts with its tokenizer."""
+
+    name: str
+    engine: Engine
+    tokenizer: PreTrainedTokenizerBase
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    max_context: int | None = None
+    """Longest prompt + response the model serves (from the checkpoint's config)."""
+
+    # -- tokens ------------------------------------------------------------------------------------
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        """End-of-turn tokens: the tokenizer's eos (for chat checkpoints, the end-of-turn token)."""
+        eos = self.tokenizer.eos_token_id
+        return (eos,) if eos is not None else ()
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def render(self, messages: list[dict[str, str]]) -> list[int]:
+        """A conversation as prompt ids, ending with the opening of the assistant's turn (chat
+        template), or ``bos + text`` of the single message for a tokenizer without a template."""
+        tok = self.tokenizer
+        if self.has_chat_template:
+            ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        text = "\n".join(m["content"] for m in messages)
+        bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
+        return [*bos, *tok.encode(text, add_special_tokens=False)]
+
+    def task_messages(self, task: Task, system: str | None = None) -> list[dict[str, str]]:
+        """The task's chat messages (a dataset's ``messages`` field), else its prompt as one user
+        message; ``system`` is prepended when the conversation has no system message."""
+        raw = task.metadata.get(MESSAGES_KEY) if task.metadata else None
+        messages = json.loads(raw) if raw else [{"role": "user", "content": task.prompt}]
+        if system and not any(m.get("role") == "system" for m in messages):
+            messages = [{"role": "system", "content": system}, *messages]
+        return messages
+
+    def prompt_ids(self, task: Task, system: str | None = None) -> list[int]:
+        """The task's prompt ids: pre-tokenised ``task.prompt_ids`` when the dataflow set them,
+        else the rendered chat (see :meth:`render`)."""
+        if task.prompt_ids:
+            return list(task.prompt_ids)
+        return self.render(self.task_messages(task, system))
+
+    def message_ids(self, role: str, content: str) -> list[int]:
+        """Ids to append after the model's end-of-turn token so that a ``role`` message follows and
+        the assistant's next turn opens — tokenised on its own, never merged with the history.
+
+        With a chat template, the framing is the template's: the text the template adds for the
+        message and the next generation prompt, after an assistant turn that ended with eos."""
+        tok = self.tokenizer
+        if not self.has_chat_template:
+            return tok.encode(f"\n{content}\n", add_special_tokens=False)
+        probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+        base = tok.apply_chat_template(probe, tokenize=False)
+        full = tok.apply_chat_template([*probe, {"role": role, "content": content}], tokenize=False,
+                                       add_generation_prompt=True)
+        if not full.startswith(base):
+            raise ValueError(f"policy {self.name}: the chat template renders history differently once a "
+                             f"{role!r} message follows; cannot frame it incrementally")
+        # The assistant turn ends with the eos text in ``base``; the model stopped at eos, so the
+        # suffix is everything the template adds after the eos token's text.
+        eos_text = tok.eos_token or ""
+        cut = base.rfind(eos_text) + len(eos_text) if eos_text and eos_text in base else len(base)
+        return tok.encode(full[cut:], add_special_tokens=False)
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of generated ids without end-of-turn / padding tokens."""
+        drop = {*self.stop_token_ids, self.tokenizer.pad_token_id}
+        return self.tokenizer.decode([t for t in ids if t not in drop], skip_special_tokens=False)
+
+    # -- generation --------------------------------------------------------------------------------
+    async def generate(self, prompts: list[list[int]], max_new_tokens: int | None = None) -> list[Generation]:
+        """Continuations of ``prompts`` with the policy's sampling, stopping at end of turn."""
+        params = self.sampling.params(self.stop_token_ids or None, max_new_tokens)
+        return await self.engine.agenerate(prompts, params)
+
+    def generate_sync(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """Blocking generation with explicit params (evaluation), stopping at end of turn."""
+        if params.stop_token_ids is None and self.stop_token_ids:
+            params = SamplingParams(max_new_tokens=params.max_new_tokens, temperature=params.temperature,
+                                    top_p=params.top_p, stop_token_ids=self.stop_token_ids)
+        return self.engine.generate(prompts, params)
+
+
+def policy_client(name: str, engine: Engine, tokenizer: Any, sampling: SamplingConfig | None = None,
+                  max_context: int | None = None) -> PolicyClient:
+    """A :class:`PolicyClient` (the one constructor nodes, evaluation and tests use)."""
+    return PolicyClient(name=name, engine=engine, tokenizer=tokenizer, sampling=sampling or SamplingConfig(),
+                        max_context=max_context)
