@@ -1,7 +1,8 @@
 """``astraflow demo``: a tiny model learns with distributed RL on this machine, measured honestly.
 
-For each demo recipe: build each policy's model from the repo config (in-code tokenizer, seeded),
-supervised warm start, publish the warm-started weights (cast to ``trainer.publish_dtype``, as the
+For each demo recipe: load each policy's checkpoint (the demo's tiny model is materialised once as a
+real checkpoint directory with its own BPE tokenizer and chat template, the path a user's checkpoint
+takes), supervised warm start, publish the warm-started weights (cast to ``trainer.publish_dtype``, as the
 trainer publishes) as version 0 of each policy (the trainers and nodes bootstrap from the weight
 store), evaluate held-out accuracy on exactly those stored weights (greedy), run the recipe with
 the launcher (dataflow, trainers and RaaS nodes as separate processes on the real broker and
@@ -19,7 +20,6 @@ from typing import Any
 
 from astraflow.config import ClusterConfig
 from astraflow.recipe import Recipe
-from astraflow.sft import verifier_policy
 
 QUICK_STEPS = 6
 QUICK_EVAL_PROMPTS = 60
@@ -49,17 +49,16 @@ def recipe_path(name: str) -> Path:
     raise FileNotFoundError(f"demo recipe {name!r} not found (looked for examples/recipes/{name}.yaml)")
 
 
-def evaluate(recipe: Recipe, policy: str, state: dict, version: int, dataset, heldout: list) -> dict[str, Any]:
-    """Greedy held-out accuracy of ``state`` (solver accuracy, or balanced verdict accuracy)."""
-    from astraflow.engines import build_engine
-    from astraflow.workflows.evaluate import solver_accuracy, verifier_accuracy
+def evaluate(recipe: Recipe, policy: str, state: dict, version: int, tasks: list) -> dict[str, Any]:
+    """Greedy held-out figures of ``state`` through the recipe's workflow (answer accuracy,
+    balanced verdict accuracy, or whole tool-using episodes: the workflow decides)."""
+    import asyncio
 
-    model = recipe.build_policy_model(policy)
-    engine = build_engine(recipe.pool(recipe.dataset.pool).engine, model, version=version)
-    engine.load_weights(state, version)
-    if policy == verifier_policy(recipe):
-        return verifier_accuracy(engine, heldout, seed=recipe.seed)
-    return solver_accuracy(engine, dataset, heldout)
+    from astraflow.raas.setup import build_policy_clients, build_recipe_workflow
+
+    client = build_policy_clients(recipe, recipe.pool(recipe.dataset.pool), "demo-eval", [policy])[policy]
+    client.engine.load_weights(state, version)
+    return asyncio.run(build_recipe_workflow(recipe).evaluate(policy, client, tasks))
 
 
 def pull_version(cfg: ClusterConfig, policy: str, version: int | None) -> tuple[dict, int]:
@@ -87,7 +86,8 @@ def warm_start_and_publish(recipe: Recipe, cfg: ClusterConfig, dataset, console)
     for policy in recipe.policies:
         torch.manual_seed(recipe.seed)
         model = recipe.build_policy_model(policy.name)
-        figures = warm_start(model, recipe, policy.name, dataset=dataset)
+        tokenizer = recipe.build_policy_tokenizer(policy.name)
+        figures = warm_start(model, tokenizer, recipe, policy.name, dataset=dataset)
         with WeightPublisher(cfg, policy.name, anchor_every=recipe.trainer.anchor_every) as pub:
             # In the dtype the trainer publishes, so v0 -> v1 is a sparse delta, not a dtype change.
             pub.publish(publishable(model.state_dict(), recipe.trainer.publish_dtype), 0)
@@ -101,7 +101,7 @@ def warm_start_and_publish(recipe: Recipe, cfg: ClusterConfig, dataset, console)
 def run_one(path: Path, cfg: ClusterConfig, opts: DemoOptions, console) -> dict[str, Any]:
     from astraflow.launcher import RunOptions, launch
     from astraflow.launcher.runner import default_run_id
-    from astraflow.tasks.recipe_data import recipe_dataset
+    from astraflow.tasks.recipe_data import recipe_dataset, task_of
 
     t0 = time.monotonic()
     recipe = Recipe.load(path)
@@ -112,13 +112,13 @@ def run_one(path: Path, cfg: ClusterConfig, opts: DemoOptions, console) -> dict[
     console.rule(f"[bold]{recipe.run}[/bold]: {', '.join(p.name for p in recipe.policies)} — run {run_id}")
     # The same seeded dataset the dataflow emits its tasks from (astraflow.tasks.recipe_data).
     dataset = recipe_dataset(recipe)
-    heldout = dataset.problems("heldout", n_eval)
+    heldout = [task_of(p, recipe) for p in dataset.problems("heldout", n_eval)]
 
     sft = warm_start_and_publish(recipe, run_cfg, dataset, console)
     before = {}
     for p in recipe.policies:
         state, v = pull_version(run_cfg, p.name, 0)
-        before[p.name] = evaluate(recipe, p.name, state, v, dataset, heldout)
+        before[p.name] = evaluate(recipe, p.name, state, v, heldout)
         console.print(f"  {p.name}: held-out accuracy before RL {before[p.name]['accuracy']:.3f} "
                       f"(n={before[p.name]['n']}, weights v{v} from the store)", highlight=False)
 
@@ -130,13 +130,13 @@ def run_one(path: Path, cfg: ClusterConfig, opts: DemoOptions, console) -> dict[
                                "returncode": result.returncode, "reason": result.reason, "steps": steps,
                                "rl_seconds": round(rl_s, 1), "policies": {}}
     for p in recipe.policies:
-        row: dict[str, Any] = {"role": "verifier" if p.name == verifier_policy(recipe) else "solver",
+        row: dict[str, Any] = {"role": recipe.role(p.name),
                                "sft": sft[p.name], "before": before[p.name]}
         done = result.done.get(p.name, {})
         row["trainer_steps"] = done.get("step", result.trainers.get(p.name, {}).get("step"))
         if result.returncode == 0:
             state, v = pull_version(run_cfg, p.name, None)
-            row["after"] = evaluate(recipe, p.name, state, v, dataset, heldout)
+            row["after"] = evaluate(recipe, p.name, state, v, heldout)
             row["final_version"] = v
             row["delta"] = row["after"]["accuracy"] - row["before"]["accuracy"]
         summary["policies"][p.name] = row

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 import importlib
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -176,6 +177,29 @@ class Recipe(_Section):
 
         return load_tokenizer(self.checkpoint_dir(name), trust_remote_code=self.policy(name).trust_remote_code)
 
+    def localized(self) -> Recipe:
+        """The recipe with every local path it names (checkpoints, data files) made absolute
+        against its own folder and checked: a missing checkpoint directory, a tokenizer without
+        an eos token or a data file without the mapped fields is refused here, naming the field."""
+        from astraflow.models import check_model_source
+
+        base = self.source.parent if self.source is not None else None
+        policies = []
+        for i, p in enumerate(self.policies):
+            model = str(self.resolve_path(p.model).resolve()) if _is_local(p.model) else p.model
+            try:
+                check_model_source(model, base=base)
+            except (ConfigError, ValueError) as exc:
+                raise ConfigError(f"policies[{i}].model ({p.name}): {exc}") from None
+            policies.append(p.model_copy(update={"model": model}))
+        try:
+            dataset = self.dataset.localized(base)
+        except ValueError as exc:
+            raise ConfigError(f"dataset: {exc}") from None
+        out = self.model_copy(update={"policies": policies, "dataset": dataset})
+        out.source = self.source
+        return out
+
     @classmethod
     def load(cls, path: str | Path, **overrides: Any) -> Recipe:
         path = Path(path)
@@ -184,6 +208,24 @@ class Recipe(_Section):
         try:
             recipe = cls.model_validate(data)
         except ValidationError as exc:
-            raise ConfigError(f"invalid recipe {path}:\n{exc}") from None
+            raise ConfigError(f"invalid recipe {path}:\n{_readable(exc)}") from None
         recipe.source = path.resolve()
-        return recipe
+        try:
+            return recipe.localized()
+        except ConfigError as exc:
+            raise ConfigError(f"invalid recipe {path}: {exc}") from None
+
+
+def _is_local(source: str) -> bool:
+    """A model source that is a path on this machine (not ``s3://...`` or ``scheme:name``)."""
+    return "://" not in source and not re.match(r"^[a-z][a-z0-9+.-]*:[^/\\]", source)
+
+
+def _readable(exc: ValidationError) -> str:
+    """One line per problem: the field's dotted path and pydantic's message."""
+    lines = []
+    for e in exc.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        lines.append(f"  {loc}: {msg}" if loc else f"  {msg}")
+    return "\n".join(lines)

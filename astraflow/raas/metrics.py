@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
@@ -23,7 +24,10 @@ class NodeCounters:
     _last_tokens: int = 0
     _last_busy: float = 0.0
 
-    def record(self, concurrency: int, versions: dict[str, int], refresh_s: float, in_flight: int) -> dict:
+    def record(self, concurrency: int, versions: dict[str, int], refresh_s: float, in_flight: int,
+               workflow_counters: Mapping[str, int] | None = None) -> dict:
+        """The metrics record; ``workflow_counters`` (tool calls, tool timeouts, environment
+        failures, ...) are cumulative since the node started, under ``workflow``."""
         now = time.monotonic()
         dt = max(now - self._last_t, 1e-9)
         rec = {
@@ -41,6 +45,7 @@ class NodeCounters:
             "busy_fraction": min(1.0, (self.busy_s - self._last_busy) / (dt * concurrency)),
             "refresh_s": refresh_s,
             "in_flight": in_flight,
+            "workflow": dict(workflow_counters or {}),
         }
         self._last_t, self._last_tokens, self._last_busy = now, self.tokens, self.busy_s
         return rec

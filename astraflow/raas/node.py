@@ -62,7 +62,7 @@ class RaasNode:
 
     async def _run(self) -> NodeCounters:
         from astraflow.log import LogConsumer, LogProducer, Topics, ensure_topics
-        from astraflow.raas.setup import build_policy_engines, build_recipe_workflow
+        from astraflow.raas.setup import build_policy_clients, build_recipe_workflow
         from astraflow.raas.weights import WeightFollower
         from astraflow.records import task as task_rec
 
@@ -71,7 +71,8 @@ class RaasNode:
         ensure_topics(self.cfg, {topics.tasks(self.pool.name): TASK_PARTITIONS, topics.trajectories: 1,
                                  topics.metrics: 1, **{topics.weights(p): 1 for p in policies}})
         self.workflow = build_recipe_workflow(self.recipe)
-        self.engines = build_policy_engines(self.recipe, self.pool, self.node_id)
+        self.policies = build_policy_clients(self.recipe, self.pool, self.node_id)
+        self.engines = {name: client.engine for name, client in self.policies.items()}
         self.follower = WeightFollower(self.cfg, self.engines, self.node_id)
         self.producer = LogProducer(self.cfg, f"{self.cfg.run}.raas.{self.node_id}")
         loop = asyncio.get_running_loop()
@@ -156,7 +157,7 @@ class RaasNode:
         t0 = time.perf_counter()
         try:
             await self._await_weights(task)
-            trajs = await self.workflow.run_episode(task, self.engines)
+            trajs = await self.workflow.run_episode(task, self.policies)
             if trajs:
                 for tr in trajs:
                     tr.node_id = self.node_id
@@ -202,11 +203,13 @@ class RaasNode:
 
     def _metrics_record(self) -> dict:
         follower = getattr(self, "follower", None)
+        workflow = getattr(self, "workflow", None)
         return self.counters.record(
             self.pool.concurrency,
             follower.versions if follower else {},
             follower.refresh_s if follower else 0.0,
             self.inflight.tasks,
+            workflow.counters if workflow else {},
         )
 
 

@@ -129,7 +129,8 @@ class TrainerService:
         log.info("trainer %s: fresh model, running the recipe's SFT warm start before publishing v0",
                  self.policy)
         torch.manual_seed(self.recipe.seed)
-        figures = warm_start(self.backend.model, self.recipe, self.policy, progress=False)
+        tokenizer = self.recipe.build_policy_tokenizer(self.policy)
+        figures = warm_start(self.backend.model, tokenizer, self.recipe, self.policy, progress=False)
         log.info("trainer %s: SFT warm start done: %d steps in %.1fs, final loss %.3f", self.policy,
                  figures["sft_steps"], figures["sft_seconds"], figures["sft_final_loss"])
         return figures

@@ -11,13 +11,30 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from astraflow.registry import PluginConfig, Registry
-from astraflow.workflows.policy import PolicyClient, SamplingConfig
+from astraflow.workflows.policy import PolicyClient, SamplingConfig, problem_messages, render_messages
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from astraflow.records import Task, Trajectory
+    from astraflow.tasks import Problem
+
+
+@dataclass(frozen=True)
+class SFTExample:
+    """One supervised warm-start sequence: token ids and the tokens the model learns to produce."""
+
+    ids: list[int]
+    loss_mask: list[int]
+    """1 on target tokens (the policy's own turns), 0 on prompt / tool / environment tokens."""
+
+    @classmethod
+    def completion(cls, prompt_ids: list[int], target_ids: list[int]) -> SFTExample:
+        return cls([*prompt_ids, *target_ids], [0] * len(prompt_ids) + [1] * len(target_ids))
 
 
 class WorkflowConfig(PluginConfig):
@@ -50,6 +67,22 @@ class Workflow(ABC):
     async def run_episode(self, task: Task, policies: Mapping[str, PolicyClient]) -> list[Trajectory] | None:
         """Trajectories of every policy the episode used (``node_id`` is left for the node to set)."""
 
+    def warm_start_examples(self, policy: str, problems: list[Problem], tokenizer: PreTrainedTokenizerBase,
+                            seed: int = 0) -> list[SFTExample]:
+        """Supervised examples that teach ``policy`` its part (its output format and some skill)
+        before RL. Default: the rendered prompt, then the reference answer and end of turn."""
+        eos = [tokenizer.eos_token_id]
+        system = getattr(self.config, "system_prompt", None)
+        return [SFTExample.completion(render_messages(tokenizer, problem_messages(p, system)),
+                                      [*tokenizer.encode(p.answer, add_special_tokens=False), *eos])
+                for p in problems]
+
+    async def evaluate(self, policy: str, client: PolicyClient, tasks: list[Task]) -> dict[str, Any]:
+        """Held-out figures of ``policy`` (``accuracy``, ``n``, ...) with ``client`` (greedy)."""
+        from astraflow.workflows.evaluate import episode_accuracy
+
+        return await episode_accuracy(self, policy, client, tasks)
+
     @staticmethod
     def policy(policies: Mapping[str, PolicyClient], name: str) -> PolicyClient:
         try:
@@ -74,5 +107,5 @@ def build_workflow(config: WorkflowConfig | dict[str, Any] | str) -> Workflow:
     return WORKFLOWS.build(config)
 
 
-__all__ = ["WORKFLOWS", "PolicyClient", "SamplingConfig", "Workflow", "WorkflowConfig", "build_workflow",
+__all__ = ["WORKFLOWS", "PolicyClient", "SFTExample", "SamplingConfig", "Workflow", "WorkflowConfig", "build_workflow",
            "register_workflow"]

@@ -1,52 +1,47 @@
-"""Held-out evaluation with greedy decoding: solver accuracy and (balanced) verifier accuracy."""
+"""Held-out evaluation with greedy decoding, through the workflow's own episodes.
+
+A policy is evaluated by running its workflow on held-out tasks (one greedy sample each) and
+averaging its reward, so a tool-using agent is scored on whole multi-turn episodes and a user's
+workflow needs nothing extra. Workflows whose reward is not an accuracy override
+:meth:`Workflow.evaluate` (the verifier of ``solver_verifier`` is scored on balanced verdicts).
+"""
 
 from __future__ import annotations
 
-import random
+import asyncio
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from astraflow.engines.base import Engine, SamplingParams
+from astraflow.workflows.policy import PolicyClient, SamplingConfig, policy_client
 
 if TYPE_CHECKING:
-    from astraflow.tasks import Dataset
+    from astraflow.records import Task
+    from astraflow.workflows.base import Workflow
 
 
-def _encode(text: str) -> list[int]:
-    from astraflow.models.tokenizer import build_tokenizer
-
-    tok = build_tokenizer()
-    return [tok.bos_token_id, *tok.encode(text, add_special_tokens=False)]
-
-
-def _decode(ids: list[int]) -> str:
-    from astraflow.models.tokenizer import build_tokenizer
-
-    tok = build_tokenizer()
-    return tok.decode([t for t in ids if t != tok.eos_token_id], skip_special_tokens=False)
+def greedy(client: PolicyClient) -> PolicyClient:
+    """The same policy with temperature 0 (and its usual response length)."""
+    sampling = SamplingConfig(max_new_tokens=client.sampling.max_new_tokens, temperature=0.0)
+    return policy_client(client.name, client.engine, client.tokenizer, sampling, client.max_context)
 
 
-def solver_accuracy(engine: Engine, dataset: Dataset, problems: list, max_new_tokens: int = 4) -> dict[str, Any]:
-    """Fraction of ``problems`` answered correctly with greedy decoding."""
-    gens = engine.generate([_encode(p.prompt) for p in problems],
-                           SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0))
-    ok = sum(dataset.check(p, _decode(g.token_ids)) for p, g in zip(problems, gens, strict=True))
-    return {"accuracy": ok / len(problems), "correct": ok, "n": len(problems)}
+async def episode_accuracy(workflow: Workflow, policy: str, client: PolicyClient, tasks: list[Task]) -> dict[str, Any]:
+    """Mean reward of ``policy`` over one greedy episode per task, with the workflow's counters
+    for those episodes (tool calls, malformed calls, ...)."""
+    before = Counter(workflow.counters)
+    one = [_single_sample(t) for t in tasks]
+    results = await asyncio.gather(*(workflow.run_episode(t, {policy: greedy(client)}) for t in one))
+    rewards = [tr.reward for trajs in results if trajs for tr in trajs if tr.policy == policy]
+    counters = Counter(workflow.counters)
+    counters.subtract(before)
+    out: dict[str, Any] = {"accuracy": sum(rewards) / len(tasks) if tasks else 0.0,
+                           "correct": int(sum(r > 0.5 for r in rewards)), "n": len(tasks),
+                           "rejected": sum(1 for r in results if r is None)}
+    out.update({k: v for k, v in counters.items() if v})
+    return out
 
 
-def verifier_accuracy(engine: Engine, problems: list, *, seed: int = 0) -> dict[str, Any]:
-    """Greedy verdict accuracy on a balanced set: each problem once with its correct answer and once
-    with a plausible wrong one (so always-yes or always-no scores 50%)."""
-    import astraflow.tasks.verify as _v
-    from astraflow.models.tokenizer import NO, YES, build_tokenizer
-    from astraflow.sft import wrong_answer
+def _single_sample(task: Task) -> Task:
+    from dataclasses import replace
 
-    tok = build_tokenizer()
-    yes, no = tok.convert_tokens_to_ids(YES), tok.convert_tokens_to_ids(NO)
-    rng = random.Random(f"verifier-eval/{seed}")
-    items = []
-    for p in problems:
-        items.append((_v.verifier_prompt(p.prompt, p.answer), yes))
-        items.append((_v.verifier_prompt(p.prompt, wrong_answer(p, rng)), no))
-    gens = engine.generate([_encode(t) for t, _ in items], SamplingParams(max_new_tokens=1, temperature=0.0))
-    ok = sum(1 for (_, want), g in zip(items, gens, strict=True) if g.token_ids and g.token_ids[0] == want)
-    return {"accuracy": ok / len(items), "correct": ok, "n": len(items)}
+    return replace(task, samples=1)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from astraflow.records import Task
+    from astraflow.tasks.base import Problem
 
 MESSAGES_KEY = "messages"
 """``Task.metadata`` key holding a chat prompt (JSON list of ``{role, content}``) from a dataset."""
@@ -41,6 +42,38 @@ class SamplingConfig(BaseModel):
     def params(self, stop_token_ids: tuple[int, ...] | None = None, max_new_tokens: int | None = None) -> SamplingParams:
         return SamplingParams(max_new_tokens=max_new_tokens or self.max_new_tokens,
                               temperature=self.temperature, top_p=self.top_p, stop_token_ids=stop_token_ids)
+
+
+def render_messages(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> list[int]:
+    """A conversation as prompt ids, ending with the opening of the assistant's turn (the
+    tokenizer's chat template), or ``bos + text`` of the messages for a tokenizer without one."""
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    text = "\n".join(m["content"] for m in messages)
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    return [*bos, *tokenizer.encode(text, add_special_tokens=False)]
+
+
+def with_system(messages: list[dict[str, str]], system: str | None) -> list[dict[str, str]]:
+    """``messages`` with ``system`` prepended when given and the conversation has no system message."""
+    if system and not any(m.get("role") == "system" for m in messages):
+        return [{"role": "system", "content": system}, *messages]
+    return messages
+
+
+def task_messages(task: Task, system: str | None = None) -> list[dict[str, str]]:
+    """The task's chat messages (a dataset's ``messages`` field), else its prompt as one user message."""
+    raw = task.metadata.get(MESSAGES_KEY) if task.metadata else None
+    messages = json.loads(raw) if raw else [{"role": "user", "content": task.prompt}]
+    return with_system(messages, system)
+
+
+def problem_messages(problem: Problem, system: str | None = None) -> list[dict[str, str]]:
+    """A dataset problem's chat messages (its ``messages``, else its prompt as one user message)."""
+    messages = ([{"role": r, "content": c} for r, c in problem.messages] if problem.messages
+                else [{"role": "user", "content": problem.prompt}])
+    return with_system(messages, system)
 
 
 @dataclass
@@ -66,24 +99,11 @@ class PolicyClient:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
     def render(self, messages: list[dict[str, str]]) -> list[int]:
-        """A conversation as prompt ids, ending with the opening of the assistant's turn (chat
-        template), or ``bos + text`` of the single message for a tokenizer without a template."""
-        tok = self.tokenizer
-        if self.has_chat_template:
-            ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
-        text = "\n".join(m["content"] for m in messages)
-        bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
-        return [*bos, *tok.encode(text, add_special_tokens=False)]
+        """A conversation as prompt ids (see :func:`render_messages`)."""
+        return render_messages(self.tokenizer, messages)
 
     def task_messages(self, task: Task, system: str | None = None) -> list[dict[str, str]]:
-        """The task's chat messages (a dataset's ``messages`` field), else its prompt as one user
-        message; ``system`` is prepended when the conversation has no system message."""
-        raw = task.metadata.get(MESSAGES_KEY) if task.metadata else None
-        messages = json.loads(raw) if raw else [{"role": "user", "content": task.prompt}]
-        if system and not any(m.get("role") == "system" for m in messages):
-            messages = [{"role": "system", "content": system}, *messages]
-        return messages
+        return task_messages(task, system)
 
     def prompt_ids(self, task: Task, system: str | None = None) -> list[int]:
         """The task's prompt ids: pre-tokenised ``task.prompt_ids`` when the dataflow set them,

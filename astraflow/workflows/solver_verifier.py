@@ -10,17 +10,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
 from astraflow.tasks.verify import verifier_prompt, wrong_answer
-from astraflow.workflows.base import PolicyClient, Workflow, WorkflowConfig, register_workflow
+from astraflow.workflows.base import PolicyClient, SFTExample, Workflow, WorkflowConfig, register_workflow
+from astraflow.workflows.policy import render_messages
 from astraflow.workflows.rewards import RewardField, build_reward
 from astraflow.workflows.transcript import Transcript
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from astraflow.records import Task, Trajectory
+    from astraflow.tasks import Problem
 
 
 @register_workflow("solver_verifier")
@@ -55,6 +59,48 @@ class SolverVerifierWorkflow(Workflow):
     def __init__(self, config: Config) -> None:
         super().__init__(config)
         self.reward = build_reward(config.reward)
+
+    def warm_start_examples(self, policy: str, problems: list[Problem], tokenizer: PreTrainedTokenizerBase,
+                            seed: int = 0) -> list[SFTExample]:
+        """The solver learns answers (the default); the verifier learns verdicts on candidates that
+        are right or plausibly wrong with equal probability."""
+        if policy != self.config.verifier_policy:
+            return super().warm_start_examples(policy, problems, tokenizer, seed)
+        import random
+
+        rng = random.Random(f"verifier-sft/{seed}")
+        out = []
+        for p in problems:
+            good = rng.random() < 0.5
+            cand = p.answer if good else wrong_answer(p, rng)
+            prompt = render_messages(tokenizer, [{"role": "user", "content": verifier_prompt(p.prompt, cand)}])
+            verdict = self.config.yes if good else self.config.no
+            out.append(SFTExample.completion(
+                prompt, [*tokenizer.encode(verdict, add_special_tokens=False), tokenizer.eos_token_id]))
+        return out
+
+    async def evaluate(self, policy: str, client: PolicyClient, tasks: list[Task]) -> dict[str, Any]:
+        """The solver: greedy answer accuracy. The verifier: greedy verdict accuracy on a balanced
+        set, each task once with its reference answer and once with a plausible wrong one (so
+        always-yes or always-no scores 0.5)."""
+        import random
+
+        from astraflow.tasks.base import Problem
+        from astraflow.workflows.evaluate import greedy
+
+        client = greedy(client)
+        if policy != self.config.verifier_policy:
+            gens = await client.generate([client.prompt_ids(t) for t in tasks])
+            ok = sum(self.reward(client.decode(g.token_ids), t) > 0.5 for t, g in zip(tasks, gens, strict=True))
+            return {"accuracy": ok / len(tasks), "correct": int(ok), "n": len(tasks)}
+        rng = random.Random(f"verifier-eval/{tasks[0].prompt_id if tasks else ''}")
+        items = []
+        for t in tasks:
+            wrong = wrong_answer(Problem(prompt_id=t.prompt_id, prompt=t.prompt, answer=t.answer), rng)
+            items += [(verifier_prompt(t.prompt, t.answer), True), (verifier_prompt(t.prompt, wrong), False)]
+        gens = await client.generate([client.render([{"role": "user", "content": text}]) for text, _ in items])
+        ok = sum(self.verdict(client.decode(g.token_ids)) == want for (_, want), g in zip(items, gens, strict=True))
+        return {"accuracy": ok / len(items), "correct": int(ok), "n": len(items)}
 
     def verdict(self, text: str) -> bool | None:
         """True for the yes verdict, False for no, None for anything else (a malformed verdict)."""
