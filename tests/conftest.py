@@ -163,3 +163,32 @@ def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
         return "-".join(part for part in (_slug(prefix) if prefix else "", base, uuid.uuid4().hex[:8]) if part)
 
     return make
+
+
+# -- the demo's tiny checkpoint ------------------------------------------------------------------
+TINY_SPEC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "models",
+                         "tiny.yaml")
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint():
+    """The demo's tiny model, materialised once as a real checkpoint directory (save_pretrained +
+    its own BPE tokenizer and chat template): the path a user's checkpoint takes."""
+    from astraflow.models import resolve_checkpoint
+
+    return resolve_checkpoint(TINY_SPEC)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_checkpoint):
+    from astraflow.models import load_tokenizer
+
+    return load_tokenizer(tiny_checkpoint)
+
+
+@pytest.fixture
+def tiny_model(tiny_checkpoint):
+    """A fresh copy of the tiny model (tests may train it)."""
+    from astraflow.models import load_model
+
+    return load_model(tiny_checkpoint)

@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from test_raas_support import TINY_MODEL, TopicReader, make_recipe
+from test_raas_support import load_tiny_model, TINY_MODEL, TopicReader, make_recipe
 
 
 @pytest.mark.slow
@@ -16,7 +16,6 @@ def test_dataflow_node_and_trainer_close_the_loop(test_cluster):
 
     from astraflow.dataflow.service import run_dataflow
     from astraflow.log import Topics
-    from astraflow.models import build_model
     from astraflow.raas import run_raas_node
     from astraflow.tasks.recipe_data import recipe_tasks
     from astraflow.trainer.service import run_trainer
@@ -24,7 +23,7 @@ def test_dataflow_node_and_trainer_close_the_loop(test_cluster):
     torch.set_num_threads(1)
     # transformers resolves its classes lazily, and that is not thread-safe: import them once here
     # (the real components are separate processes)
-    build_model(TINY_MODEL)
+    load_tiny_model()
     cfg = test_cluster
     recipe = make_recipe(cfg.run, trainer={"steps": 3, "checkpoint_every": 2},
                          dataflow={"groups_per_batch": 2, "max_staleness": 1})

@@ -22,7 +22,7 @@ def recipe_dict(run: str, **over) -> dict:
         "run": run,
         "seed": 0,
         "dataset": {"type": "minmax", "samples": 2, "pool": "default"},
-        "workflow": {"type": "math", "params": {"policy": "policy"}},
+        "workflow": {"type": "math", "policy": "policy"},
         "policies": [{"name": "policy", "model": TINY_MODEL, "backend": {"lr": 1e-3}}],
         "pools": [{"name": "default", "concurrency": 2}],
         "sampling": {"policy": {"max_new_tokens": 4}},
@@ -30,6 +30,13 @@ def recipe_dict(run: str, **over) -> dict:
     }
     d.update(over)
     return d
+
+
+def load_tiny_model():
+    """A fresh copy of the demo's tiny model, from its materialised checkpoint directory."""
+    from astraflow.models import load_model, resolve_checkpoint
+
+    return load_model(resolve_checkpoint(TINY_MODEL))
 
 
 def make_recipe(run: str, **over):
@@ -68,9 +75,8 @@ def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 30.
 def publish_v0(cfg, policy: str = "policy"):
     """What the trainer's bootstrap does when nothing exists: the seeded model as v0."""
     from astraflow.delta.publisher import WeightPublisher
-    from astraflow.models import build_model
 
-    model = build_model(TINY_MODEL)
+    model = load_tiny_model()
     pub = WeightPublisher(cfg, policy, anchor_every=10)
     pub.publish(model.state_dict(), 0)
     pub.flush()
@@ -84,7 +90,7 @@ def send_tasks(cfg, n: int, prefix: str, samples: int = 2, pool: str = "default"
 
     topic = Topics(cfg.run).tasks(pool)
     ensure_topics(cfg, {topic: 4})
-    problems = build_dataset("minmax", seed=0).problems("train", n, seed=hash(prefix) % 1000)
+    problems = build_dataset({"type": "minmax", "seed": 0}).problems("train", n, seed=hash(prefix) % 1000)
     ids = []
     with LogProducer(cfg, f"test-{uuid.uuid4().hex[:6]}") as prod:
         for i, p in enumerate(problems):

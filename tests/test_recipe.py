@@ -25,8 +25,8 @@ def test_shipped_recipes_validate(path: Path) -> None:
     recipe = Recipe.load(path)
     assert recipe.policies
     for policy in recipe.policies:
-        model = recipe.resolve_path(policy.model)
-        assert model.exists(), f"{path.name}: model config {policy.model} not found"
+        if "://" not in policy.model and not policy.model.startswith("gguf:"):
+            assert Path(policy.model).is_absolute() and Path(policy.model).exists(), policy.model
     assert set(recipe.dataflow.policies) == {p.name for p in recipe.policies}
 
 
@@ -60,7 +60,7 @@ def test_duplicate_policy_names(tmp_path: Path) -> None:
 
 
 def test_dataset_pool_not_in_pools(tmp_path: Path) -> None:
-    data = {**MINIMAL, "dataset": {"pool": "gpu"}, "pools": [{"name": "cpu"}]}
+    data = {**MINIMAL, "dataset": {"type": "minmax", "pool": "gpu"}, "pools": [{"name": "cpu"}]}
     with pytest.raises(ConfigError) as exc:
         Recipe.load(_write(tmp_path, data))
     assert "dataset.pool 'gpu' is not one of the pools ['cpu']" in str(exc.value)
@@ -91,3 +91,64 @@ def test_launcher_overrides_are_validated(tmp_path: Path) -> None:
         effective_recipe(recipe, run_id="r1", nodes={"nope": 1})
     with pytest.raises(ValueError):
         effective_recipe(recipe, run_id="r1", steps=0)
+
+
+# -- typed seams: plug-in sections are parsed into the named plug-in's options at load ----------
+def _refused(tmp_path: Path, data: dict) -> str:
+    with pytest.raises(ConfigError) as exc:
+        Recipe.load(_write(tmp_path, {**MINIMAL, **data}))
+    return str(exc.value)
+
+
+def test_unknown_workflow_is_refused_listing_the_registered_ones(tmp_path: Path) -> None:
+    msg = _refused(tmp_path, {"workflow": {"type": "mathz", "policy": "policy"}})
+    assert "workflow" in msg and "unknown workflow 'mathz'" in msg and "solver_verifier" in msg
+
+
+def test_misspelt_workflow_option_is_named(tmp_path: Path) -> None:
+    msg = _refused(tmp_path, {"workflow": {"type": "math", "policy": "policy", "rewrd": "exact_match"}})
+    assert "workflow 'math': rewrd: Extra inputs are not permitted" in msg
+
+
+def test_wrong_option_type_is_named(tmp_path: Path) -> None:
+    msg = _refused(tmp_path, {"dataset": {"type": "minmax", "max_len": "long"}})
+    assert "dataset 'minmax': max_len" in msg and "integer" in msg
+
+
+def test_unknown_reward_inside_a_workflow_is_named(tmp_path: Path) -> None:
+    msg = _refused(tmp_path, {"workflow": {"type": "math", "policy": "policy", "reward": "nope"}})
+    assert "unknown reward 'nope'" in msg and "exact_match" in msg
+
+
+def test_workflow_calling_an_undeclared_policy_is_refused(tmp_path: Path) -> None:
+    msg = _refused(tmp_path, {"workflow": {"type": "solver_verifier"}})
+    assert "calls policies ['solver', 'verifier']" in msg
+
+
+def test_missing_checkpoint_directory_is_named(tmp_path: Path) -> None:
+    msg = _refused(tmp_path, {"policies": [{"name": "policy", "model": "no/such/checkpoint"}]})
+    assert "policies[0].model" in msg and "no/such/checkpoint" in msg
+
+
+def test_user_plugin_module_is_imported_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "my_plugins.py").write_text(
+        "from typing import Literal\n"
+        "from astraflow.workflows import Reward, register_reward\n"
+        "from astraflow.workflows.rewards import RewardConfig\n"
+        "@register_reward('always_one_test')\n"
+        "class AlwaysOne(Reward):\n"
+        "    class Config(RewardConfig):\n"
+        "        type: Literal['always_one_test'] = 'always_one_test'\n"
+        "        value: float = 1.0\n"
+        "    def __call__(self, response, task):\n"
+        "        return self.config.value\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    recipe = Recipe.load(_write(tmp_path, {**MINIMAL, "imports": ["my_plugins"], "workflow": {
+        "type": "math", "policy": "policy", "reward": {"type": "always_one_test", "value": 0.5}}}))
+    assert recipe.workflow.reward.value == 0.5
+    # the dumped recipe (what the launcher hands its components) keeps every option
+    dumped = recipe.model_dump(mode="json")
+    assert dumped["workflow"]["reward"] == {"type": "always_one_test", "value": 0.5}
+    assert Recipe.model_validate(dumped).workflow.reward.value == 0.5
+    msg = _refused(tmp_path, {"imports": ["no_such_plugin_module"]})
+    assert "cannot import plug-in module 'no_such_plugin_module'" in msg

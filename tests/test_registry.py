@@ -18,6 +18,20 @@ def test_registry_refuses_a_second_object_under_a_taken_name():
         reg.get("b")
 
 
+def test_parse_gives_the_named_plugins_typed_options_and_readable_errors():
+    from astraflow.tasks import DATASETS
+
+    cfg = DATASETS.parse({"type": "add", "digits": 3})
+    assert type(cfg).__qualname__ == "Addition.Config" and cfg.digits == 3
+    assert DATASETS.parse("add").digits == 2  # a bare name is the plug-in with its defaults
+    with pytest.raises(ValueError, match="dataset 'add': digits: Input should be a valid integer"):
+        DATASETS.parse({"type": "add", "digits": "three"})
+    with pytest.raises(ValueError, match="unknown dataset 'sub'"):
+        DATASETS.parse({"type": "sub"})
+    with pytest.raises(ValueError, match="needs a 'type'"):
+        DATASETS.parse({"digits": 3})
+
+
 def test_datasets_refuse_duplicate_names():
     with pytest.raises(ValueError, match="dataset 'add' is already registered"):
         @register_dataset("add")

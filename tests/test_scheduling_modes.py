@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 FAST = {
     "trainer": {"steps": 4, "checkpoint_every": 100},
     "dataflow": {"groups_per_batch": 3, "max_staleness": 1},
-    "dataset": {"samples": 2},
+    "dataset": {"type": "minmax", "samples": 2},
     "pools": [{"name": "default", "nodes": 1, "concurrency": 16, "engine": {
         "type": "simulated",
         "simulated": {"tokens_per_s": 400, "median_tokens": 24, "sigma": 1.0, "max_tokens": 256}}}],

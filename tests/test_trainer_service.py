@@ -8,7 +8,7 @@ import signal
 import uuid
 
 import pytest
-from test_raas_support import TopicReader, recipe_dict, start_component, stop, write_files
+from test_raas_support import load_tiny_model, TopicReader, recipe_dict, start_component, stop, write_files
 
 
 def _batch(policy: str, batch_id: str, groups: int = 2, samples: int = 2):
@@ -42,15 +42,13 @@ def _send_batches(cfg, ids: list[str], policy: str = "policy") -> None:
 def test_checkpoint_round_trip_and_corrupt_checkpoint_is_refused(test_cluster):
     import torch
     from test_raas_support import TINY_MODEL
-
-    from astraflow.models import build_model
     from astraflow.objstore import ObjectStore
     from astraflow.trainer.checkpoint import CheckpointError, CheckpointStore, TrainerCheckpoint
 
     store = ObjectStore.from_config(test_cluster)
     ckpts = CheckpointStore(store, test_cluster.run, "policy")
     assert ckpts.load() is None
-    model = build_model(TINY_MODEL)
+    model = load_tiny_model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model(input_ids=torch.tensor([[1, 5, 6]])).logits.sum().backward()
     opt.step()
@@ -156,7 +154,6 @@ def test_fresh_trainer_warm_starts_with_the_recipe_sft_then_a_restart_does_not(t
     from astraflow.delta import WeightSubscriber
     from astraflow.delta.store import WeightStore
     from astraflow.log import Topics
-    from astraflow.models import build_model
 
     cfg = test_cluster
     recipe = make_recipe(cfg.run, policies=[{"name": "policy", "model": TINY_MODEL, "backend": {"lr": 1e-3},
@@ -168,7 +165,7 @@ def test_fresh_trainer_warm_starts_with_the_recipe_sft_then_a_restart_does_not(t
         sub = WeightSubscriber(cfg, "policy", "test", register=False)
         v0 = {k: v.clone() for k, v in sub.pull(0)[0].items()}
         sub.close(unregister=False)
-        init = build_model(TINY_MODEL).state_dict()
+        init = load_tiny_model().state_dict()
         assert all(t.dtype == torch.bfloat16 for t in v0.values())  # trainer.publish_dtype default
         changed = [k for k in init if not torch.equal(v0[k], init[k].to(torch.bfloat16))]
         assert len(changed) > len(init) // 2, "v0 is the seeded init: the warm start did not run"
@@ -193,12 +190,11 @@ def test_trainer_bootstrapped_from_the_store_publishes_v1_as_a_delta(test_cluste
     from astraflow.delta import WeightSubscriber
     from astraflow.delta.publisher import WeightPublisher
     from astraflow.delta.store import WeightStore
-    from astraflow.models import build_model
     from astraflow.trainer.service import publishable
 
     cfg = test_cluster
     with WeightPublisher(cfg, "policy", anchor_every=10) as pub:
-        pub.publish(publishable(build_model(TINY_MODEL).state_dict(), "bfloat16"), 0)
+        pub.publish(publishable(load_tiny_model().state_dict(), "bfloat16"), 0)
     node = WeightSubscriber(cfg, "policy", "test-node", register=False)
     node.pull(0)
     _send_batches(cfg, ["b0"])

@@ -1,22 +1,23 @@
-"""Workflows return well-formed trajectories with the right rewards and group ids."""
+"""Workflows return well-formed trajectories with the right rewards and group ids, through each
+policy's own tokenizer (the demo's tiny checkpoint: BPE + chat template)."""
 
 import asyncio
+from typing import Literal
 
 import pytest
 
 from astraflow.engines.base import Engine, Generation
-from astraflow.models import NO, YES, build_model, build_tokenizer
 from astraflow.records import Task
-from astraflow.workflows import REWARDS, build_workflow, register_reward
-
-TINY = "examples/models/tiny.yaml"
+from astraflow.workflows import REWARDS, Reward, SamplingConfig, build_workflow, register_reward
+from astraflow.workflows.policy import policy_client
+from astraflow.workflows.rewards import RewardConfig
 
 
 class ScriptedEngine(Engine):
-    """Returns fixed token sequences (to check reward wiring exactly), version 5 on every token."""
+    """A test double for a model: returns fixed texts (to check reward wiring exactly), version 5."""
 
-    def __init__(self, responses: list[str]):
-        self.tok = build_tokenizer()
+    def __init__(self, tokenizer, responses: list[str]):
+        self.tok = tokenizer
         self.responses = responses
         self.prompts = []
 
@@ -40,44 +41,55 @@ class ScriptedEngine(Engine):
         return {}
 
 
+@pytest.fixture
+def scripted(tiny_tokenizer):
+    def make(name: str, responses: list[str]):
+        return policy_client(name, ScriptedEngine(tiny_tokenizer, responses), tiny_tokenizer)
+    return make
+
+
 def _task(samples=4):
     return Task(prompt_id="p1", prompt="max 3 7 1 =", answer="7", samples=samples, task_type="math")
 
 
-def _check_fields(t, policy):
+def _check_fields(t, policy, tokenizer):
     n = len(t.response_ids)
     assert t.group_id == f"p1/{policy}" and t.task_id == "p1" and t.policy == policy
     assert t.episode_id == f"p1/{policy}/{t.sample_index}"
     assert len(t.logprobs) == len(t.versions) == len(t.loss_mask) == n > 0
-    assert t.prompt_ids[0] == build_tokenizer().bos_token_id
+    assert t.turn_bounds == [0, n]
+    # the prompt went through the policy's chat template, and the response ends its turn
+    assert "<|im_start|>assistant" in tokenizer.decode(t.prompt_ids)
+    assert t.response_ids[-1] == tokenizer.eos_token_id
     t.validate()
 
 
-def test_math_workflow_rewards_correct_answers():
-    eng = ScriptedEngine(["7", "3", "7", "1 2"])
-    trajs = asyncio.run(build_workflow("math").run_episode(_task(), {"policy": eng}))
+def test_math_workflow_rewards_correct_answers(scripted, tiny_tokenizer):
+    policy = scripted("policy", ["7", "3", "7", "1 2"])
+    trajs = asyncio.run(build_workflow("math").run_episode(_task(), {"policy": policy}))
     assert [t.reward for t in trajs] == [1.0, 0.0, 1.0, 0.0]
     assert [t.sample_index for t in trajs] == [0, 1, 2, 3]
     for t in trajs:
-        _check_fields(t, "policy")
+        _check_fields(t, "policy", tiny_tokenizer)
         assert t.versions == [5] * len(t.response_ids)
 
 
-def test_math_workflow_with_real_engine():
+def test_math_workflow_with_real_engine(tiny_model, tiny_tokenizer):
     from astraflow.engines import build_engine
 
-    eng = build_engine({}, build_model(TINY))
-    trajs = asyncio.run(build_workflow("math", sampling={"max_new_tokens": 3}).run_episode(
-        _task(6), {"policy": eng}))
+    policy = policy_client("policy", build_engine({"type": "hf"}, tiny_model), tiny_tokenizer,
+                           SamplingConfig(max_new_tokens=3))
+    trajs = asyncio.run(build_workflow("math").run_episode(_task(6), {"policy": policy}))
     assert len(trajs) == 6 and all(t.reward in (0.0, 1.0) for t in trajs)
     for t in trajs:
-        _check_fields(t, "policy")
+        assert 0 < len(t.response_ids) <= 3 and t.loss_mask == [1] * len(t.response_ids)
+        assert all(lp <= 0 for lp in t.logprobs)
 
 
-def test_solver_verifier_gives_each_policy_its_own_rewards_and_groups():
-    solver = ScriptedEngine(["7", "3", "7", "9"])
-    verifier = ScriptedEngine([YES, YES, NO, NO])
-    wf = build_workflow("solver_verifier")
+def test_solver_verifier_gives_each_policy_its_own_rewards_and_groups(scripted, tiny_tokenizer):
+    solver = scripted("solver", ["7", "3", "7", "9"])
+    verifier = scripted("verifier", ["<yes>", "<yes>", "<no>", "<no>"])
+    wf = build_workflow({"type": "solver_verifier"})
     trajs = asyncio.run(wf.run_episode(_task(), {"solver": solver, "verifier": verifier}))
     s = [t for t in trajs if t.policy == "solver"]
     v = [t for t in trajs if t.policy == "verifier"]
@@ -86,42 +98,52 @@ def test_solver_verifier_gives_each_policy_its_own_rewards_and_groups():
     assert [t.reward for t in v] == [1.0, 0.0, 0.0, 1.0]
     assert [t.rewards["solver_correct"] for t in v] == [1.0, 0.0, 1.0, 0.0]
     for t in s:
-        _check_fields(t, "solver")
+        _check_fields(t, "solver", tiny_tokenizer)
     for t in v:
-        _check_fields(t, "verifier")
-    tok = build_tokenizer()
-    # the verifier saw the problem followed by the solver's answer
-    assert tok.decode(verifier.prompts[1][1:]).split() == ["max", "3", "7", "1", "=", "3"]
+        _check_fields(t, "verifier", tiny_tokenizer)
+    # the verifier saw the problem followed by the solver's answer, in its chat template
+    assert "max 3 7 1 = 3<|im_end|>" in tiny_tokenizer.decode(verifier.engine.prompts[1])
 
 
-def test_malformed_verdict_scores_zero():
-    wf = build_workflow("solver_verifier")
-    trajs = asyncio.run(wf.run_episode(_task(2), {"solver": ScriptedEngine(["7"]),
-                                                  "verifier": ScriptedEngine(["4"])}))
+def test_malformed_verdict_scores_zero(scripted):
+    wf = build_workflow({"type": "solver_verifier"})
+    trajs = asyncio.run(wf.run_episode(_task(2), {"solver": scripted("solver", ["7"]),
+                                                  "verifier": scripted("verifier", ["4"])}))
     assert [t.reward for t in trajs if t.policy == "verifier"] == [0.0, 0.0]
 
 
-def test_reward_plugins_are_registered_by_name():
-    @register_reward("always_half")
-    def half(response, task):
+@register_reward("always_half")
+class AlwaysHalf(Reward):
+    class Config(RewardConfig):
+        type: Literal["always_half"] = "always_half"
+
+    def __call__(self, response, task):
         return 0.5
 
-    trajs = asyncio.run(build_workflow("math", reward="always_half").run_episode(
-        _task(2), {"policy": ScriptedEngine(["1"])}))
+
+def test_reward_plugins_are_registered_by_name(scripted):
+    wf = build_workflow({"type": "math", "reward": "always_half"})
+    trajs = asyncio.run(wf.run_episode(_task(2), {"policy": scripted("policy", ["1"])}))
     assert [t.reward for t in trajs] == [0.5, 0.5] and "always_half" in REWARDS
-    with pytest.raises(ValueError):
-        build_workflow("math", reward="nope")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="unknown reward 'nope'"):
+        build_workflow({"type": "math", "reward": "nope"})
+    with pytest.raises(ValueError, match="unknown workflow 'nope'"):
         build_workflow("nope")
 
 
-def test_verifier_groups_per_answer():
-    wf = build_workflow("solver_verifier", verifier_group="answer")
-    trajs = asyncio.run(wf.run_episode(_task(3), {"solver": ScriptedEngine(["7", "3", "7"]),
-                                                  "verifier": ScriptedEngine([YES])}))
+def test_verifier_groups_per_answer(scripted):
+    wf = build_workflow({"type": "solver_verifier", "verifier_group": "answer"})
+    trajs = asyncio.run(wf.run_episode(_task(3), {"solver": scripted("solver", ["7", "3", "7"]),
+                                                  "verifier": scripted("verifier", ["<yes>"])}))
     v = [t for t in trajs if t.policy == "verifier"]
     assert len(v) == 9 and len({t.episode_id for t in v}) == 9
     assert [t.group_id for t in v] == [f"p1/verifier/{i // 3}" for i in range(9)]
     assert [t.reward for t in v] == [1.0] * 3 + [0.0] * 3 + [1.0] * 3
-    with pytest.raises(ValueError):
-        build_workflow("solver_verifier", verifier_group="nope")
+    with pytest.raises(ValueError, match="verifier_group"):
+        build_workflow({"type": "solver_verifier", "verifier_group": "nope"})
+
+
+def test_workflows_declare_the_policies_they_call():
+    assert build_workflow({"type": "math", "policy": "p"}).config.policies() == ["p"]
+    cfg = build_workflow({"type": "solver_verifier", "solver_policy": "a", "verifier_policy": "b"}).config
+    assert cfg.policies() == ["a", "b"] and cfg.roles() == {"a": "solver", "b": "verifier"}
