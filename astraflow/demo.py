@@ -148,11 +148,19 @@ def run_one(path: Path, cfg: ClusterConfig, opts: DemoOptions, console) -> dict[
     return summary
 
 
+def _valid_calls(row: dict[str, Any]) -> str:
+    """"before -> after" share of well-formed tool calls, for tool-using policies ("-" otherwise)."""
+    before, after = row["before"].get("valid_call_rate"), (row.get("after") or {}).get("valid_call_rate")
+    if before is None:
+        return "-"
+    return f"{before:.2f} -> {after:.2f}" if after is not None else f"{before:.2f} -> n/a"
+
+
 def print_summary(summaries: list[dict[str, Any]], total_s: float, console) -> None:
     from rich.table import Table
 
     table = Table(title=f"astraflow demo: held-out accuracy (greedy) before/after RL, total {total_s:.0f} s")
-    for col in ("recipe", "policy", "eval n", "before", "after", "delta", "steps", "wall"):
+    for col in ("recipe", "policy", "eval n", "before", "after", "delta", "valid calls", "steps", "wall"):
         table.add_column(col, justify="right" if col not in ("recipe", "policy") else "left",
                          no_wrap=True, min_width=len(col))
     for s in summaries:
@@ -165,6 +173,7 @@ def print_summary(summaries: list[dict[str, Any]], total_s: float, console) -> N
                 f"{row['before']['accuracy']:.3f}",
                 f"{after['accuracy']:.3f}" if after else "[red]n/a[/red]",
                 f"[{colour}]{delta:+.3f}[/{colour}]" if delta is not None else "[red]run failed[/red]",
+                _valid_calls(row),
                 str(row.get("trainer_steps") or "-"),
                 f"{s['wall_seconds']:.0f} s",
             )

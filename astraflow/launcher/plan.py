@@ -24,15 +24,17 @@ TASK_PARTITIONS = 4
 
 def effective_recipe(recipe: Recipe, *, run_id: str, steps: int | None = None,
                      nodes: dict[str, int] | None = None) -> Recipe:
-    """The recipe with the launcher's overrides applied (paths were made absolute when the recipe
-    loaded: the components read a copy under ``runs/<run>/``, not the original file)."""
+    """The recipe with the launcher's overrides applied and every policy's checkpoint resolved to
+    a local directory once (a tiny-model spec materialised, a GGUF converted, an ``s3://`` prefix
+    downloaded), so the components, which read a copy under ``runs/<run>/``, all load the same files."""
     nodes = nodes or {}
     unknown = set(nodes) - {p.name for p in recipe.pools}
     if unknown:
         raise ValueError(f"--nodes names unknown pools {sorted(unknown)}; the recipe's pools are "
                          f"{[p.name for p in recipe.pools]}")
     pools = [p.model_copy(update={"nodes": nodes.get(p.name, p.nodes)}) for p in recipe.pools]
-    update: dict = {"run": run_id, "pools": pools}
+    policies = [p.model_copy(update={"model": str(recipe.checkpoint_dir(p.name))}) for p in recipe.policies]
+    update: dict = {"run": run_id, "pools": pools, "policies": policies}
     if steps is not None:
         update["trainer"] = recipe.trainer.model_copy(update={"steps": steps})
     out = recipe.model_copy(update=update)
