@@ -38,7 +38,7 @@ def load_recipe(path: str, overrides: dict):
             node[leaf] = value
     recipe = Recipe.model_validate(data)
     recipe.source = Path(path).resolve()
-    return recipe
+    return recipe.localized()
 
 
 def run_recipe(path: str, overrides: dict, seed: int, quiet: bool) -> dict:
@@ -46,72 +46,60 @@ def run_recipe(path: str, overrides: dict, seed: int, quiet: bool) -> dict:
 
     from astraflow.engines import build_engine
     from astraflow.raas.setup import build_recipe_workflow
-    from astraflow.records import Task
-    from astraflow.sft import (
-        SFTConfig,
-        solver_examples,
-        supervised_finetune,
-        verifier_examples,
-        verifier_policy,
-    )
-    from astraflow.tasks.recipe_data import recipe_dataset
+    from astraflow.sft import warm_start
+    from astraflow.tasks.recipe_data import recipe_dataset, task_of
     from astraflow.trainer import TorchBackend
-    from astraflow.workflows.evaluate import solver_accuracy, verifier_accuracy
+    from astraflow.workflows.policy import policy_client
 
     recipe = load_recipe(path, overrides)
     t_start = time.perf_counter()
     torch.manual_seed(seed)
     dataset = recipe_dataset(recipe)
     workflow = build_recipe_workflow(recipe)
-    heldout = dataset.problems("heldout", recipe.eval.prompts)
+    heldout = [task_of(p, recipe) for p in dataset.problems("heldout", recipe.eval.prompts)]
     staleness = 0 if recipe.dataflow.mode == "sync" else recipe.dataflow.max_staleness
     rl = {"steps": recipe.trainer.steps, "prompts_per_step": recipe.dataflow.groups_per_batch,
           "group_size": recipe.dataset.samples, "max_staleness": staleness}
-    verifier_name = verifier_policy(recipe)
 
-    backends, engines, history = {}, {}, {}
+    backends, clients, history = {}, {}, {}
     result = {"recipe": recipe.run, "policies": {}}
     for pspec in recipe.policies:
         name = pspec.name
         model = recipe.build_policy_model(name)
-        sft = pspec.sft or SFTConfig()
-        is_verifier = name == verifier_name
-        data = (verifier_examples if is_verifier else solver_examples)(dataset, sft.examples, seed=sft.seed)
-        sft_metrics = supervised_finetune(model, data, sft, label=f"SFT {name}", progress=not quiet)
+        tokenizer = recipe.build_policy_tokenizer(name)
+        sft_metrics = warm_start(model, tokenizer, recipe, name, dataset=dataset, progress=not quiet)
         backends[name] = TorchBackend(model, pspec.backend)
-        engines[name] = build_engine({"seed": seed}, copy.deepcopy(model), version=0)
+        engine = build_engine({"type": "hf", "seed": seed}, copy.deepcopy(model), version=0)
+        clients[name] = policy_client(name, engine, tokenizer, recipe.sampling_for(name),
+                                      model.config.max_position_embeddings)
         history[name] = [backends[name].state_dict()]
-        result["policies"][name] = {"sft": sft_metrics, "verifier": is_verifier}
+        result["policies"][name] = {"sft": sft_metrics, "role": recipe.role(name)}
 
     def evaluate(stage: str) -> None:
-        for name, eng in engines.items():
-            r = result["policies"][name]
-            acc = (verifier_accuracy(eng, heldout) if r["verifier"]
-                   else solver_accuracy(eng, dataset, heldout))
-            r[stage] = acc
+        for name, client in clients.items():
+            result["policies"][name][stage] = asyncio.run(workflow.evaluate(name, client, heldout))
 
     evaluate("pre_rl")
     t_rl = time.perf_counter()
     stream = dataset.stream("train", seed=seed)
     curve = []
     for step in range(rl["steps"]):
-        for name, eng in engines.items():  # serve version (trainer version - staleness)
+        for name, client in clients.items():  # serve version (trainer version - staleness)
             v = max(0, len(history[name]) - 1 - staleness)
-            if eng.weight_version != v:
-                eng.load_weights(history[name][v], v)
-        tasks = []
-        for _ in range(rl["prompts_per_step"]):
-            p = next(stream)
-            tasks.append(Task(prompt_id=f"{p.prompt_id}#{step}", prompt=p.prompt, answer=p.answer,
-                              samples=rl["group_size"], task_type=dataset.name))
+            if client.engine.weight_version != v:
+                client.engine.load_weights(history[name][v], v)
+        tasks = [task_of(p, recipe, f"{p.prompt_id}#{step}")
+                 for p in (next(stream) for _ in range(rl["prompts_per_step"]))]
 
         async def episodes(batch):
-            return await asyncio.gather(*(workflow.run_episode(t, engines) for t in batch))
+            return await asyncio.gather(*(workflow.run_episode(t, clients) for t in batch))
 
         trajs = [t for ep in asyncio.run(episodes(tasks)) if ep for t in ep]
         row = {"step": step}
         for name, backend in backends.items():
             mine = [t for t in trajs if t.policy == name]
+            if not mine:
+                continue
             m = backend.step(mine)
             history[name].append(backend.state_dict())
             row[f"{name}/reward"] = round(m["reward_mean"], 3)
@@ -121,8 +109,8 @@ def run_recipe(path: str, overrides: dict, seed: int, quiet: bool) -> dict:
         if not quiet:
             print(json.dumps(row), flush=True)
     rl_seconds = time.perf_counter() - t_rl
-    for name, eng in engines.items():  # evaluate the final trainer weights
-        eng.load_weights(history[name][-1], len(history[name]) - 1)
+    for name, client in clients.items():  # evaluate the final trainer weights
+        client.engine.load_weights(history[name][-1], len(history[name]) - 1)
     evaluate("post_rl")
     result.update(rl_seconds=round(rl_seconds, 1), wall_seconds=round(time.perf_counter() - t_start, 1),
                   rl=rl, reward_first5={k: v for k, v in curve[0].items()} if curve else {},
