@@ -1,6 +1,15 @@
-"""Tiny causal LMs and the in-code tokenizer (no download)."""
+"""A policy's model: any checkpoint source resolved to a local Hugging Face directory and loaded
+with ``AutoModelForCausalLM`` / ``AutoTokenizer``; the demo's tiny model is materialised as one."""
 
-from astraflow.models.build import ModelConfig, build_model
-from astraflow.models.tokenizer import NO, YES, build_tokenizer, compact
+from astraflow.models.build import ModelConfig
+from astraflow.models.checkpoint import (
+    cache_root,
+    check_checkpoint_dir,
+    check_model_source,
+    load_model,
+    load_tokenizer,
+    resolve_checkpoint,
+)
 
-__all__ = ["NO", "YES", "ModelConfig", "build_model", "build_tokenizer", "compact"]
+__all__ = ["ModelConfig", "cache_root", "check_checkpoint_dir", "check_model_source", "load_model",
+           "load_tokenizer", "resolve_checkpoint"]

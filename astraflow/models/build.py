@@ -1,20 +1,18 @@
-"""Tiny Qwen2/Llama-architecture causal LMs built from a YAML config in the repo (no download)."""
+"""The spec of a tiny Qwen2/Llama-architecture causal LM (``examples/models/tiny.yaml``), materialised
+as a checkpoint directory by :mod:`astraflow.models.tiny`."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from astraflow.config import read_yaml_mapping
 
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel
-
 
 class ModelConfig(BaseModel):
-    """Architecture of a small ``transformers`` causal LM; the vocabulary comes from the tokenizer."""
+    """Architecture of a small ``transformers`` causal LM and the size of its tokenizer."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -30,8 +28,10 @@ class ModelConfig(BaseModel):
     """Key/value heads (grouped-query attention when below num_heads)."""
     intermediate_size: int = 256
     """Width of the MLP."""
-    max_position_embeddings: int = 64
-    """Longest prompt + response the model serves."""
+    max_position_embeddings: int = 256
+    """Longest prompt + response the model serves (multi-turn tool episodes need ~150 tokens)."""
+    vocab_size: int = 1024
+    """Target size of the byte-level BPE vocabulary trained in code (special tokens included)."""
     rope_theta: float = 10000.0
     """RoPE base."""
     tie_word_embeddings: bool = True
@@ -45,43 +45,3 @@ class ModelConfig(BaseModel):
         that is not a YAML mapping is a ``ConfigError`` naming it."""
         data = read_yaml_mapping(Path(path), "model config")
         return cls.model_validate(data.get("model", data))
-
-
-def build_model(config: ModelConfig | dict[str, Any] | str | Path) -> PreTrainedModel:
-    """A freshly initialised causal LM (fp32, eval mode) for the project tokenizer, seeded."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    from astraflow.models.tokenizer import build_tokenizer
-
-    if isinstance(config, (str, Path)):
-        config = ModelConfig.load(config)
-    elif isinstance(config, dict):
-        config = ModelConfig.model_validate(config)
-    tok = build_tokenizer()
-    hf_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if config.arch == "qwen2" else (
-        LlamaConfig, LlamaForCausalLM)
-    hf_config = hf_cls(
-        vocab_size=len(tok),
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_layers,
-        num_attention_heads=config.num_heads,
-        num_key_value_heads=config.num_kv_heads,
-        max_position_embeddings=config.max_position_embeddings,
-        rope_theta=config.rope_theta,
-        tie_word_embeddings=config.tie_word_embeddings,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        attn_implementation="sdpa",
-    )
-    # The global RNG is used by transformers' initialisers; restore it so building a model has no
-    # side effect on the caller's sampling.
-    state = torch.random.get_rng_state()
-    try:
-        torch.manual_seed(config.seed)
-        model = model_cls(hf_config)
-    finally:
-        torch.random.set_rng_state(state)
-    return model.float().eval()
