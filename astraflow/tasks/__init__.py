@@ -1,6 +1,7 @@
 """Datasets (generated and from files), registered by name, with seeded train/held-out splits."""
 
 from astraflow.tasks import arithmetic as _arithmetic  # noqa: F401  (registers the datasets)
+from astraflow.tasks import word_calc as _word_calc  # noqa: F401  (registers word_calc)
 from astraflow.tasks.base import (
     DATASETS,
     Dataset,

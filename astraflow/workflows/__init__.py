@@ -18,6 +18,8 @@ WorkflowField = plugin_field(WORKFLOWS)
 # Built-in workflows register themselves on import.
 from astraflow.workflows import math as _math  # noqa: E402,F401
 from astraflow.workflows import solver_verifier as _sv  # noqa: E402,F401
+from astraflow.workflows import tool_agent as _tool_agent  # noqa: E402,F401
+from astraflow.workflows import env_agent as _env_agent  # noqa: E402,F401
 
 __all__ = ["REWARDS", "WORKFLOWS", "PolicyClient", "Reward", "RewardField", "SamplingConfig", "Workflow",
            "WorkflowConfig", "WorkflowField", "build_reward", "build_workflow", "register_reward",

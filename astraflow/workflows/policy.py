@@ -76,6 +76,50 @@ def problem_messages(problem: Problem, system: str | None = None) -> list[dict[s
     return with_system(messages, system)
 
 
+_PROBE = "ASTRAFLOW_PROBE_7f3a9c"
+"""Assistant content used to locate where the template ends an assistant turn (never a real text)."""
+
+
+def message_ids(tokenizer: PreTrainedTokenizerBase, role: str, content: str,
+                stop_token_ids: tuple[int, ...] = ()) -> list[int]:
+    """Ids to append after the model's end-of-turn token so that a ``role`` message follows and
+    the assistant's next turn opens — tokenised on its own, never merged with the history.
+
+    With a chat template the framing is the template's own: ``[user, assistant, role message]`` is
+    rendered with the generation prompt, and the ids are everything after the first end-of-turn
+    token (``eos`` or one of ``stop_token_ids``) that closes the assistant turn, i.e. what the
+    template writes after the token the model stopped at (ChatML's ``"\n"`` after ``<|im_end|>``,
+    the message, and the opening of the next assistant turn). Only the rendering of the *new*
+    message is used, never a diff against a shorter render, so templates that render earlier turns
+    differently once a later one follows (Qwen3 drops reasoning blocks) frame it correctly too.
+    Without a template the message is its own text between newlines.
+
+    Raises ValueError when the template cannot frame the message incrementally: it does not close an
+    assistant turn with an end-of-turn token, or it drops ``role`` messages.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        return list(tokenizer.encode(f"\n{content}\n", add_special_tokens=False))
+    probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _PROBE},
+             {"role": role, "content": content}]
+    text = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True)
+    start = text.find(_PROBE)
+    if start < 0:
+        raise ValueError("the chat template does not render assistant messages; cannot frame a "
+                         f"{role!r} message incrementally")
+    start += len(_PROBE)
+    ends = {t for t in (tokenizer.eos_token, *tokenizer.convert_ids_to_tokens(list(stop_token_ids))) if t}
+    hits = [(text.find(e, start), e) for e in ends if text.find(e, start) >= 0]
+    if not hits:
+        raise ValueError(f"the chat template does not end an assistant turn with an end-of-turn token "
+                         f"({sorted(ends)}); the model's turn and the {role!r} message cannot be joined")
+    at, end = min(hits)
+    suffix = text[at + len(end):]
+    if content.strip() and content.strip() not in suffix:
+        raise ValueError(f"the chat template drops {role!r} messages (the content is not rendered); "
+                         "use a role it supports")
+    return list(tokenizer.encode(suffix, add_special_tokens=False))
+
+
 @dataclass
 class PolicyClient:
     """One policy inside an episode: generate from token ids, render prompts with its tokenizer."""
@@ -114,25 +158,8 @@ class PolicyClient:
 
     def message_ids(self, role: str, content: str) -> list[int]:
         """Ids to append after the model's end-of-turn token so that a ``role`` message follows and
-        the assistant's next turn opens — tokenised on its own, never merged with the history.
-
-        With a chat template, the framing is the template's: the text the template adds for the
-        message and the next generation prompt, after an assistant turn that ended with eos."""
-        tok = self.tokenizer
-        if not self.has_chat_template:
-            return tok.encode(f"\n{content}\n", add_special_tokens=False)
-        probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
-        base = tok.apply_chat_template(probe, tokenize=False)
-        full = tok.apply_chat_template([*probe, {"role": role, "content": content}], tokenize=False,
-                                       add_generation_prompt=True)
-        if not full.startswith(base):
-            raise ValueError(f"policy {self.name}: the chat template renders history differently once a "
-                             f"{role!r} message follows; cannot frame it incrementally")
-        # The assistant turn ends with the eos text in ``base``; the model stopped at eos, so the
-        # suffix is everything the template adds after the eos token's text.
-        eos_text = tok.eos_token or ""
-        cut = base.rfind(eos_text) + len(eos_text) if eos_text and eos_text in base else len(base)
-        return tok.encode(full[cut:], add_special_tokens=False)
+        the assistant's next turn opens (see :func:`message_ids`)."""
+        return message_ids(self.tokenizer, role, content, self.stop_token_ids)
 
     def decode(self, ids: list[int]) -> str:
         """Text of generated ids without end-of-turn / padding tokens."""

@@ -56,11 +56,16 @@ class Transcript:
     def _extend(self, ids: list[int], logprobs: list[float], versions: list[int], mask: int) -> None:
         if not ids:
             return
+        # two model (or two observation) pieces in a row stay one segment: kinds alternate
+        same_kind = bool(self.loss_mask) and self.loss_mask[-1] == mask
         self.response_ids.extend(int(t) for t in ids)
         self.logprobs.extend(float(x) for x in logprobs)
         self.versions.extend(int(v) for v in versions)
         self.loss_mask.extend([mask] * len(ids))
-        self.turn_bounds.append(len(self.response_ids))
+        if same_kind:
+            self.turn_bounds[-1] = len(self.response_ids)
+        else:
+            self.turn_bounds.append(len(self.response_ids))
 
     def to_trajectory(self, task: Task, policy: str, index: int, reward: float,
                       rewards: dict[str, float] | None = None) -> Trajectory:
