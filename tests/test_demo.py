@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from astraflow.config import ClusterConfig
-from astraflow.demo import DemoOptions, recipe_path, run_demo, verifier_policy
+from astraflow.demo import DemoOptions, recipe_path, run_demo
 from astraflow.recipe import Recipe
 
 
@@ -18,9 +18,10 @@ def test_demo_recipes_are_found_by_name() -> None:
         recipe_path("nope")
 
 
-def test_roles() -> None:
-    assert verifier_policy(Recipe.load(recipe_path("solver_verifier"))) == "verifier"
-    assert verifier_policy(Recipe.load(recipe_path("math"))) is None
+def test_roles_are_declared_by_the_workflow() -> None:
+    sv = Recipe.load(recipe_path("solver_verifier"))
+    assert (sv.role("solver"), sv.role("verifier")) == ("solver", "verifier")
+    assert Recipe.load(recipe_path("math")).role("policy") == "solver"
 
 
 def test_unknown_recipe_exits_non_zero(tmp_path: Path) -> None:
