@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     recipe = load_recipe(RECIPE, trainer={"steps": args.steps})
     node_pool = {f"raas-{p.name}-{i}": p.name for p in recipe.pools for i in range(p.nodes)}
-    speeds = {p.name: p.engine.simulated.speed for p in recipe.pools}
+    speeds = {p.name: p.engine.speed for p in recipe.pools}  # SimulatedEngineConfig.speed
     with tempfile.TemporaryDirectory(prefix="af-hetero-") as tmp, private_cluster(Path(tmp) / "stack") as cfg:
         rec = run_recipe(recipe, cfg, runs_dir=Path(tmp) / "runs", label="hetero", timeout_s=args.timeout)
     s = summarize(rec, warmup_steps=args.warmup, node_pool=node_pool)

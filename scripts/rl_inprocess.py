@@ -48,7 +48,7 @@ def run_recipe(path: str, overrides: dict, seed: int, quiet: bool) -> dict:
     from astraflow.raas.setup import build_recipe_workflow
     from astraflow.sft import warm_start
     from astraflow.tasks.recipe_data import recipe_dataset, task_of
-    from astraflow.trainer import TorchBackend
+    from astraflow.trainer.torch_backend import TorchBackend
     from astraflow.workflows.policy import policy_client
 
     recipe = load_recipe(path, overrides)

@@ -1,22 +1,34 @@
-"""TorchBackend: a step changes the weights and lowers the loss on a fixed batch; state round trip."""
+"""TorchBackend: a step changes the weights and lowers the loss on a fixed batch; state round trip.
+The backend section: typed options per ``type``, refused typos, no runtime imported to validate."""
 
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 import torch
+import yaml
 
-from astraflow.models import build_model, build_tokenizer
+from astraflow.config import ConfigError
+from astraflow.models import load_model
 from astraflow.records import Trajectory
-from astraflow.trainer import BackendConfig, TorchBackend
+from astraflow.trainer.backend import SimulatedBackendConfig, TorchBackendConfig, build_backend, parse_backend
 from astraflow.trainer.loss import group_advantages, policy_loss
+from astraflow.trainer.torch_backend import TorchBackend
 
-TINY = "examples/models/tiny.yaml"
+
+@pytest.fixture
+def new_model(tiny_checkpoint):
+    """A factory of fresh copies of the tiny model (identical weights)."""
+    return lambda: load_model(tiny_checkpoint)
 
 
-def _batch(model):
+def _batch(model, tok):
     """A fixed batch: 2 groups x 4 samples with varied rewards; behaviour log-probs from the model."""
-    tok = build_tokenizer()
     out = []
     for g, text in enumerate(["max 3 7 1 =", "min 4 2 9 5 ="]):
-        prompt = [tok.bos_token_id, *tok.encode(text, add_special_tokens=False)]
-        for i, resp in enumerate([[12], [8], [5, 2], [9]]):
+        prompt = tok.encode(text, add_special_tokens=False)
+        for i, resp in enumerate([[12], [8], [5, 20], [9]]):
             resp = [*resp, tok.eos_token_id]
             with torch.no_grad():
                 lp = torch.log_softmax(model(input_ids=torch.tensor([prompt + resp])).logits[0], -1)
@@ -38,10 +50,10 @@ def _loss(backend, trajs):
     return float(policy_loss(logp, behav, behav, adv, mask)[0])
 
 
-def test_step_changes_weights_and_lowers_loss():
+def test_step_changes_weights_and_lowers_loss(new_model, tiny_tokenizer):
     torch.manual_seed(0)
-    backend = TorchBackend(build_model(TINY), BackendConfig(lr=1e-3))
-    trajs = _batch(backend.model)
+    backend = TorchBackend(new_model(), TorchBackendConfig(lr=1e-3))
+    trajs = _batch(backend.model, tiny_tokenizer)
     before = backend.state_dict()
     loss0 = _loss(backend, trajs)
     m = backend.step(trajs)
@@ -55,20 +67,20 @@ def test_step_changes_weights_and_lowers_loss():
     assert all(v.dtype == torch.bfloat16 for v in backend.state_dict(torch.bfloat16).values())
 
 
-def test_recomputed_logprobs_match_behaviour_on_policy():
-    backend = TorchBackend(build_model(TINY))
-    trajs = _batch(backend.model)
+def test_recomputed_logprobs_match_behaviour_on_policy(new_model, tiny_tokenizer):
+    backend = TorchBackend(new_model())
+    trajs = _batch(backend.model, tiny_tokenizer)
     ids, attn, gpos, behav, mask = backend._tensors(trajs)
     with torch.no_grad():
         logp = backend.token_logprobs(ids, attn, gpos)
     assert torch.allclose(logp * mask, behav * mask, atol=1e-5)
 
 
-def test_state_round_trip_resumes_identically():
-    a = TorchBackend(build_model(TINY), {"lr": 1e-3})
-    trajs = _batch(a.model)
+def test_state_round_trip_resumes_identically(new_model, tiny_tokenizer):
+    a = TorchBackend(new_model(), {"lr": 1e-3})
+    trajs = _batch(a.model, tiny_tokenizer)
     a.step(trajs)
-    b = TorchBackend(build_model(TINY), {"lr": 1e-3})
+    b = TorchBackend(new_model(), {"lr": 1e-3})
     b.load_state(a.state_dict(), a.optimizer_state_dict())
     a.step(trajs)
     b.step(trajs)
@@ -76,8 +88,52 @@ def test_state_round_trip_resumes_identically():
         assert torch.allclose(v, b.state_dict()[k], atol=1e-6)
 
 
-def test_minibatches_make_the_clip_active():
-    backend = TorchBackend(build_model(TINY), {"lr": 5e-3, "minibatches": 4, "clip_eps": 0.01})
-    trajs = _batch(backend.model)
+def test_minibatches_make_the_clip_active(new_model, tiny_tokenizer):
+    backend = TorchBackend(new_model(), {"lr": 5e-3, "minibatches": 4, "clip_eps": 0.01})
+    trajs = _batch(backend.model, tiny_tokenizer)
     m = backend.step(trajs)
     assert m["clip_frac"] > 0  # later minibatches see a policy that moved away from the proximal one
+
+
+# -- the backend section ---------------------------------------------------------------------------
+def test_build_backend_switches_on_type(tiny_model):
+    from astraflow.trainer.simulated import SimulatedBackend
+
+    torch_backend = build_backend(tiny_model, {"lr": 2e-3})  # no type: the built-in torch backend
+    assert isinstance(torch_backend, TorchBackend) and torch_backend.config == TorchBackendConfig(lr=2e-3)
+    assert isinstance(build_backend(tiny_model, None), TorchBackend)
+    sim = build_backend(None, SimulatedBackendConfig(params=10))
+    assert isinstance(sim, SimulatedBackend) and sim.state_dict()["simulated.weight"].numel() == 10
+    with pytest.raises(ValueError, match="valid dictionary or instance of TorchBackendConfig"):
+        TorchBackend(tiny_model, SimulatedBackendConfig())
+
+
+@pytest.mark.parametrize(("section", "expected"), [
+    ({"lr": 1e-3, "clip_eps_hi": 0.28}, "trainer backend 'torch': clip_eps_hi: Extra inputs are not permitted"),
+    ({"lr": "fast"}, "trainer backend 'torch': lr: Input should be a valid number"),
+    ({"type": "torch", "minibatches": 0}, "trainer backend 'torch': minibatches: Input should be greater than"),
+    ({"type": "megatron"}, "unknown trainer backend 'megatron'; registered: ['simulated', 'torch']"),
+    ({"type": "simulated", "lr": 1e-3}, "trainer backend 'simulated': lr: Extra inputs are not permitted"),
+])
+def test_a_backend_option_typo_is_refused_at_recipe_load(tmp_path, tiny_checkpoint, section, expected):
+    from astraflow.recipe import Recipe
+
+    data = yaml.safe_load(Path("examples/recipes/math.yaml").read_text())
+    data["policies"][0].update(model=str(tiny_checkpoint), backend=section)
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as err:
+        Recipe.load(tmp_path / "r.yaml")
+    assert f"policies.0.backend: {expected}" in str(err.value)
+
+
+def test_a_recipe_without_backend_type_gets_torch_options():
+    assert parse_backend({"lr": 5e-4}) == TorchBackendConfig(lr=5e-4)
+    assert parse_backend("simulated") == SimulatedBackendConfig()
+
+
+def test_validating_a_backend_section_imports_no_backend_runtime():
+    code = ("import sys; from astraflow.trainer.backend import parse_backend; "
+            "parse_backend({'type': 'simulated'}); parse_backend({'lr': 1e-3}); "
+            "print(sorted(m for m in ('torch', 'astraflow.trainer.simulated') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,21 +1,24 @@
 """HFEngine: behaviour log-probs match a recomputation from the forward pass; per-token versions."""
 
 import asyncio
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
 
 from astraflow.engines import SamplingParams, build_engine
-from astraflow.models import build_model, build_tokenizer
+from astraflow.models import load_model
 
-TINY = "examples/models/tiny.yaml"
+TEXTS = ["max 3 7 1 9 =", "min 4 2 =", "max 1 2 3 4 5 6 ="]
 
 
-def _prompts():
-    tok = build_tokenizer()
-    texts = ["max 3 7 1 9 =", "min 4 2 =", "max 1 2 3 4 5 6 ="]
-    return [[tok.bos_token_id, *tok.encode(t, add_special_tokens=False)] for t in texts]
+@pytest.fixture
+def prompts(tiny_tokenizer):
+    """Three prompts of different lengths (left padding exercised)."""
+    return [tiny_tokenizer.encode(t, add_special_tokens=False) for t in TEXTS]
 
 
 def _recompute(model, prompt, tokens, temperature):
@@ -27,25 +30,25 @@ def _recompute(model, prompt, tokens, temperature):
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_logprobs_match_forward_recomputation(temperature):
-    model = build_model(TINY)
+def test_logprobs_match_forward_recomputation(temperature, tiny_model, prompts):
+    model = tiny_model
     eng = build_engine({"seed": 3}, model)
     # stop only on an impossible id so every row generates the full length (left padding exercised)
-    gens = eng.generate(_prompts(), SamplingParams(max_new_tokens=6, temperature=temperature,
-                                                   stop_token_ids=(-1,)))
-    for prompt, g in zip(_prompts(), gens):
+    gens = eng.generate(prompts, SamplingParams(max_new_tokens=6, temperature=temperature,
+                                                stop_token_ids=(-1,)))
+    for prompt, g in zip(prompts, gens):
         assert len(g.token_ids) == len(g.logprobs) == len(g.versions) == 6
         assert g.finish_reason == "length"
         ref = _recompute(model, prompt, g.token_ids, temperature)
         assert g.logprobs == pytest.approx(ref, abs=1e-4)
 
 
-def test_greedy_is_argmax_and_stops_at_eos():
-    model = build_model(TINY)
+def test_greedy_is_argmax_and_stops_at_eos(tiny_model, tiny_tokenizer, prompts):
+    model = tiny_model
     eng = build_engine({}, model)
-    tok = build_tokenizer()
-    gens = eng.generate(_prompts(), SamplingParams(max_new_tokens=5, temperature=0.0))
-    for prompt, g in zip(_prompts(), gens):
+    tok = tiny_tokenizer
+    gens = eng.generate(prompts, SamplingParams(max_new_tokens=5, temperature=0.0))
+    for prompt, g in zip(prompts, gens):
         ids = list(prompt)
         for t in g.token_ids:
             with torch.no_grad():
@@ -55,21 +58,20 @@ def test_greedy_is_argmax_and_stops_at_eos():
         assert tok.eos_token_id not in g.token_ids[:-1]
 
 
-def test_version_tags_change_after_load_weights():
-    model = build_model(TINY)
-    eng = build_engine({}, model, version=0)
+def test_version_tags_change_after_load_weights(tiny_model, tiny_checkpoint, prompts):
+    eng = build_engine({}, tiny_model, version=0)
     params = SamplingParams(max_new_tokens=3, stop_token_ids=(-1,))
-    assert all(v == 0 for g in eng.generate(_prompts(), params) for v in g.versions)
-    new = build_model(TINY)  # same shapes, perturbed and loaded as version 7
+    assert all(v == 0 for g in eng.generate(prompts, params) for v in g.versions)
+    new = load_model(tiny_checkpoint)  # same shapes, perturbed and loaded as version 7
     sd = {k: v + 0.01 for k, v in new.state_dict().items()}
     eng.load_weights(sd, 7)
     assert eng.weight_version == 7
     assert torch.equal(eng.state_dict()["model.norm.weight"], sd["model.norm.weight"])
-    assert all(v == 7 for g in eng.generate(_prompts(), params) for v in g.versions)
+    assert all(v == 7 for g in eng.generate(prompts, params) for v in g.versions)
 
 
-def test_weights_swapped_mid_generation_tag_later_tokens():
-    model = build_model(TINY)
+def test_weights_swapped_mid_generation_tag_later_tokens(tiny_model, prompts):
+    model = tiny_model
     eng = build_engine({}, model, version=1)
     sd = {k: v.clone() for k, v in model.state_dict().items()}
     calls = {"n": 0}
@@ -87,15 +89,14 @@ def test_weights_swapped_mid_generation_tag_later_tokens():
         return original(*a, **kw)
 
     model.forward = forward
-    gens = eng.generate(_prompts(), SamplingParams(max_new_tokens=5, stop_token_ids=(-1,)))
+    gens = eng.generate(prompts, SamplingParams(max_new_tokens=5, stop_token_ids=(-1,)))
     calls["thread"].join()
     for g in gens:
         assert g.versions == [1, 1, 1, 2, 2]
 
 
-def test_agenerate_merges_concurrent_requests():
-    model = build_model(TINY)
-    eng = build_engine({}, model)
+def test_agenerate_merges_concurrent_requests(tiny_model, prompts):
+    eng = build_engine({}, tiny_model)
     seen = []
     original = eng.generate
 
@@ -106,10 +107,104 @@ def test_agenerate_merges_concurrent_requests():
     eng.generate = spy
 
     async def main():
-        p = _prompts()
+        p = prompts
         return await asyncio.gather(*(eng.agenerate([p[i % 3]] * 4, SamplingParams(max_new_tokens=2))
                                       for i in range(5)))
 
     out = asyncio.run(main())
     assert [len(o) for o in out] == [4] * 5
     assert sum(seen) == 20 and len(seen) < 5
+
+
+def test_engine_section_without_type_is_the_hf_engine(tiny_model):
+    from astraflow.engines import HFEngineConfig, parse_engine
+    from astraflow.engines.hf import HFEngine
+
+    assert parse_engine({"seed": 3}) == HFEngineConfig(seed=3)
+    eng = build_engine(HFEngineConfig(max_batch_size=2), tiny_model, version=4)
+    assert isinstance(eng, HFEngine) and eng.weight_version == 4 and eng._batcher.max_batch_size == 2
+
+
+def test_merged_batches_respect_max_batch_size_and_a_new_event_loop(tiny_model, prompts):
+    from astraflow.engines import HFEngineConfig
+
+    eng = build_engine(HFEngineConfig(max_batch_size=5), tiny_model)
+    seen = []
+    original = eng.generate
+
+    def spy(prompts, params):
+        seen.append(len(prompts))
+        return original(prompts, params)
+
+    eng.generate = spy
+    p = prompts
+
+    async def main(sizes):
+        outs = await asyncio.gather(*(eng.agenerate([p[0]] * n, SamplingParams(max_new_tokens=1)) for n in sizes))
+        return [len(o) for o in outs]
+
+    assert asyncio.run(main([2, 2, 2, 7])) == [2, 2, 2, 7]  # a request is never split: 7 runs alone
+    assert sorted(seen) == [2, 4, 7]
+    seen.clear()
+    assert asyncio.run(main([1, 1])) == [1, 1]  # a second event loop gets its own queue and worker
+    assert seen == [2]
+
+
+def test_a_failed_merged_batch_fails_each_request_in_it():
+    from astraflow.engines.batching import RequestBatcher
+
+    class Broken:
+        def generate(self, prompts, params):
+            raise RuntimeError("out of memory")
+
+    batcher = RequestBatcher(Broken(), max_batch_size=8)
+
+    async def main():
+        return await asyncio.gather(*(batcher.submit([[1]], SamplingParams()) for _ in range(3)),
+                                    return_exceptions=True)
+
+    assert [str(e) for e in asyncio.run(main())] == ["out of memory"] * 3
+
+
+def test_an_engine_without_batching_gets_a_threaded_agenerate():
+    from astraflow.engines import Engine, Generation
+
+    class Echo(Engine):  # no __init__ of its own state, like a test double or a minimal connector
+        def generate(self, prompts, params):
+            return [Generation(list(p), [0.0] * len(p), [0] * len(p), "stop") for p in prompts]
+
+        def load_weights(self, state_dict, version):
+            pass
+
+        @property
+        def weight_version(self):
+            return 0
+
+        def state_dict(self):
+            return {}
+
+    (g,) = asyncio.run(Echo().agenerate([[4, 5]], SamplingParams()))
+    assert g.token_ids == [4, 5]
+
+
+def test_an_hf_engine_option_typo_is_refused_at_recipe_load(tmp_path, tiny_checkpoint):
+    import yaml
+
+    from astraflow.config import ConfigError
+    from astraflow.recipe import Recipe
+
+    data = yaml.safe_load(Path("examples/recipes/math.yaml").read_text())
+    data["policies"][0]["model"] = str(tiny_checkpoint)
+    data["pools"][0]["engine"] = {"type": "hf", "devcie": "cpu"}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=r"pools\.0\.engine: engine 'hf': devcie: Extra inputs are not permitted"):
+        Recipe.load(tmp_path / "r.yaml")
+
+
+def test_validating_an_engine_section_imports_no_engine_runtime():
+    code = ("import sys; from astraflow.engines import parse_engine; parse_engine({'type': 'simulated'}); "
+            "parse_engine({'device': 'cpu'}); "
+            "print(sorted(m for m in ('torch', 'astraflow.engines.hf', 'astraflow.engines.simulated') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

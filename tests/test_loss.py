@@ -73,3 +73,15 @@ def test_gradient_pushes_up_positive_advantage_tokens():
 def test_group_advantages_validate_lengths():
     with pytest.raises(ValueError):
         group_advantages([1.0, 0.0], ["a"])
+
+
+@pytest.mark.parametrize(("clip_eps_high", "expected"), [(None, 3 / 4), (0.28, 2 / 4)])
+def test_clip_frac_counts_ratios_outside_the_asymmetric_range(clip_eps_high, expected):
+    # ratios 0.7 (below 1 - 0.2), 0.9 (inside), 1.25 (inside only with clip-higher 0.28), 1.5 (above);
+    # a padding token far outside the range is not counted
+    ratios = torch.tensor([[0.7, 0.9, 1.25, 1.5, 3.0]], dtype=torch.float64)
+    prox = torch.full_like(ratios, -1.0)
+    mask = torch.tensor([[1, 1, 1, 1, 0]], dtype=torch.float64)
+    _, m = policy_loss(prox + ratios.log(), prox, prox, torch.tensor([1.0], dtype=torch.float64), mask,
+                       clip_eps=0.2, clip_eps_high=clip_eps_high)
+    assert m["clip_frac"] == pytest.approx(expected)

@@ -1,46 +1,45 @@
-"""Inference engines behind one contract; ``build_engine`` switches on ``type``."""
+"""Inference engines behind one contract (``base``), chosen by a recipe's ``engine.type``
+(``config``) and built by :func:`build_engine`, which imports an engine's runtime only then."""
 
 from __future__ import annotations
 
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
 
 from astraflow.engines.base import Engine, Generation, SamplingParams
-from astraflow.engines.simulated import SimulatedEngineConfig
+from astraflow.engines.config import (
+    ENGINES,
+    BaseEngineConfig,
+    EngineConfig,
+    HFEngineConfig,
+    SimulatedEngineConfig,
+    parse_engine,
+    register_engine,
+)
 
 
-class EngineConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+@register_engine("hf", HFEngineConfig)
+def _build_hf(config: HFEngineConfig, model: Any, *, version: int) -> Engine:
+    from astraflow.engines.hf import HFEngine
 
-    type: Literal["hf", "simulated"] = "hf"
-    """Which engine: "hf" (built-in transformers engine), "simulated" (a timing/length SIMULATION
-    for scale experiments, see ``astraflow.engines.simulated``). vLLM/SGLang connectors plug in here."""
-    device: str = "cpu"
-    """Torch device of the engine ("cpu", "cuda", "cuda:1")."""
-    max_batch_size: int = 256
-    """Most prompts decoded in one merged batch."""
-    seed: int = 0
-    """Seed of the sampling RNG."""
-    simulated: SimulatedEngineConfig = Field(default_factory=SimulatedEngineConfig)
-    """Settings of the simulated engine (used only when ``type`` is "simulated")."""
+    return HFEngine(model, device=config.device, version=version, seed=config.seed,
+                    max_batch_size=config.max_batch_size)
 
 
-def build_engine(config: EngineConfig | dict, model, *, version: int = 0) -> Engine:
-    """An engine of ``config.type`` serving ``model`` (a transformers causal LM)."""
-    if isinstance(config, dict):
-        config = EngineConfig.model_validate(config)
-    if config.type == "hf":
-        from astraflow.engines.hf import HFEngine
+@register_engine("simulated", SimulatedEngineConfig)
+def _build_simulated(config: SimulatedEngineConfig, model: Any, *, version: int) -> Engine:
+    from astraflow.engines.simulated import SimulatedEngine
 
-        return HFEngine(model, device=config.device, version=version, seed=config.seed,
-                        max_batch_size=config.max_batch_size)
-    if config.type == "simulated":
-        from astraflow.engines.simulated import SimulatedEngine
-
-        # The model is not run: the simulation only needs the weight versions it is given.
-        return SimulatedEngine(config.simulated, version=version, seed=config.seed)
-    raise ValueError(f"unknown engine type {config.type!r}")
+    # The model is not run: the simulation only needs the weight versions it is given.
+    return SimulatedEngine(config, version=version)
 
 
-__all__ = ["Engine", "EngineConfig", "Generation", "SamplingParams", "build_engine"]
+def build_engine(config: BaseEngineConfig | dict[str, Any] | str | None, model: Any, *, version: int = 0) -> Engine:
+    """The engine named by ``config.type`` serving ``model`` (a transformers causal LM; unused by
+    the simulated engine), holding weight ``version``. ``config`` may also be a recipe's engine
+    section as a mapping or a bare name; a mapping without ``type`` is the built-in ``hf`` engine."""
+    parsed = parse_engine(config)
+    return ENGINES.get(parsed.type)(parsed, model, version=version)
+
+
+__all__ = ["ENGINES", "BaseEngineConfig", "Engine", "EngineConfig", "Generation", "HFEngineConfig",
+           "SamplingParams", "SimulatedEngineConfig", "build_engine", "parse_engine", "register_engine"]

@@ -2,7 +2,8 @@
 version that produced each token; swap weights between generation steps.
 
 The contract is deliberately the one vLLM / SGLang expose (token ids in, token ids + log-probs out,
-weights updated in place), so connectors for them implement the same four members.
+weights updated in place), so connectors for them implement the same four members. How an engine
+is chosen and configured in a recipe: ``astraflow.engines.config``.
 """
 
 from __future__ import annotations
@@ -43,9 +44,6 @@ class Generation:
 class Engine(ABC):
     """A policy's inference runtime inside a RaaS node."""
 
-    max_batch_size: int = 256
-    """Concurrent ``agenerate`` requests are merged into batches of at most this many prompts."""
-
     @abstractmethod
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """Continuations of ``prompts`` (token ids), in order. Thread-safe against load_weights."""
@@ -65,51 +63,10 @@ class Engine(ABC):
         """The current weights (for delta application and checks)."""
 
     async def agenerate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        """Async ``generate``: requests from concurrent episodes are merged into one batch.
+        """``generate`` without blocking the event loop (Kafka I/O, other episodes keep running).
 
-        A worker task per event loop drains the queue, groups requests by sampling params and runs
-        each merged batch in a thread, so the event loop (Kafka I/O, other episodes) keeps running.
+        Concurrent episodes call this at once. This default runs each call on its own in a thread;
+        an engine that can serve them together overrides it: the HF engine merges them into batches
+        (``astraflow.engines.batching``), the simulated engine and vLLM batch continuously.
         """
-        loop = asyncio.get_running_loop()
-        if getattr(self, "_batch_loop", None) is not loop:
-            self._batch_loop = loop
-            self._batch_queue: asyncio.Queue = asyncio.Queue()
-            self._batch_worker = loop.create_task(self._drain_requests())
-        fut = loop.create_future()
-        self._batch_queue.put_nowait((prompts, params, fut))
-        return await fut
-
-    async def _drain_requests(self) -> None:
-        queue = self._batch_queue
-        while True:
-            items = [await queue.get()]
-            await asyncio.sleep(0)  # let episodes that are ready in this tick enqueue too
-            while not queue.empty():
-                items.append(queue.get_nowait())
-            by_params: dict[SamplingParams, list] = {}
-            for item in items:
-                by_params.setdefault(item[1], []).append(item)
-            for params, group in by_params.items():
-                await self._run_merged(params, group)
-
-    async def _run_merged(self, params: SamplingParams, group: list) -> None:
-        start = 0
-        while start < len(group):
-            chunk, n = [], 0
-            while start < len(group) and (not chunk or n + len(group[start][0]) <= self.max_batch_size):
-                chunk.append(group[start])
-                n += len(group[start][0])
-                start += 1
-            merged = [p for prompts, _, _ in chunk for p in prompts]
-            try:
-                gens = await asyncio.to_thread(self.generate, merged, params)
-            except Exception as exc:  # noqa: BLE001 - delivered to every waiting episode
-                for _, _, fut in chunk:
-                    if not fut.done():
-                        fut.set_exception(exc)
-                continue
-            offset = 0
-            for prompts, _, fut in chunk:
-                if not fut.done():
-                    fut.set_result(gens[offset: offset + len(prompts)])
-                offset += len(prompts)
+        return await asyncio.to_thread(self.generate, prompts, params)

@@ -16,13 +16,19 @@ sequence's tokens can carry several versions, which is exactly what the per-toke
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from astraflow.engines.base import Engine, Generation, SamplingParams
+from astraflow.engines.batching import RequestBatcher
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 class HFEngine(Engine):
-    def __init__(self, model, *, eos_token_id: int | None = None, pad_token_id: int | None = None,
+    """The built-in engine (``type: hf``, options :class:`~astraflow.engines.config.HFEngineConfig`)."""
+
+    def __init__(self, model: PreTrainedModel, *, eos_token_id: int | None = None, pad_token_id: int | None = None,
                  device: str = "cpu", version: int = 0, seed: int = 0, max_batch_size: int = 256) -> None:
         import torch
 
@@ -31,10 +37,11 @@ class HFEngine(Engine):
         cfg = model.config
         self.eos_token_id = cfg.eos_token_id if eos_token_id is None else eos_token_id
         self.pad_token_id = (cfg.pad_token_id if pad_token_id is None else pad_token_id) or 0
-        self.max_batch_size = max_batch_size
         self._version = version
         self._lock = threading.Lock()
         self._rng = torch.Generator(device=self.device).manual_seed(seed)
+        self._batcher = RequestBatcher(self, max_batch_size)
+        """Merges the ``agenerate`` calls of concurrent episodes into batched ``generate`` calls."""
 
     @property
     def weight_version(self) -> int:
@@ -50,6 +57,10 @@ class HFEngine(Engine):
             # strict: a delta chain that misses a tensor must fail loudly, not serve stale weights
             self.model.load_state_dict(state_dict, strict=True)
             self._version = version
+
+    async def agenerate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """``generate``, merged with the concurrent requests of other episodes (one forward each step)."""
+        return await self._batcher.submit(prompts, params)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         import torch

@@ -23,50 +23,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from astraflow.engines.base import Engine, Generation, SamplingParams
-
-
-class SimulatedEngineConfig(BaseModel):
-    """Timing and length model of the simulated engine (``engine.type: simulated``)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    tokens_per_s: float = Field(default=200.0, gt=0)
-    """Decode speed of ONE sequence at speed 1.0 (tokens/s); the node's batch decodes in parallel."""
-    speed: float = Field(default=1.0, gt=0)
-    """Node speed factor (1.0 = reference hardware, 0.3 = a pool at 30% throughput)."""
-    median_tokens: float = Field(default=64.0, gt=0)
-    """Median response length (the lognormal's exp(mu))."""
-    sigma: float = Field(default=1.0, ge=0)
-    """Lognormal shape: p99 = median * exp(2.326 * sigma) (sigma 1.0 -> p99 ~10x the median)."""
-    max_tokens: int = Field(default=2048, ge=1)
-    """Hard cap on a response (finish_reason "length")."""
-    max_batch_size: int = Field(default=256, ge=1)
-    """Sequences decoded at once by a node; further requests wait for a free slot."""
-    tick_s: float = Field(default=0.02, gt=0)
-    """Simulation time step: tokens are produced in chunks of ``tokens_per_s * speed * tick_s``."""
-    vocab_size: int = Field(default=31, ge=4)
-    """Token ids are drawn from [3, vocab_size) (the in-code tokenizer has 31; 0-2 are pad/bos/eos)."""
-    eos_token_id: int = 2
-    """Last token of a response that ends before its cap (finish_reason "stop")."""
-
-    def quantile(self, q: float) -> float:
-        """Response-length quantile of the (untruncated) lognormal, e.g. ``quantile(0.99)``."""
-        z = math.sqrt(2.0) * _erfinv(2.0 * q - 1.0)
-        return self.median_tokens * math.exp(self.sigma * z)
-
-    def draw_length(self, rng: random.Random) -> int:
-        return max(1, min(self.max_tokens, round(rng.lognormvariate(math.log(self.median_tokens), self.sigma))))
-
-
-def _erfinv(y: float) -> float:
-    # Newton on erf: enough for quantiles in docs and tests (no scipy dependency).
-    x = 0.0
-    for _ in range(60):
-        x -= (math.erf(x) - y) / (2.0 / math.sqrt(math.pi) * math.exp(-x * x))
-    return x
+from astraflow.engines.config import SimulatedEngineConfig
 
 
 @dataclass
@@ -83,15 +41,14 @@ class _Sequence:
 class SimulatedEngine(Engine):
     """Continuous-batching decode simulator; see the module docstring."""
 
-    def __init__(self, config: SimulatedEngineConfig | dict | None = None, *, version: int = 0,
-                 seed: int = 0) -> None:
+    def __init__(self, config: SimulatedEngineConfig | dict[str, Any] | None = None, *, version: int = 0) -> None:
         self.config = config if isinstance(config, SimulatedEngineConfig) else \
             SimulatedEngineConfig.model_validate(config or {})
         self.max_batch_size = self.config.max_batch_size
         self._version = version
         self._weights: dict[str, Any] = {}
         self._lock = threading.Lock()
-        self._rng = random.Random(seed)
+        self._rng = random.Random(self.config.seed)
         self._active: list[_Sequence] = []
         self._waiting: list[_Sequence] = []
         self._wake: asyncio.Event | None = None

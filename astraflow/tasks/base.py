@@ -10,6 +10,7 @@ never share a prompt and every component that builds the dataset sees the same s
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
@@ -127,6 +128,63 @@ class GeneratedDataset(Dataset):
 
     def _problem(self, prompt: str, answer: str) -> Problem:
         return Problem(prompt_id=prompt_id_of(self.name, prompt), prompt=prompt, answer=answer)
+
+
+class ListedDataset(Dataset):
+    """A finite list of problems (the rows of a file, a generated pool), split by prompt hash.
+
+    ``problems`` is a seeded sample of a split, ``stream`` cycles over it endlessly in a fresh
+    seeded order each pass: passes are not counted here (``dataflow.epochs`` counts them), and a
+    stream is deterministic, so a task emitter resumes by skipping the tasks it already drew.
+    """
+
+    def __init__(self, config: DatasetConfig) -> None:
+        super().__init__(config)
+        self._splits: dict[str, list[Problem]] | None = None
+
+    @abstractmethod
+    def _load(self) -> list[Problem]:
+        """Every problem, in a fixed order; a prompt listed twice is kept once (the first)."""
+
+    def all_problems(self, split: Split) -> list[Problem]:
+        """Every problem of ``split``, in the dataset's order (loaded once)."""
+        if self._splits is None:
+            self._splits = split_problems(self._load(), self.heldout_fraction)
+        return self._splits[split]
+
+    def problems(self, split: Split, n: int, *, seed: int | None = None) -> list[Problem]:
+        pool = self.all_problems(split)
+        rng = random.Random(f"{self.name}/{self.seed}/{split}/{seed}")
+        return rng.sample(pool, min(n, len(pool)))
+
+    def stream(self, split: Split = "train", *, seed: int = 0) -> Iterator[Problem]:
+        pool = list(self.all_problems(split))
+        if not pool:
+            raise ValueError(f"{self.name}: the {split} split is empty")
+        rng = random.Random(f"{self.name}/{self.seed}/{split}/stream/{seed}")
+        while True:
+            rng.shuffle(pool)
+            yield from pool
+
+
+def problem_key(problem: Problem) -> str:
+    """What a problem is identified and split by: its chat messages (as canonical JSON) when it has
+    them, else its prompt text."""
+    if problem.messages:
+        return json.dumps([list(m) for m in problem.messages], ensure_ascii=False, separators=(",", ":"))
+    return problem.prompt
+
+
+def split_problems(problems: list[Problem], heldout_fraction: float) -> dict[str, list[Problem]]:
+    """``problems`` without repeated prompts, by split (see :func:`split_of`), in their order."""
+    out: dict[str, list[Problem]] = {"train": [], "heldout": []}
+    seen: set[str] = set()
+    for p in problems:
+        key = problem_key(p)
+        if key not in seen:
+            seen.add(key)
+            out[split_of(key, heldout_fraction)].append(p)
+    return out
 
 
 DATASETS: Registry[type[Dataset]] = Registry("dataset")

@@ -1,212 +1,173 @@
-"""Trainer backends: one optimisation step on a list of trajectories, plus resumable state.
+"""A recipe's ``backend`` section (per policy): one typed options model per trainer backend, chosen
+by ``type``, and :func:`build_backend`, which imports a backend's runtime only when it builds one.
 
-``TrainerBackend`` is the contract the trainer component drives (a Megatron-core connector would
-implement the same four members); ``TorchBackend`` is the built-in one on a ``transformers`` model.
+The section is a discriminated union open to extension: every backend is registered in
+:data:`BACKENDS` by name with its options model (a :class:`BaseBackendConfig` whose ``type`` is that
+name) and a builder. ``torch`` and ``simulated`` are registered here; a connector
+(``connectors/megatron``) or a user's backend registers itself with :func:`register_backend` in a
+module the recipe lists under ``imports``.
+
+    backend: {type: torch, lr: 1.0e-3, clip_eps: 0.2}          # type may be left out: torch
+    backend: {type: simulated, step_base_s: 0.25, params: 65536}
+
+A misspelt option, a wrong type or an unknown backend is refused when the recipe loads, with the
+backend and the option named. The contract is ``astraflow.trainer.base.TrainerBackend``; the
+implementations are ``torch_backend`` and ``simulated``.
 """
 
 from __future__ import annotations
 
-import time
-from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BeforeValidator, Field, SerializeAsAny
 
-from astraflow.trainer.loss import group_advantages, policy_loss
-from astraflow.trainer.simulated_config import SimulatedBackendConfig
+from astraflow.registry import PluginConfig, Registry
+from astraflow.trainer.base import TrainerBackend
+
+if TYPE_CHECKING:
+    from astraflow.trainer.torch_backend import TorchBackend
 
 
-class BackendConfig(BaseModel):
-    """Optimiser and objective hyper-parameters of the built-in PyTorch backend."""
+class BaseBackendConfig(PluginConfig):
+    """Options every trainer backend has; a backend's own config narrows ``type`` and adds its own."""
 
-    model_config = ConfigDict(extra="forbid")
+    type: str = "torch"
+    """Registered name of the backend: "torch" (built-in PyTorch on a transformers model, the
+    default), "simulated" (a step-time SIMULATION for scale experiments), or a connector's name."""
 
-    type: Literal["torch", "simulated"] = "torch"
-    """Which backend ("torch"; "simulated": a step-time SIMULATION for scale experiments, see
-    ``astraflow.trainer.simulated``; "megatron" is a connector)."""
-    lr: float = 1e-3
+
+class TorchBackendConfig(BaseBackendConfig):
+    """Optimiser and objective hyper-parameters of the built-in PyTorch backend (``type: torch``)."""
+
+    type: Literal["torch"] = "torch"
+    """GRPO/PPO with AdamW on the policy's ``transformers`` model."""
+    lr: float = Field(default=1e-3, gt=0)
     """AdamW learning rate."""
     betas: tuple[float, float] = (0.9, 0.99)
     """AdamW betas."""
-    weight_decay: float = 0.0
+    weight_decay: float = Field(default=0.0, ge=0)
     """AdamW decoupled weight decay."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = Field(default=1.0, gt=0)
     """Global gradient-norm clip."""
-    clip_eps: float = 0.2
+    clip_eps: float = Field(default=0.2, gt=0)
     """PPO ratio clip (lower side, and upper side unless clip_eps_high is set)."""
-    clip_eps_high: float | None = None
+    clip_eps_high: float | None = Field(default=None, gt=0)
     """Upper PPO clip ("clip-higher"); None = clip_eps."""
-    is_cap: float = 2.0
+    is_cap: float = Field(default=2.0, gt=0)
     """Truncation of the importance weight pi_proximal / pi_behaviour for stale tokens."""
-    adv_eps: float = 1e-6
+    adv_eps: float = Field(default=1e-6, ge=0)
     """Added to the group std when normalising advantages."""
-    temperature: float = 1.0
+    temperature: float = Field(default=1.0, gt=0)
     """Sampling temperature of the engines: logits are divided by it, so log-probs match."""
-    minibatches: int = 1
+    minibatches: int = Field(default=1, ge=1)
     """Optimizer steps per batch (>1 makes the PPO clip active against the proximal policy)."""
     device: str = "cpu"
     """Torch device of the trained model."""
-    simulated: SimulatedBackendConfig = Field(default_factory=SimulatedBackendConfig)
-    """Settings of the simulated backend (used only when ``type`` is "simulated")."""
 
 
-class TrainerBackend(ABC):
-    """What the trainer component needs from a training runtime."""
+class SimulatedBackendConfig(BaseBackendConfig):
+    """Step-time model and published tensors of the SIMULATED backend (``type: simulated``): no
+    gradient is computed, see ``astraflow.trainer.simulated``."""
 
-    @abstractmethod
-    def step(self, trajectories: Sequence[Any]) -> dict[str, float]:
-        """One update on a batch of trajectories; returns metrics (loss, grad norm, reward, ...)."""
-
-    @abstractmethod
-    def state_dict(self) -> dict[str, Any]:
-        """Model weights to publish / checkpoint."""
-
-    @abstractmethod
-    def optimizer_state_dict(self) -> dict[str, Any]:
-        """Optimizer state to checkpoint."""
-
-    @abstractmethod
-    def load_state(self, model_state: dict[str, Any], optimizer_state: dict[str, Any] | None) -> None:
-        """Resume from a checkpoint."""
+    type: Literal["simulated"] = "simulated"
+    """The step-time simulator (real, small published tensors)."""
+    step_base_s: float = Field(default=0.2, ge=0)
+    """Fixed seconds per step (optimizer, collectives)."""
+    step_s_per_token: float = Field(default=2e-4, ge=0)
+    """Seconds per trained (loss-masked) token: the step time scales with batch tokens."""
+    params: int = Field(default=65_536, ge=1)
+    """Parameters of the one published tensor (bf16): small, real, changed every step."""
+    changed_fraction: float = Field(default=0.01, gt=0, le=1)
+    """Fraction of parameters changed per step (real RL steps change ~0.5-1.5% of bf16 weights)."""
+    seed: int = 0
+    """Seed of the initial tensor and of which entries change."""
 
 
-class TorchBackend(TrainerBackend):
-    """GRPO/PPO on a ``transformers`` causal LM with AdamW (fp32 master weights)."""
-
-    def __init__(self, model, config: BackendConfig | dict | None = None) -> None:
-        import torch
-
-        if config is None:
-            config = BackendConfig()
-        elif isinstance(config, dict):
-            config = BackendConfig.model_validate(config)
-        self.config = config
-        self.device = torch.device(config.device)
-        self.model = model.to(self.device).float()
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
-        )
-        self.steps = 0
-
-    # -- batch preparation ------------------------------------------------------------------------
-    def _tensors(self, trajs: Sequence[Any]):
-        import torch
-
-        seqs = [list(t.prompt_ids) + list(t.response_ids) for t in trajs]
-        width = max(len(s) for s in seqs)
-        resp_w = max(max(len(t.response_ids) for t in trajs), 1)
-        n = len(trajs)
-        ids = torch.zeros((n, width), dtype=torch.long)
-        attn = torch.zeros((n, width), dtype=torch.long)
-        # gather index: logits at position p predict token p+1
-        gather_pos = torch.zeros((n, resp_w), dtype=torch.long)
-        behav = torch.zeros((n, resp_w))
-        mask = torch.zeros((n, resp_w))
-        for i, (t, s) in enumerate(zip(trajs, seqs, strict=True)):
-            ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-            attn[i, : len(s)] = 1
-            r, p = len(t.response_ids), len(t.prompt_ids)
-            if len(t.logprobs) != r or len(t.loss_mask) != r:
-                raise ValueError(f"trajectory {getattr(t, 'episode_id', i)}: per-token lengths differ")
-            if r:
-                gather_pos[i, :r] = torch.arange(p - 1, p - 1 + r)
-                behav[i, :r] = torch.tensor(list(t.logprobs), dtype=torch.float32)
-                mask[i, :r] = torch.tensor(list(t.loss_mask), dtype=torch.float32)
-        return (ids.to(self.device), attn.to(self.device), gather_pos.to(self.device),
-                behav.to(self.device), mask.to(self.device))
-
-    def token_logprobs(self, ids, attn, gather_pos):
-        """log pi(response token) under the current weights, ``[B, T_resp]``."""
-        import torch
-
-        logits = self.model(input_ids=ids, attention_mask=attn).logits.float()
-        logits = logits / self.config.temperature
-        rows = logits.gather(1, gather_pos[:, :, None].expand(-1, -1, logits.shape[-1]))
-        targets = ids.gather(1, (gather_pos + 1).clamp(max=ids.shape[1] - 1))
-        return torch.log_softmax(rows, dim=-1).gather(-1, targets[:, :, None]).squeeze(-1)
-
-    # -- the step ---------------------------------------------------------------------------------
-    def step(self, trajectories: Sequence[Any]) -> dict[str, float]:
-        import torch
-
-        if not trajectories:
-            raise ValueError("empty batch")
-        t0 = time.perf_counter()
-        cfg = self.config
-        rewards = [float(t.reward) for t in trajectories]
-        adv = group_advantages(rewards, [t.group_id for t in trajectories], eps=cfg.adv_eps)
-        self.model.train()
-        n = len(trajectories)
-        order = list(range(n))
-        chunks = [order[i:: cfg.minibatches] for i in range(cfg.minibatches) if order[i:: cfg.minibatches]]
-        agg: dict[str, float] = {}
-        for chunk in chunks:
-            sub = [trajectories[i] for i in chunk]
-            ids, attn, gpos, behav, mask = self._tensors(sub)
-            a = torch.tensor([adv[i] for i in chunk], dtype=torch.float32, device=self.device)
-            logp = self.token_logprobs(ids, attn, gpos)
-            if cfg.minibatches == 1:
-                prox = logp.detach()  # one update per batch: the proximal policy is the current one
-            else:
-                if not agg:  # proximal log-probs for every minibatch, before the first update
-                    with torch.no_grad():
-                        prox_all = {}
-                        for c in chunks:
-                            t_ = self._tensors([trajectories[i] for i in c])
-                            prox_all[tuple(c)] = self.token_logprobs(t_[0], t_[1], t_[2])
-                prox = prox_all[tuple(chunk)]
-            loss, m = policy_loss(logp, prox, behav, a, mask, clip_eps=cfg.clip_eps,
-                                  clip_eps_high=cfg.clip_eps_high, is_cap=cfg.is_cap)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
-            self.optimizer.step()
-            m["grad_norm"] = float(gn)
-            for k, v in m.items():
-                agg[k] = agg.get(k, 0.0) + v / len(chunks)
-        self.model.eval()
-        self.steps += 1
-        agg.update(
-            reward_mean=sum(rewards) / n,
-            trajectories=float(n),
-            zero_adv_frac=sum(1 for x in adv if x == 0.0) / n,
-            step_seconds=time.perf_counter() - t0,
-        )
-        return agg
-
-    # -- state ------------------------------------------------------------------------------------
-    def state_dict(self, dtype=None) -> dict[str, Any]:
-        """Detached CPU copies of the weights (cast to ``dtype``, e.g. torch.bfloat16, if given)."""
-        sd = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
-        return {k: v.to(dtype) for k, v in sd.items()} if dtype is not None else sd
-
-    def optimizer_state_dict(self) -> dict[str, Any]:
-        """A deep copy: torch returns live references to the moment tensors, which the next step
-        would mutate under a checkpoint being written off the critical path."""
-        import copy
-
-        return copy.deepcopy(self.optimizer.state_dict())
-
-    def load_state(self, model_state: dict[str, Any], optimizer_state: dict[str, Any] | None) -> None:
-        import torch
-
-        with torch.no_grad():
-            self.model.load_state_dict(model_state, strict=True)
-        if optimizer_state is not None:
-            import copy
-
-            # torch keeps the given moment tensors when dtype/device match: never share them
-            self.optimizer.load_state_dict(copy.deepcopy(optimizer_state))
+BackendBuilder = Callable[[Any, Any], TrainerBackend]
+"""``builder(config, model) -> TrainerBackend``: the backend of ``config`` training ``model``."""
 
 
-def build_backend(model, config: BackendConfig | dict | None = None) -> TrainerBackend:
-    """The backend of ``config.type`` training ``model``."""
-    cfg = BackendConfig.model_validate(config or {}) if not isinstance(config, BackendConfig) else config
-    if cfg.type == "torch":
-        return TorchBackend(model, cfg)
-    if cfg.type == "simulated":
-        from astraflow.trainer.simulated import SimulatedBackend
+@dataclass(frozen=True)
+class BackendEntry:
+    """What :data:`BACKENDS` holds per name: the options model and the builder (which imports the
+    backend's runtime only when called)."""
 
-        return SimulatedBackend(cfg.simulated)  # the model is not trained, only its timing simulated
-    raise ValueError(f"unknown trainer backend {cfg.type!r}")
+    Config: type[BaseBackendConfig]
+    """The backend's options model (:meth:`Registry.parse` reads it)."""
+    build: BackendBuilder
+    """Builds the backend from parsed options and a model."""
+
+    def __call__(self, config: BaseBackendConfig, model: Any) -> TrainerBackend:
+        return self.build(config, model)
+
+
+BACKENDS: Registry[BackendEntry] = Registry("trainer backend")
+
+
+def register_backend(name: str, config: type[BaseBackendConfig]) -> Callable[[BackendBuilder], BackendBuilder]:
+    """Decorator: register ``builder(config, model) -> TrainerBackend`` as backend ``name`` with
+    options ``config`` (whose ``type`` must be ``Literal[name]``)."""
+    if config.model_fields["type"].default != name:
+        raise ValueError(f"trainer backend {name!r}: {config.__name__}.type must default to {name!r}")
+
+    def deco(builder: BackendBuilder) -> BackendBuilder:
+        BACKENDS.register(name)(BackendEntry(config, builder))
+        return builder
+
+    return deco
+
+
+def parse_backend(data: Any) -> BaseBackendConfig:
+    """A backend section (a mapping, a bare name, or options already built) as the named backend's
+    options; a mapping without ``type`` names the built-in ``torch`` backend."""
+    if isinstance(data, BaseBackendConfig) and data.type in BACKENDS and type(data) is BACKENDS.get(data.type).Config:
+        return data
+    if data is None:
+        data = {}
+    if isinstance(data, dict) and "type" not in data:
+        data = {"type": BaseBackendConfig.model_fields["type"].default, **data}
+    return BACKENDS.parse(data)  # type: ignore[return-value]  # every entry's Config is a BaseBackendConfig
+
+
+BackendConfig = Annotated[SerializeAsAny[BaseBackendConfig], BeforeValidator(parse_backend)]
+"""Pydantic field type of a recipe's backend section: validated into the named backend's options
+(:class:`TorchBackendConfig`, :class:`SimulatedBackendConfig`, a connector's) and serialised with
+all of them."""
+
+
+@register_backend("torch", TorchBackendConfig)
+def _build_torch(config: TorchBackendConfig, model: Any) -> TrainerBackend:
+    from astraflow.trainer.torch_backend import TorchBackend
+
+    return TorchBackend(model, config)
+
+
+@register_backend("simulated", SimulatedBackendConfig)
+def _build_simulated(config: SimulatedBackendConfig, model: Any) -> TrainerBackend:
+    from astraflow.trainer.simulated import SimulatedBackend
+
+    return SimulatedBackend(config)  # the model is not trained, only its step time simulated
+
+
+def build_backend(model: Any, config: BaseBackendConfig | dict[str, Any] | str | None = None) -> TrainerBackend:
+    """The backend named by ``config.type`` training ``model`` (a transformers causal LM; unused by
+    the simulated backend). ``config`` may also be a recipe's backend section as a mapping or a bare
+    name; a mapping without ``type`` (or None) is the built-in ``torch`` backend."""
+    parsed = parse_backend(config)
+    return BACKENDS.get(parsed.type)(parsed, model)
+
+
+def __getattr__(name: str) -> Any:
+    # ``from astraflow.trainer.backend import TorchBackend`` keeps working without importing the
+    # implementation with this module (it lives in ``astraflow.trainer.torch_backend``).
+    if name == "TorchBackend":
+        from astraflow.trainer.torch_backend import TorchBackend
+
+        return TorchBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["BACKENDS", "BackendConfig", "BaseBackendConfig", "SimulatedBackendConfig", "TorchBackend",
+           "TorchBackendConfig", "TrainerBackend", "build_backend", "parse_backend", "register_backend"]

@@ -54,7 +54,8 @@ def policy_loss(logp, prox_logp, behav_logp, advantages, mask, *, clip_eps: floa
     """The clipped surrogate loss (a scalar tensor) and diagnostics.
 
     ``logp``, ``prox_logp``, ``behav_logp``, ``mask``: ``[B, T]`` over response tokens (padding has
-    mask 0); ``advantages``: ``[B]`` (one per trajectory) or ``[B, T]``.
+    mask 0); ``advantages``: ``[B]`` (one per trajectory) or ``[B, T]``. ``clip_frac`` is the
+    fraction of loss tokens whose ratio lies outside ``[1 - clip_eps, 1 + clip_eps_high]``.
     """
     import torch
 
@@ -69,7 +70,8 @@ def policy_loss(logp, prox_logp, behav_logp, advantages, mask, *, clip_eps: floa
     n_tok = mask.sum().clamp(min=1.0)
     loss = -(w * surr * mask).sum() / n_tok
     with torch.no_grad():
-        clipped = ((ratio - 1.0).abs() > clip_eps).to(logp.dtype)
+        # outside the (possibly asymmetric) trust region [1 - clip_eps, 1 + clip_eps_high]
+        clipped = ((ratio < 1.0 - clip_eps) | (ratio > 1.0 + hi)).to(logp.dtype)
         metrics = {
             "loss": float(loss),
             "tokens": float(mask.sum()),

@@ -5,20 +5,26 @@ so a batch of long-tail responses costs what it would cost a real trainer propor
 weights are real: one small bf16 tensor (``params`` entries) of which ``changed_fraction`` entries
 change every step, so the trainer service publishes real anchors and sparse deltas through the
 weight plane and nodes pull and load them: publish and refresh lag are real, not simulated.
+Options: :class:`~astraflow.trainer.backend.SimulatedBackendConfig` (``backend.type: simulated``).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from astraflow.trainer.backend import TrainerBackend
-from astraflow.trainer.simulated_config import SimulatedBackendConfig
+from astraflow.trainer.backend import SimulatedBackendConfig
+from astraflow.trainer.base import TrainerBackend
+
+if TYPE_CHECKING:
+    from astraflow.records import Trajectory
 
 
 class SimulatedBackend(TrainerBackend):
-    def __init__(self, config: SimulatedBackendConfig | dict | None = None) -> None:
+    """Step-time simulator with real, small published tensors; see the module docstring."""
+
+    def __init__(self, config: SimulatedBackendConfig | dict[str, Any] | None = None) -> None:
         import torch
 
         self.config = config if isinstance(config, SimulatedBackendConfig) else \
@@ -31,7 +37,7 @@ class SimulatedBackend(TrainerBackend):
         """Simulated duration of a step on ``tokens`` trained tokens."""
         return self.config.step_base_s + self.config.step_s_per_token * tokens
 
-    def step(self, trajectories: Sequence[Any]) -> dict[str, float]:
+    def step(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
         import torch
 
         if not trajectories:

@@ -100,7 +100,7 @@ class ToolAgentWorkflow(Workflow):
             if tool.name in self.tools:
                 raise ValueError(f"workflow tool_agent: tool {tool.name!r} is listed twice")
             self.tools[tool.name] = tool
-        self.system = config.system_prompt.replace("{tools}", tools_section(list(self.tools.values())))
+        self.system = config.system_prompt.replace("{tools}", tools_section(list(self.tools.values()))).strip()
         self._wraps: dict[int, bool] = {}
 
     # -- one episode ------------------------------------------------------------------------------
