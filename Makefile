@@ -11,7 +11,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --upgrade pip
 	# The local CPU build first, so that the package's `torch>=...` pulls no CUDA wheels.
 	$(PY) -m pip install torch==2.13.0
-	$(PY) -m pip install -e ".[dev,hf]"
+	$(PY) -m pip install -e ".[dev,hf,data]"
 	touch $@
 
 demo: install

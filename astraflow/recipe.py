@@ -2,7 +2,7 @@
 rollout pools, dataflow plug-ins and hyper-parameters. YAML, validated here with readable errors.
 
 Each section's fields are documented in the config class that owns them (``DataflowConfig``,
-``BackendConfig``, ``EngineConfig``, ``SamplingConfig``, ``SFTConfig``). The ``dataset`` and
+``TorchBackendConfig``, ``HFEngineConfig``, ``SamplingConfig``, ``SFTConfig``). The ``dataset`` and
 ``workflow`` sections (and the tools, environments and rewards inside a workflow) are plug-ins named
 by ``type``: each is parsed into the named plug-in's own typed options when the recipe loads, so an
 unknown name, a misspelt option or a wrong type is refused with a message naming the field before
@@ -11,19 +11,19 @@ any process starts. ``imports`` names modules that register a user's own plug-in
 
 from __future__ import annotations
 
-from pathlib import Path
 import importlib
 import re
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from astraflow.config import ConfigError, read_yaml_mapping
 from astraflow.dataflow.config import DataflowConfig
-from astraflow.engines import EngineConfig
+from astraflow.engines import EngineConfig, HFEngineConfig
 from astraflow.sft import SFTConfig
-from astraflow.trainer.backend import BackendConfig
 from astraflow.tasks import DatasetField
+from astraflow.trainer.backend import BackendConfig, TorchBackendConfig
 from astraflow.workflows import SamplingConfig, WorkflowField
 
 
@@ -41,8 +41,8 @@ class PolicySpec(_Section):
     (materialised once as a checkpoint directory). Relative to the recipe file or the working dir."""
     trust_remote_code: bool = False
     """Let ``transformers`` run code shipped with the checkpoint (off unless you trust it)."""
-    backend: BackendConfig = Field(default_factory=BackendConfig)
-    """Trainer backend and optimiser hyper-parameters."""
+    backend: BackendConfig = Field(default_factory=TorchBackendConfig)
+    """Trainer backend (``type``: torch, simulated, a connector's) and its typed options."""
     sft: SFTConfig | None = None
     """Supervised warm start before RL (``None``: start from the initialised model)."""
 
@@ -54,8 +54,8 @@ class PoolSpec(_Section):
     """RaaS nodes the launcher starts for this pool (more can join from anywhere)."""
     concurrency: int = Field(default=8, ge=1)
     """Episodes a node runs at once."""
-    engine: EngineConfig = Field(default_factory=EngineConfig)
-    """Inference engine of the pool's nodes."""
+    engine: EngineConfig = Field(default_factory=HFEngineConfig)
+    """Inference engine of the pool's nodes (``type``: hf, simulated, a connector's) and its typed options."""
 
 
 class TrainerSpec(_Section):
@@ -195,8 +195,12 @@ class Recipe(_Section):
         try:
             dataset = self.dataset.localized(base)
         except ValueError as exc:
-            raise ConfigError(f"dataset: {exc}") from None
-        out = self.model_copy(update={"policies": policies, "dataset": dataset})
+            raise ConfigError(f"dataset.{exc}") from None
+        try:
+            workflow = self.workflow.localized(base)
+        except ValueError as exc:
+            raise ConfigError(f"workflow.{exc}") from None
+        out = self.model_copy(update={"policies": policies, "dataset": dataset, "workflow": workflow})
         out.source = self.source
         return out
 

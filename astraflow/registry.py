@@ -12,7 +12,8 @@ pydantic field type validated when the recipe loads.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Annotated, Any, Generic, TypeVar
+from pathlib import Path
+from typing import Annotated, Any, Generic, Self, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, SerializeAsAny, ValidationError
 
@@ -26,6 +27,32 @@ class PluginConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     type: str
     """Registered name of the plug-in."""
+
+    def localized(self, base: Path | None) -> Self:
+        """These options with the local paths they name resolved against ``base`` (the recipe's
+        folder) and checked; raises ValueError naming the field. Plug-ins that name files override
+        it (and call this one); nested plug-ins (a workflow's tools, reward, environment) are
+        localized too."""
+        update: dict[str, Any] = {}
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            try:
+                if isinstance(value, PluginConfig):
+                    update[name] = value.localized(base)
+                elif isinstance(value, list) and any(isinstance(v, PluginConfig) for v in value):
+                    update[name] = [_localized_item(v, base, i) for i, v in enumerate(value)]
+            except ValueError as exc:
+                raise ValueError(f"{name}{exc}" if str(exc).startswith("[") else f"{name}: {exc}") from None
+        return self.model_copy(update=update) if update else self
+
+
+def _localized_item(value: Any, base: Path | None, index: int) -> Any:
+    if not isinstance(value, PluginConfig):
+        return value
+    try:
+        return value.localized(base)
+    except ValueError as exc:
+        raise ValueError(f"[{index}]: {exc}") from None
 
 
 class Registry(Generic[T]):
@@ -83,10 +110,11 @@ class Registry(Generic[T]):
         if isinstance(data, str):
             data = {"type": data}
         if not isinstance(data, dict):
-            raise ValueError(f"a {self.what} is a name or a mapping with 'type', got {type(data).__name__}")
+            # ValueError, not TypeError: pydantic reports only ValueErrors as field errors
+            raise ValueError(f"a {self.what} is a name or a mapping with 'type', got {type(data).__name__}")  # noqa: TRY004
         name = data.get("type")
         if not isinstance(name, str):
-            raise ValueError(f"a {self.what} needs a 'type' (one of {self.names()})")
+            raise ValueError(f"a {self.what} needs a 'type' (one of {self.names()})")  # noqa: TRY004
         if name not in self._entries:
             raise ValueError(f"unknown {self.what} {name!r}; registered: {self.names()}")
         try:

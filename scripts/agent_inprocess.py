@@ -33,11 +33,7 @@ def _install_tool_sft() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(HERE.parent))
-    try:
-        import astraflow.tools.calculator  # noqa: F401  (registers the calculator tool)
-    except ImportError:  # TEMPORARY until H3's calculator lands
-        sys.path.insert(0, "/tmp/calcstub")
-        import calc_stub  # noqa: F401
+    import astraflow.tools  # noqa: F401  (registers the calculator tool)
 
     _install_tool_sft()
     spec = importlib.util.spec_from_file_location("rl_inprocess", HERE / "rl_inprocess.py")

@@ -208,3 +208,50 @@ def test_validating_an_engine_section_imports_no_engine_runtime():
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_connector_registers_its_own_engine_type_and_recipes_validate_it():
+    from typing import Literal
+
+    from pydantic import BaseModel, ValidationError
+
+    from astraflow.engines import BaseEngineConfig, Engine, EngineConfig, Generation, register_engine
+
+    class EchoEngineConfig(BaseEngineConfig):  # what connectors/<name> would declare
+        type: Literal["test_echo"] = "test_echo"
+        repeat: int = 1
+
+    class Echo(Engine):
+        def __init__(self, config, version):
+            self.config, self._version = config, version
+
+        def generate(self, prompts, params):
+            return [Generation(p * self.config.repeat, [0.0] * len(p) * self.config.repeat,
+                               [self._version] * len(p) * self.config.repeat, "stop") for p in prompts]
+
+        def load_weights(self, state_dict, version):
+            self._version = version
+
+        @property
+        def weight_version(self):
+            return self._version
+
+        def state_dict(self):
+            return {}
+
+    @register_engine("test_echo", EchoEngineConfig)
+    def build(config, model, *, version):
+        return Echo(config, version)
+
+    class Pool(BaseModel):  # the shape of recipe.PoolSpec's engine field
+        engine: EngineConfig
+
+    pool = Pool.model_validate({"engine": {"type": "test_echo", "repeat": 2, "seed": 5}})
+    assert pool.engine == EchoEngineConfig(repeat=2, seed=5)
+    assert Pool.model_validate(pool.model_dump()).engine == pool.engine  # serialised with its options
+    (g,) = build_engine(pool.engine, None, version=3).generate([[7]], SamplingParams())
+    assert g.token_ids == [7, 7] and g.versions == [3, 3]
+    with pytest.raises(ValidationError, match="engine 'test_echo': repet: Extra inputs are not permitted"):
+        Pool.model_validate({"engine": {"type": "test_echo", "repet": 2}})
+    with pytest.raises(ValueError, match="must default to 'other'"):
+        register_engine("other", EchoEngineConfig)

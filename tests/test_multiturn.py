@@ -7,20 +7,26 @@ policies in one episode each get their own trajectory and masks."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
-from collections.abc import Callable, Mapping
-from typing import Any, Literal
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, ClassVar, Literal
 
 import pytest
 
 from astraflow.engines.base import Engine, Generation, SamplingParams
 from astraflow.engines.batching import RequestBatcher
 from astraflow.environments.base import (
+    ENVIRONMENTS,
+    Environment,
     EnvironmentConfig,
     EnvironmentFailure,
     EnvStart,
     EnvStep,
-    Environment,
     register_environment,
 )
 from astraflow.records import Task, Trajectory
@@ -176,9 +182,9 @@ class SleepTool(Tool):
 class CountdownLog:
     """What the test environment saw (class-level: one environment object per workflow)."""
 
-    started: list[str] = []
-    cancelled: list[str] = []
-    actions: list[tuple[str, str]] = []
+    started: ClassVar[list[str]] = []
+    cancelled: ClassVar[list[str]] = []
+    actions: ClassVar[list[tuple[str, str]]] = []
 
 
 @register_environment("test_countdown")
@@ -228,8 +234,7 @@ def check_exact_prefix(engine: ScriptedEngine, traj: Trajectory) -> None:
 
 
 def segments(traj: Trajectory) -> list[tuple[int, int]]:
-    b = traj.turn_bounds
-    return list(zip(b[:-1], b[1:], strict=True))
+    return list(itertools.pairwise(traj.turn_bounds))
 
 
 def check_masks(traj: Trajectory) -> None:
@@ -440,6 +445,101 @@ def test_env_failure_rejects_the_whole_group(bpe, env_log):
     assert sorted(env_log.cancelled) == sorted(env_log.started) == [f"p1#{i}" for i in range(4)]
 
 
+def test_a_cancelled_group_cancels_its_episodes(bpe, env_log):
+    """The node stopping (the episode task cancelled) ends every running episode on the environment."""
+    engine = ScriptedEngine(turn_script(bpe, [enc(bpe, "go")]), bpe.eos_token_id)
+    wf = build_workflow({"type": "env_agent", "environment": {"type": "test_countdown", "steps": 5,
+                                                              "step_delay_s": 0.5}})
+
+    async def stop_early() -> list[str]:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(wf.run_episode(task(samples=3), {"agent": client(bpe, engine)}), 0.2)
+        return list(env_log.cancelled)  # at once, in the same loop (not at asyncio.run's cleanup)
+
+    assert sorted(asyncio.run(stop_early())) == sorted(env_log.started) == ["p1#0", "p1#1", "p1#2"]
+
+
+# -- the real HTTP reference server --------------------------------------------------------------------
+SERVER = Path(__file__).resolve().parents[1] / "examples" / "environments" / "guess_number_server.py"
+
+
+@pytest.fixture
+def guess_server() -> Iterator[str]:
+    """``guess_number_server.py`` on a free port (a subprocess); yields its URL."""
+    proc = subprocess.Popen([sys.executable, str(SERVER), "--port", "0", "--max-guesses", "20"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        url = proc.stdout.readline().strip()  # type: ignore[union-attr]
+        assert url.startswith("http://127.0.0.1:"), url
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def live_episodes(url: str) -> int:
+    with urllib.request.urlopen(f"{url}/health", timeout=5) as resp:
+        return json.load(resp)["episodes"]
+
+
+def _flaky_http():
+    """An ``http`` environment whose sample ``fail_sample`` fails on its ``fail_step``-th step
+    (the real server keeps serving the others): a failure in the middle of a live group."""
+    from astraflow.environments.http import HttpEnvironment, HttpEnvironmentConfig
+
+    if "test_flaky_http" in ENVIRONMENTS:
+        return
+
+    @register_environment("test_flaky_http")
+    class FlakyHttp(HttpEnvironment):
+        class Config(HttpEnvironmentConfig):
+            type: Literal["test_flaky_http"] = "test_flaky_http"
+            fail_sample: int = 1
+            fail_step: int = 2
+
+        def __init__(self, config: Config) -> None:
+            super().__init__(config)
+            self.sample_of: dict[str, int] = {}
+            self.steps: dict[str, int] = {}
+
+        async def start(self, task: Task, sample_index: int) -> EnvStart:
+            started = await super().start(task, sample_index)
+            self.sample_of[started.episode_id] = sample_index
+            return started
+
+        async def step(self, episode_id: str, action: str) -> EnvStep:
+            self.steps[episode_id] = self.steps.get(episode_id, 0) + 1
+            if (self.sample_of[episode_id], self.steps[episode_id]) == (self.config.fail_sample, self.config.fail_step):
+                raise EnvironmentFailure("injected: this sample's simulator crashed")
+            return await super().step(episode_id, action)
+
+
+def test_env_agent_on_the_real_http_server(bpe, guess_server):
+    """Whole episodes against the reference server keep the exact prefix and mask its answers; a
+    failure in one sample mid-group returns no trajectory and cancels every other episode on the
+    server (none is left running)."""
+    _flaky_http()
+    engine = ScriptedEngine(turn_script(bpe, [enc(bpe, "I guess 0")]), bpe.eos_token_id)  # always "higher"
+    wf = build_workflow({"type": "env_agent", "max_turns": 3,
+                         "environment": {"type": "http", "url": guess_server, "backoff_s": 0.01}})
+    group = asyncio.run(wf.run_episode(task(samples=3), {"agent": client(bpe, engine)}))
+    for traj in group:
+        check_masks(traj)
+        assert traj.rewards["truncated"] == 1.0 and traj.reward == 0.0
+        assert "Guess my number" in bpe.decode(traj.prompt_ids)
+        a, b = segments(traj)[1]
+        assert bpe.decode(traj.response_ids[a:b]) == "\n<|im_start|>user\nhigher<|im_end|>\n<|im_start|>assistant\n"
+    assert len(engine.prompts) == 9 and live_episodes(guess_server) == 0  # limits cancel on the server
+
+    flaky = build_workflow({"type": "env_agent", "max_turns": 6,
+                            "environment": {"type": "test_flaky_http", "url": guess_server, "backoff_s": 0.01}})
+    assert asyncio.run(flaky.run_episode(task(samples=3), {"agent": client(bpe, engine)})) is None
+    assert flaky.counters["env_failure"] == 1 and flaky.counters["episodes"] == 0
+    env = flaky.environment
+    assert len(env.sample_of) == 3 and max(env.steps.values()) < 6  # the others were mid-episode
+    assert live_episodes(guess_server) == 0
+
+
 # -- several policies in one episode ------------------------------------------------------------------
 @register_workflow("test_debate")
 class DebateWorkflow(Workflow):
@@ -505,6 +605,27 @@ def test_message_ids_frames_with_the_template_after_end_of_turn():
     assert tok.decode(ids) == "\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     plain = train_bpe(None)
     assert plain.decode(message_ids(plain, "user", "hi")) == "\nhi\n"
+
+
+QWEN25_TOOLS = (  # Qwen2.5's handling of tool results: a user turn that wraps them in <tool_response>
+    "{% for m in messages %}{% if m['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m['content'] }}"
+    "\n</tool_response><|im_end|>\n{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_tool_results_are_wrapped_once(bpe):
+    """A template that wraps tool results itself gets the bare result; one that does not gets the
+    <tool_response> tags from the workflow (``wrap_responses: null``, the default)."""
+    qwen = train_bpe(QWEN25_TOOLS)
+    for tok in (qwen, bpe):
+        call = enc(tok, format_tool_call("test_add", {"a": 3, "b": 4}))
+        engine = ScriptedEngine(turn_script(tok, [call, enc(tok, "7")]), tok.eos_token_id)
+        wf = build_workflow({"type": "tool_agent", "tools": ["test_add"], "reward": "numeric_match"})
+        [traj] = asyncio.run(wf.run_episode(task(), {"agent": client(tok, engine)}))
+        a, b = segments(traj)[1]
+        shown = tok.decode(traj.response_ids[a:b])
+        assert shown.count("<tool_response>") == 1 and "<tool_response>\n7\n</tool_response>" in shown
+        assert traj.reward == 1.0
 
 
 def test_message_ids_refuses_templates_it_cannot_frame():

@@ -131,7 +131,7 @@ def test_missing_checkpoint_directory_is_named(tmp_path: Path) -> None:
 
 
 def test_user_plugin_module_is_imported_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "my_plugins.py").write_text(
+    (tmp_path / "recipe_seam_test_plugins.py").write_text(
         "from typing import Literal\n"
         "from astraflow.workflows import Reward, register_reward\n"
         "from astraflow.workflows.rewards import RewardConfig\n"
@@ -143,7 +143,7 @@ def test_user_plugin_module_is_imported_by_name(tmp_path: Path, monkeypatch: pyt
         "    def __call__(self, response, task):\n"
         "        return self.config.value\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    recipe = Recipe.load(_write(tmp_path, {**MINIMAL, "imports": ["my_plugins"], "workflow": {
+    recipe = Recipe.load(_write(tmp_path, {**MINIMAL, "imports": ["recipe_seam_test_plugins"], "workflow": {
         "type": "math", "policy": "policy", "reward": {"type": "always_one_test", "value": 0.5}}}))
     assert recipe.workflow.reward.value == 0.5
     # the dumped recipe (what the launcher hands its components) keeps every option

@@ -26,10 +26,9 @@ FAST = {
     "dataflow": {"groups_per_batch": 3, "max_staleness": 1},
     "dataset": {"type": "minmax", "samples": 2},
     "pools": [{"name": "default", "nodes": 1, "concurrency": 16, "engine": {
-        "type": "simulated",
-        "simulated": {"tokens_per_s": 400, "median_tokens": 24, "sigma": 1.0, "max_tokens": 256}}}],
+        "type": "simulated", "tokens_per_s": 400, "median_tokens": 24, "sigma": 1.0, "max_tokens": 256}}],
     "policies": [{"name": "policy", "model": str(ROOT / "examples" / "models" / "tiny.yaml"), "backend": {
-        "type": "simulated", "simulated": {"step_base_s": 0.4, "step_s_per_token": 1e-3, "params": 4096}}}],
+        "type": "simulated", "step_base_s": 0.4, "step_s_per_token": 1e-3, "params": 4096}}],
 }
 
 

@@ -8,7 +8,7 @@ import signal
 import uuid
 
 import pytest
-from test_raas_support import load_tiny_model, TopicReader, recipe_dict, start_component, stop, write_files
+from test_raas_support import TopicReader, load_tiny_model, recipe_dict, start_component, stop, write_files
 
 
 def _batch(policy: str, batch_id: str, groups: int = 2, samples: int = 2):
@@ -41,7 +41,7 @@ def _send_batches(cfg, ids: list[str], policy: str = "policy") -> None:
 
 def test_checkpoint_round_trip_and_corrupt_checkpoint_is_refused(test_cluster):
     import torch
-    from test_raas_support import TINY_MODEL
+
     from astraflow.objstore import ObjectStore
     from astraflow.trainer.checkpoint import CheckpointError, CheckpointStore, TrainerCheckpoint
 
@@ -185,7 +185,7 @@ def test_trainer_bootstrapped_from_the_store_publishes_v1_as_a_delta(test_cluste
     """v0 published by someone else (the demo) in the publish dtype: the trainer's v1 is a sparse
     delta on it, not a fresh anchor, and a node at v0 applies it bit for bit."""
     import torch
-    from test_raas_support import TINY_MODEL, make_recipe
+    from test_raas_support import make_recipe
 
     from astraflow.delta import WeightSubscriber
     from astraflow.delta.publisher import WeightPublisher

@@ -1,10 +1,12 @@
-"""``astraflow weights ls | show | verify | gc``: inspect and maintain a policy's stored versions."""
+"""``astraflow weights ls | show | verify | gc | export``: inspect and maintain a policy's stored versions,
+and take one away as a Hugging Face checkpoint directory."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import time
+from pathlib import Path
 
 from astraflow.cli.cluster_args import load_cluster
 
@@ -46,6 +48,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     gc.add_argument("--subscriber-ttl", type=float, default=600.0, help="seconds a subscriber heartbeat counts as live (default: %(default)s)")
     gc.add_argument("--dry-run", action="store_true", help="show what would be deleted, delete nothing")
     gc.set_defaults(func=cmd_gc)
+
+    export = sub.add_parser(
+        "export",
+        help="write a version as a Hugging Face checkpoint directory (config, tokenizer, weights)",
+        description="Rebuilds the version from its anchor and deltas and writes it with the config, "
+        "tokenizer and chat template of the policy's checkpoint in the recipe: a directory that "
+        "AutoModelForCausalLM / AutoTokenizer .from_pretrained load anywhere.",
+    )
+    _common(export)
+    export.add_argument("--recipe", type=Path, required=True, help="the run's recipe (names the policy's checkpoint)")
+    export.add_argument("--version", type=int, help="version (default: latest)")
+    export.add_argument("out", type=Path, help="output directory (must not exist, or be empty)")
+    export.set_defaults(func=cmd_export)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -174,4 +189,28 @@ def cmd_gc(args: argparse.Namespace) -> int:
         f"{verb} {len(plan.delete)} versions and {len(plan.orphans)} unpublished leftovers; "
         f"{len(plan.live)} live subscribers; expired subscriber records: {len(plan.expired)}"
     )
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from astraflow.config import ConfigError
+    from astraflow.delta import VersionNotFoundError, WeightSubscriber
+    from astraflow.models.export import export_checkpoint
+    from astraflow.recipe import Recipe
+
+    recipe = Recipe.load(args.recipe)
+    try:
+        spec = recipe.policy(args.policy)
+    except KeyError as exc:
+        raise ConfigError(exc.args[0]) from None
+    cfg = load_cluster(args).model_copy(update={"run": args.run}).resolve()
+    sub = WeightSubscriber(cfg, args.policy, "export", register=False)  # reads the bucket only
+    try:
+        state, version, nbytes = sub.pull(args.version)
+    except VersionNotFoundError as exc:
+        print(f"astraflow weights export: {exc}")
+        return 1
+    out = export_checkpoint(recipe.checkpoint_dir(args.policy), state, args.out,
+                            trust_remote_code=spec.trust_remote_code)
+    print(f"{args.run} / {args.policy} v{version} -> {out} ({_size(nbytes)} pulled)")
     return 0

@@ -10,6 +10,7 @@ from astraflow.models.checkpoint import (
     load_tokenizer,
     resolve_checkpoint,
 )
+from astraflow.models.export import export_checkpoint
 
-__all__ = ["ModelConfig", "cache_root", "check_checkpoint_dir", "check_model_source", "load_model",
-           "load_tokenizer", "resolve_checkpoint"]
+__all__ = ["ModelConfig", "cache_root", "check_checkpoint_dir", "check_model_source",
+           "export_checkpoint", "load_model", "load_tokenizer", "resolve_checkpoint"]

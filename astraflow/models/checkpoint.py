@@ -2,7 +2,8 @@
 
 Sources: a checkpoint directory (config.json, safetensors, tokenizer files, optional chat
 template); ``s3://bucket/prefix`` holding one (downloaded once into the cache); a ``.gguf`` file
-(converted once into a bf16 directory in the cache); a tiny-model ``.yaml`` spec (materialised once).
+(converted once into a bf16 directory in the cache; ``gguf:<package>`` names one shipped in an
+installed Python package); a tiny-model ``.yaml`` spec (materialised once).
 Cached results are written to a temporary directory and renamed into place, so processes that
 resolve the same source at once never see half a checkpoint.
 """
@@ -18,13 +19,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from astraflow.config import ConfigError
+from astraflow.config import ClusterConfig, ConfigError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 TINY_FORMAT = "tiny-v1"
 """Bumped when the materialised tiny checkpoint changes for the same spec."""
+GGUF_FORMAT = "gguf-v1"
+"""Bumped when the GGUF conversion changes for the same file."""
 WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
@@ -49,8 +52,9 @@ def check_model_source(source: str, *, base: Path | None = None) -> None:
     """Cheap checks done when a recipe loads (no model is read): the source exists and, for a
     directory, holds a config, weights, tokenizer files and an eos token. ConfigError names it."""
     if source.startswith("s3://"):
-        if not source[5:].strip("/") or "/" not in source[5:].strip("/"):
-            raise ConfigError(f"model source {source!r}: expected s3://bucket/prefix")
+        from astraflow.models.remote import parse_s3
+
+        parse_s3(source)
         return
     if source.startswith("gguf:"):
         from astraflow.models.gguf import packaged_gguf
@@ -80,6 +84,12 @@ def check_checkpoint_dir(path: Path) -> None:
         raise ConfigError(f"checkpoint {path}: no config.json")
     if not any(next(path.glob(g), None) for g in WEIGHT_GLOBS):
         raise ConfigError(f"checkpoint {path}: no weights (*.safetensors)")
+    for index in path.glob("*.index.json"):
+        shards = set(json.loads(index.read_text()).get("weight_map", {}).values())
+        missing = sorted(s for s in shards if not (path / s).is_file())
+        if missing:
+            raise ConfigError(f"checkpoint {path}: weight shards listed in {index.name} are missing: "
+                              f"{', '.join(missing)}")
     if not any((path / f).is_file() for f in TOKENIZER_FILES):
         raise ConfigError(f"checkpoint {path}: no tokenizer files ({', '.join(TOKENIZER_FILES)})")
     if _declared_eos(path) is None:
@@ -98,25 +108,29 @@ def _declared_eos(path: Path) -> Any:
     return None
 
 
-def resolve_checkpoint(source: str, *, base: Path | None = None, cache_dir: Path | None = None) -> Path:
-    """The local checkpoint directory of ``source`` (see the module docstring)."""
+def resolve_checkpoint(source: str, *, base: Path | None = None, cache_dir: Path | None = None,
+                       cluster: ClusterConfig | None = None) -> Path:
+    """The local checkpoint directory of ``source`` (see the module docstring). ``cluster``: whose
+    S3 endpoint and credentials an ``s3://`` source is read with (default: ``ClusterConfig.load()``,
+    i.e. ``$ASTRAFLOW_CONFIG`` / ``ASTRAFLOW_*`` variables, else the embedded stack)."""
     check_model_source(source, base=base)
     cache = cache_dir or cache_root()
     if source.startswith("s3://"):
         from astraflow.models.remote import download_checkpoint
 
-        key = hashlib.sha256(source.encode()).hexdigest()[:16]
-        return _cached(cache / f"s3-{key}", lambda out: download_checkpoint(source, out))
+        # A prefix is treated as immutable: keyed by its name, a cached copy needs no request at all.
+        key = hashlib.sha256(source.rstrip("/").encode()).hexdigest()[:16]
+        return _cached(cache / f"s3-{key}", lambda out: download_checkpoint(source, out, cluster=cluster))
     if source.startswith("gguf:"):
         from astraflow.models.gguf import convert_gguf, packaged_gguf
 
         gguf = packaged_gguf(source)
-        return _cached(cache / f"gguf-{_file_key(gguf)}", lambda out: convert_gguf(gguf, out))
+        return _cached(cache / f"gguf-{gguf.stem}-{_file_key(gguf)}", lambda out: convert_gguf(gguf, out))
     path = _local_path(source, base)
     if path.suffix == ".gguf":
         from astraflow.models.gguf import convert_gguf
 
-        return _cached(cache / f"gguf-{_file_key(path)}", lambda out: convert_gguf(path, out))
+        return _cached(cache / f"gguf-{path.stem}-{_file_key(path)}", lambda out: convert_gguf(path, out))
     if _is_spec(path):
         from astraflow.models.build import ModelConfig
         from astraflow.models.tiny import materialise
@@ -129,7 +143,8 @@ def resolve_checkpoint(source: str, *, base: Path | None = None, cache_dir: Path
 
 def _file_key(path: Path) -> str:
     st = path.stat()
-    return hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    stamp = f"{GGUF_FORMAT}:{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+    return hashlib.sha256(stamp.encode()).hexdigest()[:16]
 
 
 def _cached(target: Path, build: Callable[[Path], Any]) -> Path:

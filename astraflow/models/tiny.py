@@ -26,9 +26,10 @@ CHAT_TEMPLATE = (
 )
 """ChatML: every turn is ``<|im_start|>role\\ncontent<|im_end|>\\n``; eos is ``<|im_end|>``."""
 
-_WORDS = ("apples sheep books coins stamps marbles tickets boxes bottles pages cards shells eggs birds "
-          "trees cars bricks seeds").split()
-_NAMES = "Ann Ben Cara Dev Emma Finn Gus Hana Ivan Jo Kim Leo Mia Ned Omar Pia".split()
+_WORDS = ["apples", "sheep", "books", "coins", "stamps", "marbles", "tickets", "boxes", "bottles", "pages",
+          "cards", "shells", "eggs", "birds", "trees", "cars", "bricks", "seeds"]
+_NAMES = ["Ann", "Ben", "Cara", "Dev", "Emma", "Finn", "Gus", "Hana", "Ivan", "Jo", "Kim", "Leo", "Mia", "Ned",
+          "Omar", "Pia"]
 
 
 def tokenizer_corpus(seed: int = 0, n: int = 4000) -> Iterator[str]:

@@ -15,7 +15,6 @@ import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field
@@ -70,11 +69,6 @@ class DatasetConfig(PluginConfig):
     """Trajectories per task and policy (the GRPO group size)."""
     pool: str = "default"
     """Rollout pool whose task topic receives the tasks."""
-
-    def localized(self, base: Path | None) -> DatasetConfig:
-        """These options with the paths they name resolved against ``base`` (the recipe's folder)
-        and checked; raises ValueError naming the field. Generated datasets name no paths."""
-        return self
 
 
 class Dataset(ABC):

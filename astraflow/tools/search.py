@@ -18,14 +18,13 @@ large corpus the first call may time out (the model is told), and later calls us
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from astraflow.tools.base import Tool, ToolConfig, ToolError, register_tool
 
@@ -119,13 +118,21 @@ def _load_jsonl(path: Path) -> list[Passage]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"corpus {path}:{n}: not JSON ({exc.msg})") from None
-            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                raise ValueError(f'corpus {path}:{n}: expected an object with a "text" string')
-            out.append(Passage(str(row.get("id", n)), str(row.get("title") or ""), row["text"]))
+                row = _Row.model_validate_json(line)
+            except ValidationError as exc:
+                why = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'line'}: {e['msg']}" for e in exc.errors())
+                raise ValueError(f'corpus {path}:{n}: expected {{"id"?, "title"?, "text"}} ({why})') from None
+            out.append(Passage(str(n if row.id is None else row.id), row.title or "", row.text))
     return out
+
+
+class _Row(BaseModel):
+    """One JSONL line of a corpus (other keys are ignored)."""
+
+    model_config = ConfigDict(extra="ignore", coerce_numbers_to_str=True)
+    id: str | None = None
+    title: str | None = None
+    text: str
 
 
 def _load_folder(path: Path) -> list[Passage]:

@@ -19,15 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, SerializeAsAny
 
 from astraflow.registry import PluginConfig, Registry
 from astraflow.trainer.base import TrainerBackend
-
-if TYPE_CHECKING:
-    from astraflow.trainer.torch_backend import TorchBackend
 
 
 class BaseBackendConfig(PluginConfig):
@@ -157,17 +154,3 @@ def build_backend(model: Any, config: BaseBackendConfig | dict[str, Any] | str |
     name; a mapping without ``type`` (or None) is the built-in ``torch`` backend."""
     parsed = parse_backend(config)
     return BACKENDS.get(parsed.type)(parsed, model)
-
-
-def __getattr__(name: str) -> Any:
-    # ``from astraflow.trainer.backend import TorchBackend`` keeps working without importing the
-    # implementation with this module (it lives in ``astraflow.trainer.torch_backend``).
-    if name == "TorchBackend":
-        from astraflow.trainer.torch_backend import TorchBackend
-
-        return TorchBackend
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__all__ = ["BACKENDS", "BackendConfig", "BaseBackendConfig", "SimulatedBackendConfig", "TorchBackend",
-           "TorchBackendConfig", "TrainerBackend", "build_backend", "parse_backend", "register_backend"]

@@ -76,12 +76,15 @@ class EnvAgentWorkflow(Workflow):
         name = task.policy or self.config.policy
         policy = self.policy(policies, name)
         samples = [asyncio.ensure_future(self._sample(task, policy, i)) for i in range(task.samples)]
-        await asyncio.wait(samples, return_when=asyncio.FIRST_EXCEPTION)
-        failed = next((s for s in samples if s.done() and not s.cancelled() and s.exception()), None)
-        if failed is not None:
-            for s in samples:
+        try:
+            await asyncio.wait(samples, return_when=asyncio.FIRST_EXCEPTION)
+        finally:  # a failed sample, or this episode cancelled (node stopping): end the others
+            pending = [s for s in samples if not s.done()]
+            for s in pending:
                 s.cancel()
-            await asyncio.gather(*samples, return_exceptions=True)  # let them cancel their episodes
+            await asyncio.gather(*pending, return_exceptions=True)  # each cancels its own episode
+        failed = next((s for s in samples if not s.cancelled() and s.exception()), None)
+        if failed is not None:
             if isinstance(failed.exception(), EnvironmentFailure):
                 self.counters["env_failure"] += 1
                 return None

@@ -88,7 +88,7 @@ def message_ids(tokenizer: PreTrainedTokenizerBase, role: str, content: str,
     With a chat template the framing is the template's own: ``[user, assistant, role message]`` is
     rendered with the generation prompt, and the ids are everything after the first end-of-turn
     token (``eos`` or one of ``stop_token_ids``) that closes the assistant turn, i.e. what the
-    template writes after the token the model stopped at (ChatML's ``"\n"`` after ``<|im_end|>``,
+    template writes after the token the model stopped at (ChatML's ``"\\n"`` after ``<|im_end|>``,
     the message, and the opening of the next assistant turn). Only the rendering of the *new*
     message is used, never a diff against a shorter render, so templates that render earlier turns
     differently once a later one follows (Qwen3 drops reasoning blocks) frame it correctly too.

@@ -19,13 +19,13 @@ shown to the model as the tool message and counted; the episode goes on.
 Counters (``Workflow.counters``, published in the node's metrics): ``episodes``, ``answered``,
 ``truncated`` (with ``truncated_turns`` / ``truncated_tokens`` / ``truncated_length``),
 ``tool_calls`` (call attempts), ``valid_calls``, ``malformed_call``, ``tool_ok``, ``tool_error``,
-``tool_timeout``. Each trajectory's ``rewards`` carries the episode's own figures.
+``tool_timeout`` (``tool_exception``: a tool raised something other than ``ToolError``; shown to
+the model as an error). Each trajectory's ``rewards`` carries the episode's own figures.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -36,7 +36,7 @@ from pydantic import Field
 
 from astraflow.tools.base import Tool, ToolField, ToolResult, build_tool, run_tool
 from astraflow.workflows.base import PolicyClient, SFTExample, Workflow, WorkflowConfig, register_workflow
-from astraflow.workflows.policy import message_ids, problem_messages, render_messages
+from astraflow.workflows.policy import message_ids, render_messages
 from astraflow.workflows.rewards import RewardField, build_reward
 from astraflow.workflows.tool_calls import (
     RESPONSE_OPEN,
@@ -199,15 +199,12 @@ class ToolAgentWorkflow(Workflow):
 
     def warm_start_examples(self, policy: str, problems: list[Problem], tokenizer: PreTrainedTokenizerBase,
                             seed: int = 0) -> list[SFTExample]:
-        """A problem with a ``demonstration`` (see :data:`DEMONSTRATION_KEY`) becomes that whole
-        tool-using transcript, framed exactly as an episode frames it, trained on the assistant
-        turns only; a problem without one: the prompt, then the answer."""
-        out = []
-        for p in problems:
-            raw = p.metadata.get(DEMONSTRATION_KEY)
-            turns = json.loads(raw) if raw else [p.answer]
-            out.append(self.demonstration(tokenizer, problem_messages(p, self.system), turns))
-        return out
+        """Whole tool-using transcripts (:func:`astraflow.workflows.tool_sft.tool_use_examples`: a
+        problem's ``demonstration``, else a calculator call of its reference expression, else the
+        bare answer), framed exactly as an episode frames them, trained on the assistant turns."""
+        from astraflow.workflows import tool_sft
+
+        return tool_sft.tool_use_examples(self, problems, tokenizer, seed)
 
     def demonstration(self, tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]],
                       turns: list[str]) -> SFTExample:
@@ -227,9 +224,13 @@ class ToolAgentWorkflow(Workflow):
                 break
             try:
                 call = parse_tool_call(text, self.tools)
-                observation = _run_sync(self._run(call)).text if call else "error: no tool call"
-            except MalformedCall as exc:
+            except MalformedCall as exc:  # a demonstration of the error observation
                 observation = f"error: {exc}"
+            else:
+                if call is None:
+                    raise ValueError(f"demonstration turn {i} makes no tool call, so an episode would end "
+                                     "there; only the last turn may be the answer")
+                observation = _run_sync(self._run(call)).text
             obs = message_ids(tokenizer, self.config.tool_role, self._frame(tokenizer, observation), (eos,))
             ids += obs
             mask += [0] * len(obs)
