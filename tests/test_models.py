@@ -5,6 +5,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -38,6 +39,9 @@ def test_tiny_tokenizer_is_byte_level_bpe_with_single_digits(tiny_tokenizer):
         ids = tok.encode(text, add_special_tokens=False)
         assert tok.decode(ids) == text  # byte-level: nothing is unknown
     assert len(tok.encode("1234", add_special_tokens=False)) == 4  # every digit is its own token
+    # a digit keeps its leading space: the tokenizer.json's own pre-tokenizer, not Qwen2's default
+    # (transformers 5's Qwen2Tokenizer would rebuild it and split off every space)
+    assert tok.tokenize("max 3 7 =") == ["max", "Ġ3", "Ġ7", "Ġ="]
     assert len(tok.encode("<tool_call>", add_special_tokens=False)) == 1
     assert len(tok.encode("<yes>", add_special_tokens=False)) == 1
     ids = tok.encode("the sheep and the apples", add_special_tokens=False)
@@ -56,6 +60,18 @@ def test_materialising_is_deterministic_across_processes(tmp_path):
     assert [p.name for p in a] == [p.name for p in b]
     for fa, fb in zip(a, b, strict=True):
         assert fa.read_bytes() == fb.read_bytes(), fa.name
+
+
+def test_processes_racing_to_materialise_share_one_directory(tmp_path, tiny_checkpoint):
+    code = ("import sys, pathlib; from astraflow.models import resolve_checkpoint; "
+            "print(resolve_checkpoint(sys.argv[1], cache_dir=pathlib.Path(sys.argv[2])))")
+    procs = [subprocess.Popen([sys.executable, "-c", code, TINY, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=240)[0].strip().splitlines()[-1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0] and outs[0] == outs[1]
+    assert [p.name for p in tmp_path.iterdir()] == [Path(outs[0]).name]  # the loser's temporary is gone
+    for f in tiny_checkpoint.iterdir():
+        assert (Path(outs[0]) / f.name).read_bytes() == f.read_bytes(), f.name
 
 
 def test_resolving_twice_reuses_the_cache(tmp_path):

@@ -24,7 +24,7 @@ from astraflow.config import ClusterConfig, ConfigError
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-TINY_FORMAT = "tiny-v1"
+TINY_FORMAT = "tiny-v2"
 """Bumped when the materialised tiny checkpoint changes for the same spec."""
 GGUF_FORMAT = "gguf-v1"
 """Bumped when the GGUF conversion changes for the same file."""
@@ -178,13 +178,31 @@ def load_model(path: Path, *, trust_remote_code: bool = False, dtype: Any = None
 
 
 def load_tokenizer(path: Path, *, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
-    """The checkpoint's tokenizer (left padding; pad = eos when it declares none)."""
-    from transformers import AutoTokenizer
+    """The checkpoint's tokenizer exactly as its ``tokenizer.json`` defines it (left padding; pad =
+    eos when it declares none).
+
+    ``AutoTokenizer`` picks a class by the model type, and in transformers 5 a model-specific class
+    (e.g. ``Qwen2Tokenizer``) rebuilds the pre-tokenizer from its own defaults: a Qwen2 checkpoint
+    with its own BPE tokenizer would then be tokenised differently from how it was trained. When
+    that happens the generic fast tokenizer is loaded from the file instead."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    if not _pipeline_matches_file(tok, path):
+        tok = PreTrainedTokenizerFast.from_pretrained(path)
     if tok.eos_token_id is None:
         raise ConfigError(f"checkpoint {path}: the tokenizer has no eos token")
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
     return tok
+
+
+def _pipeline_matches_file(tok: Any, path: Path) -> bool:
+    """Whether a loaded fast tokenizer normalises and pre-tokenises as its tokenizer.json says."""
+    file = path / "tokenizer.json"
+    backend = getattr(tok, "backend_tokenizer", None)
+    if not file.is_file() or backend is None:
+        return True
+    want, have = json.loads(file.read_text()), json.loads(backend.to_str())
+    return all(want.get(k) == have.get(k) for k in ("normalizer", "pre_tokenizer"))

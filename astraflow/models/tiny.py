@@ -10,6 +10,7 @@ the vocabulary — written with ``save_pretrained``. Nothing is downloaded, and 
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +26,8 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 """ChatML: every turn is ``<|im_start|>role\\ncontent<|im_end|>\\n``; eos is ``<|im_end|>``."""
+
+_INIT_LOCK = threading.Lock()
 
 _WORDS = ["apples", "sheep", "books", "coins", "stamps", "marbles", "tickets", "boxes", "bottles", "pages",
           "cards", "shells", "eggs", "birds", "trees", "cars", "bricks", "seeds"]
@@ -53,12 +56,15 @@ def tokenizer_corpus(seed: int = 0, n: int = 4000) -> Iterator[str]:
 
 def build_tokenizer(vocab_size: int, seed: int = 0):
     """A byte-level BPE ``PreTrainedTokenizerFast`` trained in code, with ChatML specials and template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     core = Tokenizer(models.BPE())
-    core.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                                  pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    # GPT-2's split, except that a number is split into single digits (each keeps a leading space),
+    # so "max 3 7 =" is four tokens and "347" is "3", "4", "7": arithmetic stays learnable.
+    split = Regex(r" ?\p{L}+| ?\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+")
+    core.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(split, behavior="isolated"),
+                                                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     core.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, IM_START, IM_END, *EXTRA_SPECIAL],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
@@ -87,13 +93,15 @@ def materialise(spec: ModelConfig, out: Path) -> Path:
         rope_theta=spec.rope_theta, tie_word_embeddings=spec.tie_word_embeddings,
         pad_token_id=tok.pad_token_id, bos_token_id=None, eos_token_id=tok.eos_token_id,
     )
-    # transformers' initialisers use the global RNG: seed it, then restore the caller's state.
-    state = torch.random.get_rng_state()
-    try:
-        torch.manual_seed(spec.seed)
-        model = model_cls(config)
-    finally:
-        torch.random.set_rng_state(state)
+    # transformers' initialisers use the global RNG: seed it, then restore the caller's state; the
+    # lock keeps two threads materialising at once from drawing from each other's stream.
+    with _INIT_LOCK:
+        state = torch.random.get_rng_state()
+        try:
+            torch.manual_seed(spec.seed)
+            model = model_cls(config)
+        finally:
+            torch.random.set_rng_state(state)
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
     out.mkdir(parents=True, exist_ok=True)
