@@ -12,6 +12,8 @@ tokens with the built-in HF engine, side by side (interleaved repeats, one torch
   as each scripted turn has (a tool call, then the answer) and returns the scripted ids, so every
   turn is a real forward pass over the real context while the episode deterministically calls the
   tool (an untrained tiny model would not);
+* ``path_ms``: whole ``tool_agent`` episodes through an engine that answers the scripted turns
+  instantly, per turn: everything the multi-turn path costs, with no model;
 * ``generate_ms``: one ``generate`` of one turn's tokens from the same context length;
 * ``one_shot_ms``: one ``generate`` of all the episode's model tokens from its prompt, against
   ``episode_ms`` (the multi-turn episode re-reads its context every turn: the HF engine keeps no
@@ -91,6 +93,19 @@ class ForcedEngine(Engine):
         return self.inner.state_dict()
 
 
+class InstantEngine(ForcedEngine):
+    """The scripted turns with no model at all: an episode through it costs only the multi-turn
+    path (prompt rendering, hops to the engine thread, parsing, the tool, framing, appends)."""
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        out = []
+        for _ in prompts:
+            turn = self.turns[self.calls % len(self.turns)] + [self.eos]
+            self.calls += 1
+            out.append(Generation(turn, [-0.5] * len(turn), [0] * len(turn), "stop"))
+        return out
+
+
 def bookkeeping_us(policy, prompt: list[int], turn: list[int], repeats: int) -> dict[str, float]:
     """Microseconds of one turn's multi-turn operations, each the median of ``repeats`` blocks of
     20: decode + parse the call, frame + tokenise the tool message, append both and build the next
@@ -125,6 +140,17 @@ def bookkeeping_us(policy, prompt: list[int], turn: list[int], repeats: int) -> 
     return out
 
 
+async def thread_hop_ms(repeats: int) -> float:
+    """Milliseconds of one empty ``asyncio.to_thread`` round trip: what every ``generate`` call
+    pays to leave the event loop, single-turn or multi-turn (context for the episode overhead)."""
+    samples = []
+    for _ in range(repeats * 5):
+        t0 = time.perf_counter()
+        await asyncio.to_thread(lambda: None)
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(samples)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=str(ROOT / "examples/models/tiny.yaml"), help="checkpoint source")
@@ -150,7 +176,8 @@ def main() -> None:
     async def episode():
         return await wf.run_episode(task, {"agent": policy})
 
-    [traj] = asyncio.run(episode())  # warm-up; also the shapes the baselines use
+    runner = asyncio.Runner()  # one event loop for every episode, as in a node (no loop setup timed)
+    [traj] = runner.run(episode())  # warm-up; also the shapes the baselines use
     assert traj.rewards["tool_ok"] == args.calls and len(traj.turn_bounds) == 2 * len(turns), traj.turn_bounds
     model_tokens = sum(traj.loss_mask)
     per_turn = model_tokens / len(turns)
@@ -162,7 +189,7 @@ def main() -> None:
     for _ in range(args.repeats):
         engine.seconds, engine.calls = 0.0, 0
         t0 = time.perf_counter()
-        asyncio.run(episode())
+        runner.run(episode())
         rows["episode_ms"].append((time.perf_counter() - t0) * 1e3)
         rows["episode_generate_ms"].append(engine.seconds * 1e3)
         t0 = time.perf_counter()
@@ -171,6 +198,16 @@ def main() -> None:
         t0 = time.perf_counter()
         engine.inner.generate([list(traj.prompt_ids)], whole)
         rows["one_shot_ms"].append((time.perf_counter() - t0) * 1e3)
+    instant = policy_client("agent", InstantEngine(engine.inner, turns, tok.eos_token_id), tok,
+                            SamplingConfig(max_new_tokens=64), model.config.max_position_embeddings)
+    path_ms = []
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        for _ in range(10):
+            runner.run(wf.run_episode(task, {"agent": instant}))
+        path_ms.append((time.perf_counter() - t0) / 10 / len(turns) * 1e3)
+    hop_ms = runner.run(thread_hop_ms(args.repeats))
+    runner.close()
     med = {k: statistics.median(v) for k, v in rows.items()}
     overhead = statistics.median(e - g for e, g in zip(rows["episode_ms"], rows["episode_generate_ms"], strict=True))
     overhead_per_turn = overhead / len(turns)
@@ -185,16 +222,20 @@ def main() -> None:
         "prompt_tokens": len(traj.prompt_ids),
         "bookkeeping_us_per_turn": round(book["total"], 1),
         "bookkeeping_us": {k: round(v, 1) for k, v in book.items() if k != "total"},
+        "path_ms_per_turn": round(statistics.median(path_ms), 3),
         "episode_overhead_ms_per_turn": round(overhead_per_turn, 3),
+        "thread_hop_ms": round(hop_ms, 3),
         "generate_ms_per_turn": round(med["generate_ms"], 2),
         "bookkeeping_ratio": round(book["total"] / 1e3 / med["generate_ms"], 4),
+        "path_ratio": round(statistics.median(path_ms) / med["generate_ms"], 4),
         "overhead_ratio": round(overhead_per_turn / med["generate_ms"], 4),
         "episode_ms": round(med["episode_ms"], 1),
         "one_shot_generate_ms": round(med["one_shot_ms"], 1),
         "episode_vs_one_shot": round(med["episode_ms"] / med["one_shot_ms"], 3),
         "repeats": args.repeats,
     }
-    print(f"per turn: bookkeeping {book['total']:.0f} us, episode overhead {overhead_per_turn:.2f} ms, "
+    print(f"per turn: bookkeeping {book['total']:.0f} us, whole path {statistics.median(path_ms):.2f} ms, "
+          f"episode overhead {overhead_per_turn:.2f} ms, "
           f"generate of {per_turn:.0f} tokens {med['generate_ms']:.1f} ms")
     print(json.dumps(result))
 
