@@ -45,7 +45,7 @@ def run_recipe(path: str, overrides: dict, seed: int, quiet: bool) -> dict:
     import torch
 
     from astraflow.engines import build_engine
-    from astraflow.raas.setup import build_recipe_workflow
+    from astraflow.raas.setup import build_recipe_workflow, end_of_turn_ids
     from astraflow.sft import warm_start
     from astraflow.tasks.recipe_data import recipe_dataset, task_of
     from astraflow.trainer.torch_backend import TorchBackend
@@ -71,7 +71,7 @@ def run_recipe(path: str, overrides: dict, seed: int, quiet: bool) -> dict:
         backends[name] = TorchBackend(model, pspec.backend)
         engine = build_engine({"type": "hf", "seed": seed}, copy.deepcopy(model), version=0)
         clients[name] = policy_client(name, engine, tokenizer, recipe.sampling_for(name),
-                                      model.config.max_position_embeddings)
+                                      model.config.max_position_embeddings, end_of_turn_ids(model))
         history[name] = [backends[name].state_dict()]
         result["policies"][name] = {"sft": sft_metrics, "role": recipe.role(name)}
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import zlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from astraflow.recipe import PoolSpec, Recipe
@@ -15,6 +15,15 @@ def build_recipe_workflow(recipe: Recipe) -> Workflow:
     from astraflow.workflows import build_workflow
 
     return build_workflow(recipe.workflow)
+
+
+def end_of_turn_ids(model: Any) -> tuple[int, ...]:
+    """The checkpoint's end-of-turn tokens from its generation config (an id or a list of ids)."""
+    gen = getattr(model, "generation_config", None)
+    ids = getattr(gen, "eos_token_id", None) if gen is not None else None
+    if ids is None:
+        return ()
+    return tuple(ids) if isinstance(ids, (list, tuple)) else (int(ids),)
 
 
 def build_policy_clients(recipe: Recipe, pool: PoolSpec, node_id: str,
@@ -32,7 +41,7 @@ def build_policy_clients(recipe: Recipe, pool: PoolSpec, node_id: str,
     for name in policies or [p.name for p in recipe.policies]:
         model = recipe.build_policy_model(name)
         tokenizer = recipe.build_policy_tokenizer(name)
-        max_context = getattr(model.config, "max_position_embeddings", None)
         out[name] = policy_client(name, build_engine(engine_cfg, model, version=0), tokenizer,
-                                  recipe.sampling_for(name), max_context)
+                                  recipe.sampling_for(name), getattr(model.config, "max_position_embeddings", None),
+                                  end_of_turn_ids(model))
     return out

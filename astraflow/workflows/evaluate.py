@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 def greedy(client: PolicyClient) -> PolicyClient:
     """The same policy with temperature 0 (and its usual response length)."""
     sampling = SamplingConfig(max_new_tokens=client.sampling.max_new_tokens, temperature=0.0)
-    return policy_client(client.name, client.engine, client.tokenizer, sampling, client.max_context)
+    return policy_client(client.name, client.engine, client.tokenizer, sampling, client.max_context,
+                         client.end_of_turn_ids)
 
 
 async def episode_accuracy(workflow: Workflow, policy: str, client: PolicyClient, tasks: list[Task]) -> dict[str, Any]:

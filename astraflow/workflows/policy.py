@@ -130,13 +130,17 @@ class PolicyClient:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     max_context: int | None = None
     """Longest prompt + response the model serves (from the checkpoint's config)."""
+    end_of_turn_ids: tuple[int, ...] = ()
+    """Tokens besides the tokenizer's eos that end a turn (the checkpoint's generation config
+    ``eos_token_id``: e.g. ``<|im_end|>`` for a base model whose eos is ``<|endoftext|>``)."""
 
     # -- tokens ------------------------------------------------------------------------------------
     @property
     def stop_token_ids(self) -> tuple[int, ...]:
-        """End-of-turn tokens: the tokenizer's eos (for chat checkpoints, the end-of-turn token)."""
+        """End-of-turn tokens: the tokenizer's eos, then the checkpoint's other end-of-turn tokens."""
         eos = self.tokenizer.eos_token_id
-        return (eos,) if eos is not None else ()
+        first = (eos,) if eos is not None else ()
+        return first + tuple(t for t in self.end_of_turn_ids if t not in first)
 
     @property
     def has_chat_template(self) -> bool:
@@ -181,7 +185,7 @@ class PolicyClient:
 
 
 def policy_client(name: str, engine: Engine, tokenizer: Any, sampling: SamplingConfig | None = None,
-                  max_context: int | None = None) -> PolicyClient:
+                  max_context: int | None = None, end_of_turn_ids: tuple[int, ...] = ()) -> PolicyClient:
     """A :class:`PolicyClient` (the one constructor nodes, evaluation and tests use)."""
     return PolicyClient(name=name, engine=engine, tokenizer=tokenizer, sampling=sampling or SamplingConfig(),
-                        max_context=max_context)
+                        max_context=max_context, end_of_turn_ids=tuple(end_of_turn_ids))
