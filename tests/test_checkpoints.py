@@ -16,7 +16,7 @@ import yaml
 from astraflow.cli.main import main as cli
 from astraflow.config import ConfigError
 from astraflow.delta import WeightPublisher, WeightStore
-from astraflow.models import load_model, load_tokenizer, resolve_checkpoint
+from astraflow.models import check_model_source, load_model, load_tokenizer, resolve_checkpoint
 from astraflow.models.gguf import packaged_gguf
 from astraflow.objstore import ObjectStore
 from astraflow.trainer.service import publishable
@@ -143,6 +143,9 @@ def test_packaged_gguf_is_named_without_a_path(tmp_path, monkeypatch):
         resolve_checkpoint("gguf:nopkg_xyz")
     with pytest.raises(ConfigError, match="GGUF file .*missing.gguf not found"):
         resolve_checkpoint(str(tmp_path / "missing.gguf"))
+    (tmp_path / "fake.gguf").write_bytes(b"PK\x03\x04")
+    with pytest.raises(ConfigError, match="fake.gguf: not a GGUF file"):
+        check_model_source(str(tmp_path / "fake.gguf"))
 
 
 @pytest.mark.slow

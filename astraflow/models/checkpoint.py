@@ -57,9 +57,9 @@ def check_model_source(source: str, *, base: Path | None = None) -> None:
         parse_s3(source)
         return
     if source.startswith("gguf:"):
-        from astraflow.models.gguf import packaged_gguf
+        from astraflow.models.gguf import check_gguf_file, packaged_gguf
 
-        packaged_gguf(source)
+        check_gguf_file(packaged_gguf(source))
         return
     path = _local_path(source, base)
     if _is_spec(path):
@@ -70,8 +70,9 @@ def check_model_source(source: str, *, base: Path | None = None) -> None:
         ModelConfig.load(path)
         return
     if path.suffix == ".gguf":
-        if not path.is_file():
-            raise ConfigError(f"GGUF file {path} not found")
+        from astraflow.models.gguf import check_gguf_file
+
+        check_gguf_file(path)
         return
     check_checkpoint_dir(path)
 

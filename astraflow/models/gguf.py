@@ -16,6 +16,7 @@ from pathlib import Path
 from astraflow.config import ConfigError
 
 PACKAGE_PREFIX = "gguf:"
+GGUF_MAGIC = b"GGUF"
 
 
 def packaged_gguf(source: str) -> Path:
@@ -40,6 +41,15 @@ def packaged_gguf(source: str) -> Path:
         raise ConfigError(f"model source {source!r}: expected exactly one .gguf file in package {package!r} "
                           f"(found: {found}); name it as gguf:{package}/<file>.gguf")
     return files[0]
+
+
+def check_gguf_file(path: Path) -> None:
+    """The file exists and starts with the GGUF magic (a cheap check at recipe load)."""
+    if not path.is_file():
+        raise ConfigError(f"GGUF file {path} not found")
+    with path.open("rb") as f:
+        if f.read(4) != GGUF_MAGIC:
+            raise ConfigError(f"GGUF file {path}: not a GGUF file (no GGUF magic bytes)")
 
 
 def convert_gguf(path: Path, out: Path) -> Path:
