@@ -26,6 +26,7 @@ the model as an error). Each trajectory's ``rewards`` carries the episode's own 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -53,6 +54,8 @@ if TYPE_CHECKING:
 
     from astraflow.records import Task, Trajectory
     from astraflow.tasks import Problem
+
+log = logging.getLogger(__name__)
 
 DEMONSTRATION_KEY = "demonstration"
 """``Problem.metadata`` key of a warm-start demonstration: a JSON list of the assistant turns'
@@ -174,6 +177,7 @@ class ToolAgentWorkflow(Workflow):
             return await run_tool(self.tools[call.name], call.arguments)
         except Exception as exc:  # noqa: BLE001 - a tool bug must not kill the other episodes
             self.counters["tool_exception"] += 1
+            log.warning("tool %s raised %s: %s (shown to the model as an error)", call.name, type(exc).__name__, exc)
             return ToolResult(f"error: {call.name} failed ({type(exc).__name__})", "error")
 
     def _frame(self, tokenizer: PreTrainedTokenizerBase, text: str) -> str:
