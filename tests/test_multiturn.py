@@ -675,8 +675,12 @@ def test_evaluate_reports_the_valid_call_rate(bpe):
     wf = build_workflow({"type": "tool_agent", "tools": ["test_add"], "reward": "numeric_match"})
     out = asyncio.run(wf.evaluate("agent", client(bpe, engine), [task(samples=8), task(samples=8)]))
     assert out["accuracy"] == 1.0 and out["n"] == 2
-    assert out["tool_calls"] == 4 and out["valid_call_rate"] == 0.5
+    # every episode opened with a well-formed call (its second, malformed call does not change that)
+    assert out["tool_calls"] == 4 and out["valid_calls"] == 2 and out["valid_call_rate"] == 1.0
     assert all(p.temperature == 0.0 for p in engine.params)
+    malformed_first = ScriptedEngine(turn_script(bpe, [turns[1], turns[0], turns[2]]), bpe.eos_token_id)
+    out = asyncio.run(wf.evaluate("agent", client(bpe, malformed_first), [task(samples=8), task(samples=8)]))
+    assert out["valid_calls"] == 2 and out["valid_call_rate"] == 0.0
 
 
 # -- the HF engine on a tiny real model -------------------------------------------------------------

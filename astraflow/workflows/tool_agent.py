@@ -18,7 +18,8 @@ shown to the model as the tool message and counted; the episode goes on.
 
 Counters (``Workflow.counters``, published in the node's metrics): ``episodes``, ``answered``,
 ``truncated`` (with ``truncated_turns`` / ``truncated_tokens`` / ``truncated_length``),
-``tool_calls`` (call attempts), ``valid_calls``, ``malformed_call``, ``tool_ok``, ``tool_error``,
+``tool_calls`` (call attempts), ``valid_calls``, ``first_turn_call`` (episodes that open with a
+well-formed call), ``malformed_call``, ``tool_ok``, ``tool_error``,
 ``tool_timeout`` (``tool_exception``: a tool raised something other than ``ToolError``; shown to
 the model as an error). Each trajectory's ``rewards`` carries the episode's own figures.
 """
@@ -157,7 +158,7 @@ class ToolAgentWorkflow(Workflow):
             else:
                 if call is None:
                     return text, ""
-                seen.update(tool_calls=1, valid_calls=1)
+                seen.update(tool_calls=1, valid_calls=1, first_turn_call=int(turn == 0))
             if turn == cfg.max_turns - 1:  # no turn left to read a result: the call is not run
                 break
             if call is not None:
@@ -193,12 +194,13 @@ class ToolAgentWorkflow(Workflow):
 
     # -- evaluation and warm start ----------------------------------------------------------------
     async def evaluate(self, policy: str, client: PolicyClient, tasks: list[Task]) -> dict[str, Any]:
-        """Greedy accuracy over whole episodes, plus ``valid_call_rate``: well-formed calls per call
-        attempt (0 when the agent attempted none)."""
+        """Greedy accuracy over whole episodes, plus ``valid_call_rate``: the share of episodes whose
+        first turn is a well-formed call to a known tool (an agent that answers without calling,
+        or calls malformed, counts against it)."""
         from astraflow.workflows.evaluate import episode_accuracy
 
         out = await episode_accuracy(self, policy, client, tasks)
-        out["valid_call_rate"] = out.get("valid_calls", 0) / out["tool_calls"] if out.get("tool_calls") else 0.0
+        out["valid_call_rate"] = out.get("first_turn_call", 0) / len(tasks) if tasks else 0.0
         return out
 
     def warm_start_examples(self, policy: str, problems: list[Problem], tokenizer: PreTrainedTokenizerBase,
