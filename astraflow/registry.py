@@ -18,6 +18,7 @@ from typing import Annotated, Any, Generic, Self, TypeVar
 from pydantic import BaseModel, BeforeValidator, ConfigDict, SerializeAsAny, ValidationError
 
 T = TypeVar("T")
+C = TypeVar("C", bound=type)
 
 
 class PluginConfig(BaseModel):
@@ -76,6 +77,17 @@ class Registry(Generic[T]):
                 raise self.error(f"{self.what} {name!r} is already registered by {owner}")
             self._entries[name] = obj
             return obj
+
+        return deco
+
+    def register_class(self, name: str) -> Callable[[C], C]:
+        """Class decorator: register the class under ``name`` and set its ``name`` attribute (the
+        ``register_<kind>`` decorators of datasets, workflows, rewards, tools and environments)."""
+
+        def deco(cls: C) -> C:
+            self.register(name)(cls)  # type: ignore[arg-type]
+            cls.name = name  # type: ignore[attr-defined]
+            return cls
 
         return deco
 

@@ -68,11 +68,8 @@ EnvironmentField = plugin_field(ENVIRONMENTS)
 
 
 def register_environment(name: str) -> Callable[[type[Environment]], type[Environment]]:
-    def deco(cls: type[Environment]) -> type[Environment]:
-        ENVIRONMENTS.register(name)(cls)
-        cls.name = name
-        return cls
-    return deco
+    """Class decorator: make a environment class buildable by ``name`` from a recipe."""
+    return ENVIRONMENTS.register_class(name)
 
 
 def build_environment(config: EnvironmentConfig | dict[str, Any] | str) -> Environment:

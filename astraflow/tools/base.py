@@ -75,11 +75,8 @@ ToolField = plugin_field(TOOLS)
 
 
 def register_tool(name: str) -> Callable[[type[Tool]], type[Tool]]:
-    def deco(cls: type[Tool]) -> type[Tool]:
-        TOOLS.register(name)(cls)
-        cls.name = name
-        return cls
-    return deco
+    """Class decorator: make a tool class buildable by ``name`` from a recipe."""
+    return TOOLS.register_class(name)
 
 
 def build_tool(config: ToolConfig | dict[str, Any] | str) -> Tool:

@@ -95,11 +95,8 @@ WORKFLOWS: Registry[type[Workflow]] = Registry("workflow")
 
 
 def register_workflow(name: str) -> Callable[[type[Workflow]], type[Workflow]]:
-    def deco(cls: type[Workflow]) -> type[Workflow]:
-        WORKFLOWS.register(name)(cls)
-        cls.name = name
-        return cls
-    return deco
+    """Class decorator: make a workflow class buildable by ``name`` from a recipe."""
+    return WORKFLOWS.register_class(name)
 
 
 def build_workflow(config: WorkflowConfig | dict[str, Any] | str) -> Workflow:

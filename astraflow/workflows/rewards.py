@@ -49,11 +49,8 @@ RewardField = plugin_field(REWARDS)
 
 
 def register_reward(name: str) -> Callable[[type[Reward]], type[Reward]]:
-    def deco(cls: type[Reward]) -> type[Reward]:
-        REWARDS.register(name)(cls)
-        cls.name = name
-        return cls
-    return deco
+    """Class decorator: make a reward class buildable by ``name`` from a recipe."""
+    return REWARDS.register_class(name)
 
 
 def build_reward(config: RewardConfig | dict[str, Any] | str) -> Reward:
