@@ -190,7 +190,7 @@ def run_demo(cfg: ClusterConfig, opts: DemoOptions) -> int:
 
     from astraflow.launcher import open_cluster
 
-    console = Console()
+    console = Console() if Console().is_terminal else Console(width=120)  # the table must not wrap in logs
     try:
         paths = [recipe_path(r) for r in opts.recipes]
     except FileNotFoundError as exc:

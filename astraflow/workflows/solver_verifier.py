@@ -45,6 +45,10 @@ class SolverVerifierWorkflow(Workflow):
         group per prompt over ``task.samples`` candidates, the first half of the solver's answers
         topped up with the reference answer or plausible wrong ones so that right and wrong
         candidates are equal in number (as the solver improves, "always yes" no longer pays)."""
+        verifier_chat: bool = True
+        """Render the verifier's prompt with its chat template; ``false``: plain text (the tokens of
+        ``<problem> <candidate>``, the candidate last), the layout the demo's 2-layer model learns
+        verdicts in (with the ChatML framing after the candidate it stayed at chance, 0.500)."""
         yes: str = "<yes>"
         """Verdict text meaning "correct" (a special token of the demo tokenizer)."""
         no: str = "<no>"
@@ -73,7 +77,7 @@ class SolverVerifierWorkflow(Workflow):
         for p in problems:
             good = rng.random() < 0.5
             cand = p.answer if good else wrong_answer(p, rng)
-            prompt = render_messages(tokenizer, [{"role": "user", "content": verifier_prompt(p.prompt, cand)}])
+            prompt = self.verifier_prompt_ids(tokenizer, verifier_prompt(p.prompt, cand))
             verdict = self.config.yes if good else self.config.no
             out.append(SFTExample.completion(
                 prompt, [*tokenizer.encode(verdict, add_special_tokens=False), tokenizer.eos_token_id]))
@@ -98,9 +102,16 @@ class SolverVerifierWorkflow(Workflow):
         for t in tasks:
             wrong = wrong_answer(Problem(prompt_id=t.prompt_id, prompt=t.prompt, answer=t.answer), rng)
             items += [(verifier_prompt(t.prompt, t.answer), True), (verifier_prompt(t.prompt, wrong), False)]
-        gens = await client.generate([client.render([{"role": "user", "content": text}]) for text, _ in items])
+        gens = await client.generate([self.verifier_prompt_ids(client.tokenizer, text) for text, _ in items])
         ok = sum(self.verdict(client.decode(g.token_ids)) == want for (_, want), g in zip(items, gens, strict=True))
         return {"accuracy": ok / len(items), "correct": int(ok), "n": len(items)}
+
+    def verifier_prompt_ids(self, tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+        """The verifier's prompt ids for ``text`` (chat-rendered or plain, see ``verifier_chat``)."""
+        if self.config.verifier_chat:
+            return render_messages(tokenizer, [{"role": "user", "content": text}])
+        bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+        return [*bos, *tokenizer.encode(text, add_special_tokens=False)]
 
     def verdict(self, text: str) -> bool | None:
         """True for the yes verdict, False for no, None for anything else (a malformed verdict)."""
@@ -124,7 +135,7 @@ class SolverVerifierWorkflow(Workflow):
         cands, truth = texts, [c > 0.5 for c in correct]
         if cfg.verifier_group == "balanced":
             cands, truth = balanced_candidates(task, texts, truth)
-        v_prompts = [verifier.render([{"role": "user", "content": verifier_prompt(task.prompt, t)}])
+        v_prompts = [self.verifier_prompt_ids(verifier.tokenizer, verifier_prompt(task.prompt, t))
                      for t in cands]
         t1 = time.perf_counter()
         k = task.samples if cfg.verifier_group == "answer" else 1
