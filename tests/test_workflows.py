@@ -147,3 +147,15 @@ def test_workflows_declare_the_policies_they_call():
     assert build_workflow({"type": "math", "policy": "p"}).config.policies() == ["p"]
     cfg = build_workflow({"type": "solver_verifier", "solver_policy": "a", "verifier_policy": "b"}).config
     assert cfg.policies() == ["a", "b"] and cfg.roles() == {"a": "solver", "b": "verifier"}
+
+
+def test_node_metrics_record_carries_the_workflow_counters():
+    """Tool calls, timeouts, environment failures: what a workflow counts reaches the metrics topic."""
+    from collections import Counter
+
+    from astraflow.raas.metrics import NodeCounters
+
+    counters = Counter(tool_calls=5, tool_timeout=2, env_failure=1)
+    rec = NodeCounters("node-1", "default").record(4, {"agent": 3}, 0.1, 2, counters)
+    assert rec["workflow"] == {"tool_calls": 5, "tool_timeout": 2, "env_failure": 1}
+    assert rec["component"] == "raas" and rec["id"] == "node-1"
