@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from process_helpers import pid_alive
 
+from astraflow.launcher.restarts import NO_RESTART, RestartBook, RestartPolicy
 from astraflow.launcher.supervisor import ChildExited, ChildSpec, ProcessGroup
 
 # A component stand-in: writes its pid and its helper's pid, then sleeps until signalled.
@@ -94,13 +95,81 @@ def test_dead_child_is_named_with_its_log(tmp_path: Path) -> None:
 
 
 def test_finished_trainer_is_not_a_failure(tmp_path: Path) -> None:
-    group = ProcessGroup(grace_s=2)
+    """Status 0 of a component that may finish (a trainer after "done") is not restarted."""
+    group = ProcessGroup(grace_s=2, restart=RestartPolicy(backoff_initial_s=0.0))
     group.start(_spec(tmp_path, "trainer-policy", "print('done')", may_exit=True))
     deadline = time.monotonic() + 20
-    while group.check() != ["trainer-policy"]:
+    while group.finished() != ["trainer-policy"]:
+        assert group.check() == [], "a finished trainer was restarted"
         assert time.monotonic() < deadline
         time.sleep(0.05)
+    assert group.check() == [] and group.restarts() == {}
     group.stop()
+
+
+# -- restarts ---------------------------------------------------------------------------------
+def test_restart_policy_backoff_and_budget() -> None:
+    policy = RestartPolicy(backoff_initial_s=1.0, backoff_max_s=5.0, max_restarts=4, window_s=100.0)
+    book = RestartBook(policy)
+    assert [book.on_exit(t) for t in (0.0, 1.0, 2.0, 3.0)] == [1.0, 2.0, 4.0, 5.0]  # doubling, capped
+    assert book.on_exit(4.0) is None, "a fifth death within the window exhausts the budget"
+    assert book.on_exit(99.0) is None and book.restarts == 4
+    # The window slides: the restarts at 0 and 1 s are forgotten at 101 s, and so is their backoff.
+    assert book.recent(101.0) == 2 and book.on_exit(101.0) == 4.0
+    assert book.on_exit(500.0) == 1.0 and book.restarts == 6
+    assert RestartBook(NO_RESTART).on_exit(0.0) is None
+    with pytest.raises(ValueError):
+        RestartPolicy(max_restarts=-1)
+    with pytest.raises(ValueError):
+        RestartPolicy(backoff_initial_s=10, backoff_max_s=1)
+
+
+def _wait_restart(group: ProcessGroup, timeout_s: float = 20.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        events = group.check()
+        if events:
+            return events
+        time.sleep(0.05)
+    raise AssertionError("no restart")
+
+
+def test_dead_child_is_restarted_until_its_budget_is_spent(tmp_path: Path) -> None:
+    group = ProcessGroup(grace_s=2, restart=RestartPolicy(backoff_initial_s=0.2, max_restarts=2))
+    group.start(_spec(tmp_path, "raas-a", SLEEPER))
+    log = tmp_path / "logs/raas-a.log"
+    first, helper = _pids_from_log(log)
+    os.kill(first, signal.SIGKILL)
+    t0 = time.monotonic()
+    (event,) = _wait_restart(group)
+    assert time.monotonic() - t0 >= 0.2, "restarted before its backoff"
+    assert (event.name, event.returncode, event.restarts, event.backoff_s) == ("raas-a", -signal.SIGKILL, 1, 0.2)
+    assert event.record()["kind"] == "supervisor" and event.record()["event"] == "restart"
+    deadline = time.monotonic() + 10
+    while pid_alive(helper) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not pid_alive(helper), "the dead child's helper was left running beside its replacement"
+    text = log.read_text()
+    assert "supervisor: raas-a was killed by signal 9 (SIGKILL); restart 1 in 0.2 s" in text
+    assert text.count(" start: ") == 2  # same log file, a start line per run
+    second = event.pid
+    assert second != first and group.alive() == ["raas-a"]
+
+    os.kill(second, signal.SIGKILL)
+    (event,) = _wait_restart(group)
+    assert event.restarts == 2 and event.backoff_s == 0.4 and group.restarts() == {"raas-a": 2}
+    os.kill(event.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    with pytest.raises(ChildExited) as exc:
+        while time.monotonic() < deadline:
+            group.check()
+            time.sleep(0.05)
+    assert exc.value.name == "raas-a" and exc.value.restarts == 2
+    msg = str(exc.value)
+    assert "'raas-a' was killed by signal 9 (SIGKILL) unexpectedly after 2 restarts" in msg
+    assert "restart budget exhausted (2 restarts within 600 s)" in msg and str(log) in msg
+    group.stop()
+    assert group.alive() == []
 
 
 def test_children_die_with_a_killed_launcher(tmp_path: Path) -> None:
@@ -227,18 +296,59 @@ def test_launch_interrupted_leaves_nothing_behind(tmp_path: Path, test_cluster, 
 
 
 @pytest.mark.integration
-def test_launch_stops_when_a_component_dies(tmp_path: Path, test_cluster, monkeypatch) -> None:
+def test_launch_fails_when_a_restart_budget_is_exhausted(tmp_path: Path, test_cluster, monkeypatch) -> None:
+    """A component that keeps dying is restarted within its budget, then fails the run by name."""
+    from rich.console import Console
+
+    from astraflow.launcher import RunOptions, launch, runner
+    from astraflow.report import load_metrics
+
+    monkeypatch.setattr(runner, "component_specs", _fake_specs(tmp_path, crash=True))
+    opts = RunOptions(run_id=test_cluster.run, runs_dir=tmp_path, grace_s=3, live=False, timeout_s=60,
+                      restart=RestartPolicy(backoff_initial_s=0.1, max_restarts=2))
+    result = launch(_recipe(tmp_path), test_cluster, opts, Console(quiet=True))
+    assert result.returncode == 1 and result.restarts == {"trainer-policy": 2}
+    log = tmp_path / test_cluster.run / "logs" / "trainer-policy.log"
+    assert "'trainer-policy' exited with status 7 unexpectedly after 2 restarts" in result.reason
+    assert "restart budget exhausted" in result.reason and str(log) in result.reason
+    assert "CUDA out of memory" in result.reason
+    run_dir = tmp_path / test_cluster.run
+    records = [r for r in load_metrics(run_dir / "metrics.jsonl") if r.get("kind") == "supervisor"]
+    assert [(r["component"], r["event"], r["returncode"], r["restarts"]) for r in records] == [
+        ("trainer-policy", "restart", 7, 1), ("trainer-policy", "restart", 7, 2), ("trainer-policy", "failed", 7, 2)]
+    pids = _pids_from_log(run_dir / "logs/dataflow.log") + _pids_from_log(run_dir / "logs/raas-default-0.log")
+    assert not any(pid_alive(p) for p in pids)
+
+
+@pytest.mark.integration
+def test_second_sigterm_during_the_stop_is_ignored(tmp_path: Path, test_cluster, monkeypatch) -> None:
+    """SIGTERM stops the run like Ctrl+C; another one while the children are being stopped (one
+    ignores SIGTERM, so the stop lasts the grace period) neither raises nor cuts the stop short."""
     from rich.console import Console
 
     from astraflow.launcher import RunOptions, launch, runner
 
-    monkeypatch.setattr(runner, "component_specs", _fake_specs(tmp_path, crash=True))
-    opts = RunOptions(run_id=test_cluster.run, runs_dir=tmp_path, grace_s=3, live=False, timeout_s=60)
-    result = launch(_recipe(tmp_path), test_cluster, opts, Console(quiet=True))
-    assert result.returncode == 1
-    log = tmp_path / test_cluster.run / "logs" / "trainer-policy.log"
-    assert "'trainer-policy' exited with status 7" in result.reason and str(log) in result.reason
-    assert "CUDA out of memory" in result.reason
+    def specs(recipe, recipe_file, cluster_file, run_dir, *, threads=1):
+        return [_spec(run_dir, "dataflow", SLEEPER, "--ignore-term"), _spec(run_dir, "raas-default-0", SLEEPER)]
+
+    monkeypatch.setattr(runner, "component_specs", specs)
     run_dir = tmp_path / test_cluster.run
+    sent = []
+
+    def terminate_twice() -> None:
+        _pids_from_log(run_dir / "logs/dataflow.log")
+        time.sleep(0.5)  # the sleeper installs its SIGTERM handler right after printing its pids
+        for _ in range(2):
+            os.kill(os.getpid(), signal.SIGTERM)
+            sent.append(time.monotonic())
+            time.sleep(1.0)
+
+    opts = RunOptions(run_id=test_cluster.run, runs_dir=tmp_path, grace_s=3, live=False, timeout_s=60)
+    thread = threading.Thread(target=terminate_twice, daemon=True)
+    thread.start()
+    result = launch(_recipe(tmp_path), test_cluster, opts, Console(quiet=True))
+    thread.join()
+    assert result.returncode == 130 and result.reason == "interrupted" and len(sent) == 2
     pids = _pids_from_log(run_dir / "logs/dataflow.log") + _pids_from_log(run_dir / "logs/raas-default-0.log")
     assert not any(pid_alive(p) for p in pids)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, "the launcher's handler was left installed"

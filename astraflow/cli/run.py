@@ -31,6 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--timeout", type=float, help="stop with an error if the run is not done after this many seconds")
     run.add_argument("--grace", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL at stop "
                      "(default: %(default)s)")
+    run.add_argument("--max-restarts", type=int, default=5, metavar="N",
+                     help="restarts allowed per component within 10 minutes (backoff 1 s doubling to "
+                     "30 s); one more death fails the run; 0 never restarts (default: %(default)s)")
     run.add_argument("--no-live", action="store_true", help="print progress lines instead of a live table")
     run.set_defaults(func=cmd_run)
 
@@ -67,24 +70,32 @@ def parse_nodes(items: list[str]) -> dict[str, int]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """Ctrl+C / SIGTERM at any moment: one line, exit status 130, nothing left running (the
+    launcher stops its components, ``open_cluster`` the embedded stack it started)."""
     from rich.console import Console
 
     from astraflow.launcher import RunOptions, launch, open_cluster
+    from astraflow.launcher.interrupts import interrupt_guard, signal_name
+    from astraflow.launcher.restarts import RestartPolicy
     from astraflow.recipe import Recipe
 
     console = Console()
-    recipe = Recipe.load(args.recipe)
-    opts = RunOptions(run_id=args.run_id, steps=args.steps, nodes=parse_nodes(args.nodes),
-                      runs_dir=args.runs_dir, grace_s=args.grace, timeout_s=args.timeout,
-                      live=False if args.no_live else None)
-    try:
-        with open_cluster(load_cluster(args), announce=lambda m: console.print(m, highlight=False)) as cfg:
-            result = launch(recipe, cfg, opts, console)
-    except KeyboardInterrupt:
-        return 130
-    except (RuntimeError, ValueError) as exc:
-        console.print(f"[red]astraflow run failed:[/red] {exc}", highlight=False)
-        return 1
+    with interrupt_guard():
+        try:
+            recipe = Recipe.load(args.recipe)
+            opts = RunOptions(run_id=args.run_id, steps=args.steps, nodes=parse_nodes(args.nodes),
+                              runs_dir=args.runs_dir, grace_s=args.grace, timeout_s=args.timeout,
+                              live=False if args.no_live else None,
+                              restart=RestartPolicy(max_restarts=args.max_restarts))
+            with open_cluster(load_cluster(args), announce=lambda m: console.print(m, highlight=False)) as cfg:
+                result = launch(recipe, cfg, opts, console)
+        except KeyboardInterrupt as exc:
+            console.print(f"astraflow run: interrupted ({signal_name(exc)}); nothing left running",
+                          highlight=False)
+            return 130
+        except (RuntimeError, ValueError) as exc:
+            console.print(f"[red]astraflow run failed:[/red] {exc}", highlight=False)
+            return 1
     return result.returncode
 
 

@@ -24,6 +24,7 @@ def open_cluster(cfg: ClusterConfig, *, log_storage: str = "memory",
     S3 storage slows every fetch as a partition's history grows.
     """
     from astraflow.embedded import EmbeddedStack, StackError, StackPorts
+    from astraflow.launcher.interrupts import interrupt_guard
 
     if not cfg.is_embedded:
         yield cfg
@@ -39,18 +40,25 @@ def open_cluster(cfg: ClusterConfig, *, log_storage: str = "memory",
     if ports.taken():
         ports = None
     announce(f"starting the embedded stack (Kafka + S3) under {stack.state_dir} ...")
-    try:
-        stack, result = EmbeddedStack.start_private(cfg.state_dir, ports=ports, storage=log_storage)
-    except StackError as exc:
-        raise RuntimeError(f"cannot start the embedded stack: {exc}") from None
-    try:
-        ep = result.endpoints
-        announce(f"embedded stack up: Kafka {ep['kafka_bootstrap']}, S3 {ep['s3_endpoint']} "
-                 f"({', '.join(f'{k} {v:.1f} s' for k, v in result.seconds.items())})")
-        yield cfg.resolve()
-    finally:
-        stack.down()
-        announce("embedded stack stopped")
+    with interrupt_guard() as guard:
+        try:
+            stack, result = EmbeddedStack.start_private(cfg.state_dir, ports=ports, storage=log_storage)
+        except StackError as exc:
+            raise RuntimeError(f"cannot start the embedded stack: {exc}") from None
+        except BaseException:
+            # Ctrl+C / SIGTERM during start-up: stop whatever already started (found by pid file).
+            with guard.shielded():
+                stack.down()
+            raise
+        try:
+            ep = result.endpoints
+            announce(f"embedded stack up: Kafka {ep['kafka_bootstrap']}, S3 {ep['s3_endpoint']} "
+                     f"({', '.join(f'{k} {v:.1f} s' for k, v in result.seconds.items())})")
+            yield cfg.resolve()
+        finally:
+            with guard.shielded():
+                stack.down()
+                announce("embedded stack stopped")
 
 
 def write_cluster_file(cfg: ClusterConfig, path: Path) -> Path:

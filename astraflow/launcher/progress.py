@@ -23,13 +23,18 @@ class RunProgress:
     autoscale: dict[str, Any] = field(default_factory=dict)
     done: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Trainers that reported ``{"event": "done"}``, by policy."""
+    restarts: dict[str, int] = field(default_factory=dict)
+    """Restarts per component, from the launcher's own ``kind: supervisor`` records."""
     records: int = 0
     started: float = field(default_factory=time.monotonic)
 
     def update(self, rec: dict[str, Any]) -> None:
         self.records += 1
         comp = rec.get("component")
-        if comp == "trainer":
+        if rec.get("kind") == "supervisor":
+            if rec.get("event") == "restart":
+                self.restarts[str(comp)] = int(rec.get("restarts", 0))
+        elif comp == "trainer":
             policy = str(rec.get("policy", rec.get("id", "?")))
             if rec.get("event") == "done":
                 self.done[policy] = rec
@@ -89,6 +94,8 @@ class RunProgress:
         d = self.dropped()
         if d:
             parts.append("dropped " + ",".join(f"{k}={v}" for k, v in sorted(d.items())))
+        if self.restarts:
+            parts.append("restarts " + ",".join(f"{k}={v}" for k, v in sorted(self.restarts.items())))
         return " | ".join(parts)
 
     def render(self):
@@ -127,6 +134,9 @@ class RunProgress:
             pool: v.get("target_nodes") for pool, v in (self.autoscale.get("pools") or {}).items() if isinstance(v, dict)}
         if targets:
             flow += f"; autoscale target nodes {targets}"
+        if self.restarts:
+            flow += "\n[yellow]restarted:[/yellow] " + ", ".join(
+                f"{k} ×{v}" for k, v in sorted(self.restarts.items()))
         return Group(tr, nodes, flow)
 
 

@@ -2,14 +2,15 @@
 
 The launcher is only a convenience: it creates the run's topics, starts the dataflow, one trainer
 per policy and the RaaS nodes (each exactly as ``astraflow <component>`` would start on another
-machine), reads ``<run>.metrics`` for the live view and ``metrics.jsonl``, and stops everything
-when every trainer is done, on Ctrl+C / SIGTERM, or when a component dies.
+machine), reads ``<run>.metrics`` for the live view and ``metrics.jsonl``, restarts a component that dies
+(backoff and budget: :mod:`astraflow.launcher.restarts`), and stops everything when every trainer is
+done, on Ctrl+C / SIGTERM (:mod:`astraflow.launcher.interrupts`), or when a component's restart
+budget is exhausted.
 """
 
 from __future__ import annotations
 
 import contextlib
-import signal
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from astraflow.config import ClusterConfig
+from astraflow.launcher.interrupts import interrupt_guard, signal_name
 from astraflow.launcher.plan import (
     cluster_for_run,
     component_specs,
@@ -25,7 +27,8 @@ from astraflow.launcher.plan import (
     write_recipe,
 )
 from astraflow.launcher.progress import RunProgress
-from astraflow.launcher.supervisor import ChildExited, ProcessGroup
+from astraflow.launcher.restarts import RestartPolicy
+from astraflow.launcher.supervisor import ChildExited, ProcessGroup, RestartEvent, describe_exit
 from astraflow.recipe import Recipe
 
 
@@ -47,6 +50,8 @@ class RunOptions:
     """Rich live table (default: when stdout is a terminal); else a progress line every few seconds."""
     threads: int = 1
     """Torch threads per component process."""
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
+    """Backoff and budget for restarting a component that dies."""
 
 
 @dataclass
@@ -56,6 +61,8 @@ class RunResult:
     returncode: int
     reason: str
     """"done", "interrupted", "timeout" or the failure message."""
+    restarts: dict[str, int]
+    """Restarts per component that was restarted."""
     wall_s: float
     trainers: dict[str, dict[str, Any]]
     """Last step record per policy."""
@@ -66,26 +73,101 @@ class RunResult:
     records: int
 
 
-class _Terminate(Exception):
-    """SIGTERM to the launcher: stop the run like Ctrl+C does."""
-
-
 def default_run_id(recipe: Recipe) -> str:
     return f"{recipe.run}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
 
 
+class _Monitor:
+    """The launcher's reading side: ``<run>.metrics`` into ``metrics.jsonl`` and the progress view,
+    plus the launcher's own supervisor records."""
+
+    def __init__(self, cfg: ClusterConfig, run_id: str, progress: RunProgress, metrics_path: Path) -> None:
+        from astraflow.log import LogConsumer, Topics
+        from astraflow.report import MetricsLog
+
+        self.progress = progress
+        self.metrics = MetricsLog(metrics_path)
+        # A group of its own (unique id): the launcher only reads, and must not take partitions from
+        # the dataflow's metrics consumer.
+        self.consumer = LogConsumer(cfg, Topics(run_id).metrics, group_id=f"{run_id}.launcher.{uuid.uuid4().hex[:6]}",
+                                    client_id=f"launcher-{run_id}")
+
+    def absorb(self, timeout_s: float, max_records: int) -> int:
+        """One poll of the metrics topic into metrics.jsonl and the progress view; records polled."""
+        batch = self.consumer.poll(timeout_s=timeout_s, max_records=max_records)
+        for msg in batch:
+            if isinstance(msg.obj, dict):
+                self.record(msg.obj)
+        return len(batch)
+
+    def record(self, rec: dict[str, Any]) -> None:
+        self.metrics.append(rec)
+        self.progress.update(rec)
+
+    def close(self) -> None:
+        """Drain what the components wrote just before the stop (last steps, done events), close."""
+        with contextlib.suppress(Exception):
+            while self.absorb(1.0, 5000):
+                pass
+        with contextlib.suppress(Exception):
+            self.consumer.close()
+        self.metrics.close()
+
+
+def _supervise(group: ProcessGroup, monitor: _Monitor, policies: list[str], opts: RunOptions, console,
+               live) -> tuple[str, int]:
+    """Follow the run until every trainer is done or the timeout; restart what dies. Returns
+    (reason, returncode); raises :class:`ChildExited` when a restart budget is exhausted."""
+    progress = monitor.progress
+    t0, last_line = time.monotonic(), 0.0
+    while True:
+        monitor.absorb(0.5, 500)
+        for event in group.check():
+            _note_restart(event, monitor, console, live)
+        if progress.all_done or all(f"trainer-{p}" in group.finished() for p in policies):
+            break
+        if opts.timeout_s is not None and time.monotonic() - t0 > opts.timeout_s:
+            return f"timeout: not done after {opts.timeout_s:.0f} s", 1
+        if live is not None:
+            live.update(progress.render())
+        elif time.monotonic() - last_line > 5.0:
+            console.print(progress.summary_line(), highlight=False)
+            last_line = time.monotonic()
+    # Trainers exit by themselves after "done" (final checkpoint, publisher drained): give them the
+    # grace period before the stop signal reaches them.
+    trainers = {f"trainer-{p}" for p in policies}
+    deadline = time.monotonic() + opts.grace_s
+    while trainers & set(group.alive()) and time.monotonic() < deadline:
+        monitor.absorb(0.2, 500)
+    return "done", 0
+
+
+def _note_restart(event: RestartEvent, monitor: _Monitor, console, live) -> None:
+    monitor.record(event.record())
+    line = (f"[yellow]restarted {event.name}[/yellow] (it {describe_exit(event.returncode)}; "
+            f"restart {event.restarts}, after {event.backoff_s:.1f} s)")
+    (live.console if live is not None else console).print(line, highlight=False)
+
+
 def launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console=None) -> RunResult:
-    """Run ``recipe`` on the resolved cluster ``cfg`` until done / interrupted / failed."""
+    """Run ``recipe`` on the resolved cluster ``cfg`` until done / interrupted / failed.
+
+    Ctrl+C or SIGTERM at any point stops every component and returns exit status 130; one that
+    arrives before a component started propagates as ``KeyboardInterrupt``."""
     from rich.console import Console
 
-    from astraflow.launcher.cluster import write_cluster_file
-    from astraflow.log import LogConsumer, Topics, ensure_topics
-    from astraflow.report import MetricsLog, write_report
-
     console = console or Console()
-    run_id = opts.run_id or default_run_id(recipe)
-    recipe = effective_recipe(recipe, run_id=run_id, steps=opts.steps, nodes=opts.nodes)
-    cfg = cluster_for_run(cfg, run_id)
+    with interrupt_guard() as guard:
+        run_id = opts.run_id or default_run_id(recipe)
+        recipe = effective_recipe(recipe, run_id=run_id, steps=opts.steps, nodes=opts.nodes)
+        return _launch(recipe, cluster_for_run(cfg, run_id), opts, console, guard)
+
+
+def _launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console, guard) -> RunResult:
+    from astraflow.launcher.cluster import write_cluster_file
+    from astraflow.log import ensure_topics
+
+    run_id = recipe.run
     run_dir = (opts.runs_dir / run_id).absolute()
     recipe_file = write_recipe(recipe, run_dir / "recipe.yaml")
     cluster_file = write_cluster_file(cfg, run_dir / "cluster.yaml")
@@ -95,35 +177,14 @@ def launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console=None) -
     progress = RunProgress(run=run_id, steps=recipe.trainer.steps, policies=policies)
     metrics_path = run_dir / "metrics.jsonl"
     specs = component_specs(recipe, recipe_file, cluster_file, run_dir, threads=opts.threads)
-    group = ProcessGroup(grace_s=opts.grace_s)
-    # A group of its own (unique id): the launcher only reads, and must not take partitions from
-    # the dataflow's metrics consumer.
-    consumer = LogConsumer(cfg, Topics(run_id).metrics, group_id=f"{run_id}.launcher.{uuid.uuid4().hex[:6]}",
-                           client_id=f"launcher-{run_id}")
-    metrics = MetricsLog(metrics_path)
+    group = ProcessGroup(grace_s=opts.grace_s, restart=opts.restart)
     live_enabled = console.is_terminal if opts.live is None else opts.live
-    reason, rc = "done", 0
     t0 = time.monotonic()
-    previous_term = signal.getsignal(signal.SIGTERM)
-
-    def on_term(signum, frame):
-        raise _Terminate()
-
-    def absorb(timeout_s: float, max_records: int) -> int:
-        """One poll of the metrics topic into metrics.jsonl and the progress view; records polled."""
-        batch = consumer.poll(timeout_s=timeout_s, max_records=max_records)
-        for msg in batch:
-            if isinstance(msg.obj, dict):
-                metrics.append(msg.obj)
-                progress.update(msg.obj)
-        return len(batch)
-
-    with contextlib.suppress(ValueError):  # not the main thread: Ctrl+C handling only
-        signal.signal(signal.SIGTERM, on_term)
-
     console.print(f"[bold]run {run_id}[/bold]: {len(specs)} components "
                   f"({', '.join(s.name for s in specs)}); logs in {run_dir / 'logs'}")
+    monitor = None
     try:
+        monitor = _Monitor(cfg, run_id, progress, metrics_path)
         for spec in specs:
             group.start(spec)
         live = None
@@ -132,66 +193,53 @@ def launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console=None) -
 
             live = Live(progress.render(), console=console, refresh_per_second=2, transient=False)
             live.start()
-        last_line = 0.0
         try:
-            while True:
-                absorb(0.5, 500)
-                finished = group.check()
-                trainers_exited = all(f"trainer-{p}" in finished for p in policies)
-                if progress.all_done or trainers_exited:
-                    break
-                if opts.timeout_s is not None and time.monotonic() - t0 > opts.timeout_s:
-                    reason, rc = f"timeout: not done after {opts.timeout_s:.0f} s", 1
-                    break
-                if live is not None:
-                    live.update(progress.render())
-                elif time.monotonic() - last_line > 5.0:
-                    console.print(progress.summary_line(), highlight=False)
-                    last_line = time.monotonic()
-            if rc == 0:
-                # Trainers exit by themselves after "done" (final checkpoint, publisher drained):
-                # give them the grace period before the stop signal reaches them.
-                trainers = {f"trainer-{p}" for p in policies}
-                deadline = time.monotonic() + opts.grace_s
-                while trainers & set(group.alive()) and time.monotonic() < deadline:
-                    absorb(0.2, 500)
+            reason, rc = _supervise(group, monitor, policies, opts, console, live)
         finally:
             if live is not None:
-                live.update(progress.render())
-                live.stop()
+                with guard.shielded():
+                    live.update(progress.render())
+                    live.stop()
     except ChildExited as exc:
         reason, rc = str(exc), 1
+        if monitor is not None:
+            monitor.record({"kind": "supervisor", "component": exc.name, "event": "failed",
+                            "returncode": exc.returncode, "restarts": exc.restarts, "time": time.time()})
         console.print(f"[red]run {run_id} failed:[/red] {exc}", highlight=False)
-    except (KeyboardInterrupt, _Terminate):
+    except KeyboardInterrupt as exc:
         reason, rc = "interrupted", 130
-        console.print(f"[yellow]interrupted: stopping {len(group.alive())} components ...[/yellow]")
+        console.print(f"[yellow]interrupted ({signal_name(exc)}): stopping {len(group.alive())} components "
+                      f"...[/yellow]", highlight=False)
     finally:
-        codes = group.stop()
-        with contextlib.suppress(ValueError):
-            signal.signal(signal.SIGTERM, previous_term)
-        # Records written just before the stop (last steps, done events) are still on the topic.
-        with contextlib.suppress(Exception):
-            while absorb(1.0, 5000):  # until the topic is drained
-                pass
-        with contextlib.suppress(Exception):
-            consumer.close()
-        metrics.close()
+        with guard.shielded():
+            codes = group.stop()
+            if monitor is not None:
+                monitor.close()
+    with guard.shielded():
+        return _finish(run_id, run_dir, progress, monitor, group, codes, reason, rc, t0, console)
+
+
+def _finish(run_id: str, run_dir: Path, progress: RunProgress, monitor, group: ProcessGroup,
+            codes: dict[str, int], reason: str, rc: int, t0: float, console) -> RunResult:
+    """Report, summary lines, result."""
+    from astraflow.report import load_metrics, write_report
+
     wall = time.monotonic() - t0
+    metrics_path = run_dir / "metrics.jsonl"
     if rc == 0 and not progress.all_done:
-        missing = [p for p in policies if p not in progress.done]
+        missing = [p for p in progress.policies if p not in progress.done]
         if missing:
             console.print(f"[yellow]trainers {missing} exited without a 'done' metrics record[/yellow]")
     report_path = None
     try:
-        from astraflow.report import load_metrics
-
         report_path = write_report(load_metrics(metrics_path), run_dir / "report.png", title=f"run {run_id}")
     except Exception as exc:  # noqa: BLE001 - a failed plot must not hide the run's outcome
         console.print(f"[yellow]report.png not written: {exc}[/yellow]")
+    records = monitor.metrics.count if monitor is not None else 0
     console.print(progress.summary_line(), highlight=False)
     console.print(f"run {run_id}: {reason if rc else 'done'} after {wall:.0f} s; exit codes "
-                  f"{codes}; metrics {metrics_path} ({metrics.count} records)"
+                  f"{codes}; metrics {metrics_path} ({records} records)"
                   + (f", report {report_path}" if report_path else ""), highlight=False)
-    return RunResult(run_id=run_id, run_dir=run_dir, returncode=rc, reason=reason, wall_s=wall,
-                     trainers=dict(progress.trainers), done=dict(progress.done), metrics_path=metrics_path,
-                     report_path=report_path, records=metrics.count)
+    return RunResult(run_id=run_id, run_dir=run_dir, returncode=rc, reason=reason, restarts=group.restarts(),
+                     wall_s=wall, trainers=dict(progress.trainers), done=dict(progress.done),
+                     metrics_path=metrics_path, report_path=report_path, records=records)

@@ -1,19 +1,29 @@
-"""The run's component processes: started as separate sessions, watched, stopped without leftovers.
+"""The run's component processes: started as separate sessions, watched, restarted when they die,
+stopped without leftovers.
 
 Each child leads its own session and process group, so Ctrl+C in the terminal reaches only the
 launcher, which then stops the children in order (SIGTERM to each group, SIGKILL after a grace
 period). Children also get ``PR_SET_PDEATHSIG``: if the launcher itself is SIGKILLed, the kernel
 terminates them instead of leaving orphans that keep consuming tasks.
+
+A child that dies is started again with the same argv (its log file gets a note and a new start
+line) after the backoff of the group's :class:`~astraflow.launcher.restarts.RestartPolicy`; only an
+exhausted restart budget is an error (:class:`ChildExited`). A component that finishes on its own
+(``may_exit``, status 0) is done, not restarted.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from astraflow.launcher.restarts import NO_RESTART, RestartBook, RestartPolicy
 from astraflow.process import log_tail, spawn_logged, terminate_groups
 
 
@@ -30,20 +40,56 @@ class ChildSpec:
     """True for components that finish on their own (trainers): exit status 0 is then not a failure."""
 
 
-class ChildExited(RuntimeError):
-    """A component process ended while the run still needed it."""
+def describe_exit(returncode: int) -> str:
+    """How a process ended, in words: ``killed by signal 9 (SIGKILL)`` or ``exited with status 3``."""
+    if returncode < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by signal {-returncode} ({signal.Signals(-returncode).name})"
+        return f"was killed by signal {-returncode}"
+    return f"exited with status {returncode}"
 
-    def __init__(self, name: str, returncode: int, log_path: Path, tail: str) -> None:
-        self.name, self.returncode, self.log_path = name, returncode, log_path
-        how = f"was killed by signal {-returncode}" if returncode < 0 else f"exited with status {returncode}"
-        super().__init__(f"component {name!r} {how} unexpectedly; its log is {log_path}\n{tail}")
+
+class ChildExited(RuntimeError):
+    """A component process ended while the run still needed it, and may not be restarted again."""
+
+    def __init__(self, name: str, returncode: int, log_path: Path, tail: str, *, restarts: int = 0,
+                 policy: RestartPolicy = NO_RESTART) -> None:
+        self.name, self.returncode, self.log_path, self.restarts = name, returncode, log_path, restarts
+        budget = ""
+        if policy.max_restarts:
+            budget = (f" after {restarts} restarts; restart budget exhausted ({policy.max_restarts} "
+                      f"restarts within {policy.window_s:.0f} s)")
+        super().__init__(f"component {name!r} {describe_exit(returncode)} unexpectedly{budget}; "
+                         f"its log is {log_path}\n{tail}")
+
+
+@dataclass(frozen=True)
+class RestartEvent:
+    """A dead component was started again: one line in the live view, one record in metrics.jsonl."""
+
+    name: str
+    returncode: int
+    """How the previous process ended."""
+    restarts: int
+    """Restarts of this component so far in the run, this one included."""
+    backoff_s: float
+    pid: int
+
+    def record(self) -> dict[str, Any]:
+        """The ``metrics.jsonl`` record (``kind: supervisor``)."""
+        return {"kind": "supervisor", "component": self.name, "event": "restart", "returncode": self.returncode,
+                "restarts": self.restarts, "backoff_s": self.backoff_s, "pid": self.pid, "time": time.time()}
 
 
 @dataclass
 class Child:
     spec: ChildSpec
     proc: subprocess.Popen
+    book: RestartBook
     started_at: float = field(default_factory=time.monotonic)
+    restart_at: float | None = None
+    """Set while the child is dead and waits out its backoff."""
+    backoff_s: float = 0.0
 
     @property
     def name(self) -> str:
@@ -52,12 +98,19 @@ class Child:
     def returncode(self) -> int | None:
         return self.proc.poll()
 
+    def finished(self) -> bool:
+        """Ended on its own, successfully: not a failure, not restarted."""
+        return self.spec.may_exit and self.returncode() == 0
+
 
 class ProcessGroup:
-    """The children of one run. Not thread-safe: drive it from the launcher's main loop."""
+    """The children of one run. Not thread-safe: drive it from the launcher's main loop.
 
-    def __init__(self, grace_s: float = 10.0) -> None:
+    ``restart`` applies to every child; the default never restarts (a dead child fails at once)."""
+
+    def __init__(self, grace_s: float = 10.0, restart: RestartPolicy = NO_RESTART) -> None:
         self.grace_s = grace_s
+        self.restart = restart
         self.children: dict[str, Child] = {}
         self.stopping = False
 
@@ -65,24 +118,50 @@ class ProcessGroup:
         if spec.name in self.children:
             raise ValueError(f"a component named {spec.name!r} already runs")
         proc = spawn_logged(spec.argv, spec.log_path, env=spec.env, die_with_parent=True)
-        child = Child(spec, proc)
+        child = Child(spec, proc, RestartBook(self.restart))
         self.children[spec.name] = child
         return child
 
-    def check(self) -> list[str]:
-        """Names of children that finished cleanly (``may_exit`` and status 0). Raises
-        :class:`ChildExited` for the first child that ended otherwise."""
-        finished = []
+    def check(self, now: float | None = None) -> list[RestartEvent]:
+        """Notice dead children and restart those whose backoff is over. Returns the restarts made;
+        raises :class:`ChildExited` for the first child whose restart budget is exhausted."""
+        now = time.monotonic() if now is None else now
+        events = []
         for child in self.children.values():
+            if self.stopping:
+                break
             rc = child.returncode()
-            if rc is None:
-                continue
-            if rc == 0 and child.spec.may_exit:
-                finished.append(child.name)
-                continue
-            if not self.stopping:
-                raise ChildExited(child.name, rc, child.spec.log_path, log_tail(child.spec.log_path))
-        return finished
+            if child.restart_at is None:
+                if rc is None or child.finished():
+                    continue
+                self._schedule_restart(child, rc, now)
+            if now >= child.restart_at:
+                events.append(self._restart(child, rc))
+        return events
+
+    def _schedule_restart(self, child: Child, rc: int, now: float) -> None:
+        delay = child.book.on_exit(now)
+        if delay is None:
+            raise ChildExited(child.name, rc, child.spec.log_path, log_tail(child.spec.log_path),
+                              restarts=child.book.restarts, policy=self.restart)
+        # A helper the dead process forked may still hold the group (and its work): end it first.
+        # The group only, never the bare pid: that may already belong to someone else.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.proc.pid, signal.SIGKILL)
+        child.restart_at, child.backoff_s = now + delay, delay
+        with contextlib.suppress(OSError), open(child.spec.log_path, "a") as log:
+            log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} supervisor: {child.name} {describe_exit(rc)}; "
+                      f"restart {child.book.restarts} in {delay:.1f} s\n")
+
+    def _restart(self, child: Child, rc: int) -> RestartEvent:
+        spec = child.spec
+        child.proc = spawn_logged(spec.argv, spec.log_path, env=spec.env, die_with_parent=True)
+        child.started_at, child.restart_at = time.monotonic(), None
+        return RestartEvent(child.name, rc, child.book.restarts, child.backoff_s, child.proc.pid)
+
+    def finished(self) -> list[str]:
+        """Names of children that finished cleanly (``may_exit`` and status 0)."""
+        return [c.name for c in self.children.values() if c.finished()]
 
     def alive(self) -> list[str]:
         return [c.name for c in self.children.values() if c.returncode() is None]
@@ -90,9 +169,13 @@ class ProcessGroup:
     def pids(self) -> dict[str, int]:
         return {c.name: c.proc.pid for c in self.children.values()}
 
+    def restarts(self) -> dict[str, int]:
+        """Restarts so far per child that was restarted at least once."""
+        return {c.name: c.book.restarts for c in self.children.values() if c.book.restarts}
+
     def stop(self, grace_s: float | None = None) -> dict[str, int]:
         """SIGTERM every live child's process group, SIGKILL what is left after the grace period,
-        reap everything. Returns each child's exit status."""
+        reap everything. Returns each child's exit status. Pending restarts are dropped."""
         self.stopping = True
         grace = self.grace_s if grace_s is None else grace_s
         procs = {c.proc.pid: c.proc for c in self.children.values()}
@@ -102,4 +185,3 @@ class ProcessGroup:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.proc.wait(timeout=5)
         return {c.name: c.proc.returncode for c in self.children.values()}
-
