@@ -3,7 +3,8 @@
 Layout under ``<run>/trainer/<policy>/``::
 
     step-00000012/model.safetensors    weights (safetensors, fp32 as trained)
-    step-00000012/optimizer.pt         optimizer state (torch.save)
+    step-00000012/optimizer.safetensors   optimizer tensors (moments, step counters as tensors)
+    step-00000012/optimizer.json          the rest of the optimizer state (param groups, state keys)
     latest.json                        pointer, written LAST: step, version, the parts' sha256,
                                        the consumed offsets and the ids of the batches trained
 
@@ -11,22 +12,27 @@ Every object is written through ``ObjectStore`` (sha256 in its metadata, checked
 pointer repeats each part's sha256, so a torn, truncated or swapped checkpoint is refused with
 :class:`CheckpointError` instead of resuming from garbage. Because the pointer is written last, a
 crash mid-save leaves the previous checkpoint in force.
+
+Nothing read back is unpickled (see :mod:`astraflow.trainer.state_codec`): a format-1 checkpoint,
+whose optimizer state was a ``torch.save`` pickle, is refused with :class:`CheckpointError` naming
+the object, because anyone who can write to the bucket could otherwise run code in the trainer.
 """
 
 from __future__ import annotations
 
-import io
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from astraflow.objstore import ChecksumError, ObjectNotFoundError, ObjectStoreError, RunLayout
+from astraflow.trainer.state_codec import StateFormatError, decode_state, encode_state
 
 if TYPE_CHECKING:
     from astraflow.objstore import ObjectStore
 
 POINTER = "latest.json"
-FORMAT = 1
+FORMAT = 2
+"""2: optimizer state as safetensors + JSON; 1 (refused): optimizer state pickled by torch.save."""
 
 
 class CheckpointError(RuntimeError):
@@ -61,16 +67,15 @@ class CheckpointStore:
 
     def save(self, ckpt: TrainerCheckpoint) -> dict[str, Any]:
         """Write the parts, then the pointer; returns the pointer document."""
-        import torch
         from safetensors.torch import save as st_save
 
         prefix = f"step-{ckpt.step:08d}"
         model_bytes = st_save({k: v.detach().contiguous().cpu() for k, v in ckpt.model_state.items()})
         parts = {"model": (f"{prefix}/model.safetensors", model_bytes)}
         if ckpt.optimizer_state is not None:
-            buf = io.BytesIO()
-            torch.save(ckpt.optimizer_state, buf)
-            parts["optimizer"] = (f"{prefix}/optimizer.pt", buf.getvalue())
+            tensors, skeleton = encode_state(ckpt.optimizer_state)
+            parts["optimizer_tensors"] = (f"{prefix}/optimizer.safetensors", tensors)
+            parts["optimizer_structure"] = (f"{prefix}/optimizer.json", skeleton)
         digests = {}
         for part, (name, data) in parts.items():
             digests[part] = {"key": self._key(name), "sha256": self.store.put_bytes(self._key(name), data),
@@ -93,17 +98,13 @@ class CheckpointStore:
 
     def load(self) -> TrainerCheckpoint | None:
         """The latest checkpoint, None if there is none; :class:`CheckpointError` if it is corrupt."""
-        import torch
-        from safetensors.torch import load as st_load
-
         try:
             pointer = self.store.get_json(self._key(POINTER))
         except ObjectNotFoundError:
             return None
         except ObjectStoreError as exc:  # checksum mismatch or not JSON
             raise CheckpointError(f"trainer checkpoint pointer {self._key(POINTER)} is corrupt: {exc}") from exc
-        if not isinstance(pointer, dict) or pointer.get("format") != FORMAT or "model" not in pointer.get("parts", {}):
-            raise CheckpointError(f"trainer checkpoint pointer {self._key(POINTER)} is not a format-{FORMAT} pointer")
+        self._check_pointer(pointer)
         blobs = {}
         for part, info in pointer["parts"].items():
             try:
@@ -114,14 +115,46 @@ class CheckpointStore:
                 raise CheckpointError(f"trainer checkpoint step {pointer['step']}: {info['key']} does not match "
                                       f"the sha256 recorded in the pointer; refusing to resume from it")
             blobs[part] = data
+        step = pointer["step"]
         optimizer = None
-        if "optimizer" in blobs:
-            optimizer = torch.load(io.BytesIO(blobs["optimizer"]), map_location="cpu", weights_only=False)
+        if "optimizer_tensors" in blobs or "optimizer_structure" in blobs:
+            try:
+                optimizer = decode_state(blobs["optimizer_tensors"], blobs["optimizer_structure"])
+            except (KeyError, StateFormatError) as exc:
+                keys = [pointer["parts"].get(p, {}).get("key") for p in ("optimizer_tensors", "optimizer_structure")]
+                raise CheckpointError(f"trainer checkpoint step {step}: optimizer state {' + '.join(map(str, keys))} "
+                                      f"refused (not safetensors + JSON as written by AstraFlow): {exc}") from None
         return TrainerCheckpoint(
             step=int(pointer["step"]),
             version=int(pointer["version"]),
-            model_state=st_load(blobs["model"]),
+            model_state=self._model_state(step, pointer["parts"]["model"]["key"], blobs["model"]),
             optimizer_state=optimizer,
             offsets={k: int(v) for k, v in pointer.get("offsets", {}).items()},
             batch_ids=list(pointer.get("batch_ids", [])),
         )
+
+    def _check_pointer(self, pointer: Any) -> None:
+        """Refuse a pointer this version must not load, naming the object at fault."""
+        where = self._key(POINTER)
+        if not isinstance(pointer, dict) or not isinstance(pointer.get("parts"), dict):
+            raise CheckpointError(f"trainer checkpoint pointer {where} is not a checkpoint pointer")
+        if pointer.get("format") == 1:
+            pickled = pointer["parts"].get("optimizer", {}).get("key", where)
+            raise CheckpointError(f"trainer checkpoint step {pointer.get('step')} is format 1: its optimizer state "
+                                  f"{pickled} is a pickle, which AstraFlow does not load from the bucket (it could "
+                                  f"run code in the trainer); start a new run id or delete {where}")
+        if pointer.get("format") != FORMAT or "model" not in pointer["parts"]:
+            raise CheckpointError(f"trainer checkpoint pointer {where} is not a format-{FORMAT} pointer")
+        unknown = set(pointer["parts"]) - {"model", "optimizer_tensors", "optimizer_structure"}
+        if unknown:
+            raise CheckpointError(f"trainer checkpoint pointer {where} names unknown parts {sorted(unknown)}")
+
+    @staticmethod
+    def _model_state(step: Any, key: str, data: bytes) -> dict[str, Any]:
+        from safetensors import SafetensorError
+        from safetensors.torch import load as st_load
+
+        try:
+            return st_load(data)
+        except (SafetensorError, ValueError, RuntimeError) as exc:  # a corrupt or foreign object
+            raise CheckpointError(f"trainer checkpoint step {step}: {key} is not a safetensors file: {exc}") from None
