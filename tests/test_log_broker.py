@@ -79,7 +79,7 @@ def test_dead_bootstrap_fails_fast_and_names_it(test_cluster: ClusterConfig) -> 
     dead = test_cluster.model_copy(update={"kafka": KafkaSettings(bootstrap="127.0.0.1:9")})
     start = time.monotonic()
     with pytest.raises(BrokerUnavailableError, match="127.0.0.1:9"):
-        ensure_topics(dead, {"x.y": 1}, timeout_s=2)
+        ensure_topics(dead, {"x.y": 1}, timeout_s=2, deadline_s=3)
     with pytest.raises(BrokerUnavailableError, match="127.0.0.1:9"):
         LogProducer(dead, "p", bootstrap_timeout_s=2)
     assert time.monotonic() - start < 10

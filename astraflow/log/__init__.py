@@ -18,13 +18,16 @@ from astraflow.log.errors import (
     PayloadError,
     SchemaMismatchError,
     TopicNameError,
+    TransientBrokerError,
 )
 from astraflow.log.lag import OffsetLedger, committed_offsets, compute_lag
 from astraflow.log.message import Ack, Message
 from astraflow.log.producer import LogProducer
+from astraflow.log.retry import DEFAULT_DEADLINE_S, retry_transient
 from astraflow.log.topics import Topics, validate_topic_name
 
 __all__ = [
+    "DEFAULT_DEADLINE_S",
     "Ack",
     "ArrowCodec",
     "BrokerUnavailableError",
@@ -41,8 +44,10 @@ __all__ = [
     "SchemaMismatchError",
     "TopicNameError",
     "Topics",
+    "TransientBrokerError",
     "committed_offsets",
     "compute_lag",
     "ensure_topics",
+    "retry_transient",
     "validate_topic_name",
 ]

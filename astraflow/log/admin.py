@@ -1,17 +1,19 @@
-"""Topic administration: create a run's topics, idempotently, and fail fast when no broker answers."""
+"""Topic administration: create a run's topics, idempotently. Transient broker errors (a broker that
+is still starting, a controller election, a timeout) are retried within a deadline; errors waiting
+cannot cure (an invalid config) fail at once, naming the broker and the topic."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from astraflow.log.errors import BrokerUnavailableError, LogError
+from astraflow.log.errors import BrokerUnavailableError, LogError, TransientBrokerError
+from astraflow.log.retry import DEFAULT_DEADLINE_S, is_transient, retry_transient
 from astraflow.log.topics import validate_topic_name
 
 if TYPE_CHECKING:
     from astraflow.config import ClusterConfig
 
-TOPIC_ALREADY_EXISTS = 36  # Kafka error code
 C = TypeVar("C")
 
 
@@ -57,36 +59,65 @@ def ensure_topics(
     *,
     replication_factor: int = -1,
     timeout_s: float = 10.0,
+    deadline_s: float = DEFAULT_DEADLINE_S,
+    admin_factory: Callable[[ClusterConfig, float], Any] = open_admin,
 ) -> list[str]:
     """Create each ``{name: partitions}`` topic that does not exist yet; return the names created.
 
     Existing topics are left as they are (their partition count is not changed).
-    ``replication_factor=-1`` takes the broker's default.
+    ``replication_factor=-1`` takes the broker's default. Each request waits at most ``timeout_s``;
+    transient failures are retried until ``deadline_s`` (a topic whose creation timed out but went
+    through is then found existing, and not listed as created). ``admin_factory`` opens the admin
+    client (tests pass a fake to drive the retry loop).
     """
-    from kafka.errors import KafkaError
-
     for name, partitions in topics.items():
         validate_topic_name(name)
         if not isinstance(partitions, int) or partitions < 1:
             raise ValueError(f"topic {name}: partitions must be a positive int, got {partitions!r}")
+    pending = dict(topics)
+    created: list[str] = []
+
+    def attempt(attempt_timeout_s: float) -> list[str]:
+        admin = admin_factory(cfg, attempt_timeout_s)
+        try:
+            _create(admin, cfg.kafka.bootstrap, pending, created, replication_factor, attempt_timeout_s)
+        finally:
+            admin.close()
+        return created
+
     if not topics:
         return []
-    admin = open_admin(cfg, timeout_s)
+    return retry_transient(attempt, what=f"creating topics {sorted(topics)}", endpoint=cfg.kafka.bootstrap,
+                           deadline_s=deadline_s, attempt_timeout_s=timeout_s)
+
+
+def _create(admin: Any, bootstrap: str, pending: dict[str, int], created: list[str], replication_factor: int,
+            timeout_s: float) -> None:
+    """One CreateTopics request for the ``pending`` topics: each one created or found existing leaves
+    ``pending`` (the created ones join ``created``); raises :class:`TransientBrokerError` if some
+    answered with a retriable error, :class:`LogError` at once if one was refused for good."""
+    from kafka.errors import KafkaError, TopicAlreadyExistsError, for_code
+
+    spec = {name: {"num_partitions": n, "replication_factor": replication_factor} for name, n in pending.items()}
     try:
-        spec = {name: {"num_partitions": n, "replication_factor": replication_factor} for name, n in topics.items()}
-        try:
-            result = admin.create_topics(spec, timeout_ms=int(timeout_s * 1000), raise_errors=False)
-        except KafkaError as exc:
-            raise LogError(f"creating topics {sorted(topics)} on {cfg.kafka.bootstrap} failed: {exc}") from None
-        created, failed = [], []
-        for topic in result["topics"]:
-            code = topic["error_code"]
+        result = admin.create_topics(spec, timeout_ms=int(timeout_s * 1000), raise_errors=False)
+    except KafkaError as exc:
+        if is_transient(exc):
+            raise
+        raise LogError(f"broker {bootstrap} refused creating topics {sorted(pending)}: "
+                       f"{type(exc).__name__}: {exc}") from None
+    transient, failed = [], []
+    for topic in result["topics"]:
+        name, code = topic["name"], topic["error_code"]
+        if code in (0, TopicAlreadyExistsError.errno):
+            pending.pop(name, None)
             if code == 0:
-                created.append(topic["name"])
-            elif code != TOPIC_ALREADY_EXISTS:
-                failed.append(f"{topic['name']}: error {code} {topic.get('error_message') or ''}".strip())
-        if failed:
-            raise LogError(f"broker {cfg.kafka.bootstrap} refused to create topics: {'; '.join(failed)}")
-        return created
-    finally:
-        admin.close()
+                created.append(name)
+            continue
+        error = for_code(code)
+        detail = f"{name}: {error.__name__} ({code}) {topic.get('error_message') or ''}".strip()
+        (transient if error.retriable else failed).append(detail)
+    if failed:
+        raise LogError(f"broker {bootstrap} refused to create topics: {'; '.join(failed)}")
+    if transient:
+        raise TransientBrokerError(f"broker {bootstrap} could not create topics yet: {'; '.join(transient)}")

@@ -11,6 +11,11 @@ class BrokerUnavailableError(LogError):
     """No broker answered at the configured bootstrap address within the timeout."""
 
 
+class TransientBrokerError(LogError):
+    """The broker answered with a retriable error (timeout, no controller or leader yet): waiting
+    may cure it, so :func:`astraflow.log.retry.retry_transient` retries it within its deadline."""
+
+
 class TopicNameError(LogError, ValueError):
     """A run id, pool or policy name would make an illegal or ambiguous Kafka topic name."""
 
