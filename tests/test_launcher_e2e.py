@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
+from process_helpers import children, pid_alive
 
 from astraflow.launcher.cluster import write_cluster_file
 
@@ -79,3 +82,134 @@ def test_astraflow_demo_tiny(tmp_path: Path, test_cluster) -> None:
     assert 0.0 <= row["before"]["accuracy"] <= 1.0 and row["final_version"] >= 2
     assert abs(row["delta"] - (row["after"]["accuracy"] - row["before"]["accuracy"])) < 1e-9
     assert "held-out accuracy" in proc.stdout and (summary_path.parent / "report.png").exists()
+
+
+# -- supervision: kill a component mid-run, stop the launcher mid-run ---------------------------
+class LauncherProcess:
+    """``astraflow run`` as a subprocess (output to a file: a full pipe would block it), with the
+    probes the supervision tests need."""
+
+    def __init__(self, tmp_path: Path, run_id: str, env: dict[str, str], steps: int, timeout_s: float = 100) -> None:
+        self.run_dir = tmp_path / "runs" / run_id
+        self.out_path = tmp_path / "launcher.out"
+        cmd = [sys.executable, "-m", "astraflow.cli.main", "run", str(tiny_recipe(tmp_path, steps=steps)),
+               "--run-id", run_id, "--runs-dir", str(tmp_path / "runs"), "--no-live", "--timeout", str(timeout_s),
+               "--grace", "5"]
+        with open(self.out_path, "w") as out:
+            self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+
+    @property
+    def output(self) -> str:
+        """What the launcher printed, with rich's line wrapping undone."""
+        return " ".join(self.out_path.read_text().split())
+
+    def records(self) -> list[dict]:
+        path = self.run_dir / "metrics.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        return [json.loads(line) for line in lines if line.endswith("}")]
+
+    def wait_for_step(self, step: int, timeout_s: float = 60.0) -> None:
+        """Until a trainer step record >= ``step`` reached metrics.jsonl: the kill point."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"launcher ended early:\n{self.output[-3000:]}"
+            if any(r.get("component") == "trainer" and (r.get("step") or 0) >= step for r in self.records()):
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"no step {step} within {timeout_s} s:\n{self.output[-3000:]}")
+
+    def component_pid(self, name: str) -> int:
+        """The pid of the component ``name`` (``dataflow``, ``trainer-policy``, ``raas-default-0``)."""
+        command = name.split("-")[0]
+        pids = [pid for pid, argv in children(self.proc.pid).items() if command in argv]
+        assert len(pids) == 1, f"{name}: {children(self.proc.pid)}"
+        return pids[0]
+
+    def wait(self, timeout_s: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError(f"launcher still running after {timeout_s} s:\n{self.output[-3000:]}") from None
+
+
+DATAFLOW_RESUME_GAP = (
+    "the restarted dataflow resumes from its last checkpoint (every 5 s) and re-emits the tasks emitted "
+    "since, with the same prompt ids; the original tasks' trajectories, read again from the log, count as "
+    "unknown_task and mark their episode ids seen, so the re-emitted tasks' trajectories are dropped as "
+    "duplicates and those tasks stay in flight until task_timeout_s: the run stalls (issue 9, item 3)")
+
+
+@pytest.mark.parametrize("component", [
+    "raas-default-0",
+    pytest.param("dataflow", marks=pytest.mark.xfail(strict=True, reason=DATAFLOW_RESUME_GAP)),
+    "trainer-policy",
+])
+def test_killed_component_is_restarted_and_the_run_finishes(tmp_path: Path, test_cluster, component: str) -> None:
+    """SIGKILL at step 2 of 10: with ``max_staleness: 1`` the dataflow cannot run more than a batch
+    or two ahead, so the steps after the kill need the restarted component."""
+    cluster_file = write_cluster_file(test_cluster, tmp_path / "cluster.yaml")
+    # The dataflow case is expected to stall (see DATAFLOW_RESUME_GAP): do not wait for it longer than needed.
+    launcher = LauncherProcess(tmp_path, test_cluster.run, _env(cluster_file), 10,
+                               timeout_s=75 if component == "dataflow" else 100)
+    launcher.wait_for_step(2)
+    victim = launcher.component_pid(component)
+    os.kill(victim, signal.SIGKILL)
+    rc = launcher.wait(100)
+    out = launcher.output
+    assert rc == 0, out[-3000:]
+    records = launcher.records()
+    restarts = [r for r in records if r.get("kind") == "supervisor"]
+    assert [(r["component"], r["event"], r["returncode"], r["restarts"]) for r in restarts] == [
+        (component, "restart", -signal.SIGKILL, 1)], restarts
+    steps = [r["step"] for r in records if r.get("component") == "trainer" and not r.get("event") and "step" in r]
+    assert max(steps) == 10 and any(r.get("event") == "done" for r in records)
+    assert f"restarts {component}=1" in out and "Traceback" not in out
+    log = (launcher.run_dir / "logs" / f"{component}.log").read_text()
+    assert f"supervisor: {component} was killed by signal 9 (SIGKILL); restart 1" in log
+    assert not pid_alive(victim) and _leftovers(str(launcher.run_dir)) == []
+
+
+def _embedded_env(state_dir: Path) -> dict[str, str]:
+    """No cluster configured: ``astraflow run`` starts (and owns) an embedded stack in ``state_dir``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAFLOW_")}
+    env["ASTRAFLOW_STATE_DIR"] = str(state_dir)
+    return env
+
+
+def _stack_pids(state_dir: Path) -> list[int]:
+    return [json.loads(p.read_text())["pid"] for p in state_dir.glob("*.pid")]
+
+
+def test_sigterm_mid_run_stops_everything_with_130(tmp_path: Path) -> None:
+    """SIGTERM to the launcher while it runs a recipe on an embedded stack it started, then another
+    during the stop: exit status 130, no traceback, no component and no server left."""
+    state_dir = tmp_path / "state"
+    launcher = LauncherProcess(tmp_path, "sigterm", _embedded_env(state_dir), 20)
+    launcher.wait_for_step(1, timeout_s=90)
+    pids = set(children(launcher.proc.pid))  # dataflow, trainer, node, tansu, seaweedfs
+    assert len(pids) == 5 and pids >= set(_stack_pids(state_dir)), pids
+    launcher.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    launcher.proc.send_signal(signal.SIGTERM)  # during the stop: ignored
+    rc = launcher.wait(60)
+    out = launcher.output
+    assert rc == 130, out[-3000:]
+    assert "Traceback" not in out and "interrupted (SIGTERM)" in out and "embedded stack stopped" in out
+    assert [p for p in pids if pid_alive(p)] == []
+    assert not (state_dir / "stack.json").exists() and _stack_pids(state_dir) == []
+
+
+def test_sigterm_during_stack_start_up_leaves_nothing(tmp_path: Path) -> None:
+    state_dir = tmp_path / "state"
+    launcher = LauncherProcess(tmp_path, "early", _embedded_env(state_dir), 2)
+    deadline = time.monotonic() + 30
+    while not (state_dir / "seaweedfs.pid").exists():
+        assert time.monotonic() < deadline and launcher.proc.poll() is None, launcher.output
+        time.sleep(0.02)
+    pids = _stack_pids(state_dir)
+    launcher.proc.send_signal(signal.SIGTERM)
+    rc = launcher.wait(30)
+    out = launcher.output
+    assert rc == 130 and "Traceback" not in out and "interrupted (SIGTERM)" in out, out
+    assert [p for p in pids if pid_alive(p)] == [] and _stack_pids(state_dir) == []
