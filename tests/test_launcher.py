@@ -252,6 +252,10 @@ def test_progress_folds_the_metrics_contract(tmp_path: Path) -> None:
     assert "solver: step 5/5 v5 reward 0.700 done" in line and "trajectories.dropped.stale=2" in line
     p.update({"component": "trainer", "event": "done", "policy": "verifier", "version": 5})
     assert p.all_done
+    p.update({"kind": "supervisor", "component": "raas-default-0", "event": "restart", "returncode": -9,
+              "restarts": 1})
+    assert p.restarts == {"raas-default-0": 1} and "restarts raas-default-0=1" in p.summary_line()
+    assert "event" not in p.nodes["raas-default-0"], "a supervisor record is not a node's metrics"
 
 
 # -- launch() against the real broker, with stand-in components -------------------------------
