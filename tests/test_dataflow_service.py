@@ -111,3 +111,68 @@ def test_duplicate_trained_once_stale_dropped_and_resume(test_cluster):
     c = result["counters"]
     assert c["trajectories.duplicate"] == 2  # the re-sent p0 sample, remembered across the restart
     assert c["trajectories.stale"] == 1 and c["tasks.finished"] == 3 and c["tasks.in_flight"] == 0
+    assert c["tasks.reemitted_lost"] == 0  # the same log: p2's record is still there, nothing re-emitted
+
+
+def _delete_run_topics(cfg) -> list[str]:
+    """Lose the log of ``cfg.run``: what an in-memory broker restart does to a run's topics."""
+    from astraflow.log.admin import open_admin
+
+    admin = open_admin(cfg)
+    try:
+        names = [t for t in admin.list_topics() if t.startswith(f"{cfg.run}.")]
+        admin.delete_topics(names)
+    finally:
+        admin.close()
+    return names
+
+
+def test_resume_onto_a_lost_log_reemits_in_flight_tasks_at_once(test_cluster, unique_name):
+    """The dataflow's bucket state survives, its topics do not: the in-flight tasks are re-emitted
+    within seconds (not after task_timeout_s), counted, and records of the new topics below the old
+    checkpointed offsets are read, not skipped."""
+    from astraflow.log import LogConsumer, LogProducer, Topics
+
+    cfg, topics = test_cluster, Topics(test_cluster.run)
+    section = DataflowConfig(policies=["solver"], groups_per_batch=1, max_staleness=1, min_group_samples=1,
+                             epochs=1, max_in_flight=2, task_timeout_s=900)
+    dataset = [Task(f"p{i}", f"q{i}", answer=str(i), samples=2) for i in range(4)]
+    stop, th, result = start(cfg, section, dataset)
+    prod = LogProducer(cfg, "test-raas")
+    try:
+        with LogConsumer(cfg, topics.tasks("default"), unique_name("raas")) as tasks_c:
+            assert sorted(task.from_table(m.table)[0].prompt_id for m in read_until(tasks_c, 2)) == ["p0", "p1"]
+        for i in range(3):  # trajectories offsets 0..2 in the old log: the checkpoint will skip below 3
+            prod.send_table(topics.trajectories, f"x{i}", trajectory.to_table([traj("zz", i, 0, 1.0)]),
+                            trajectory.SCHEMA_NAME, trajectory.SCHEMA_VERSION).result(10)
+        time.sleep(1.0)  # a checkpoint (every 0.5 s) after they were read
+    finally:
+        stop.set()
+        th.join(30)
+    assert result["counters"]["tasks.in_flight"] == 2 and result["counters"]["trajectories.unknown_task"] == 3
+
+    deleted = _delete_run_topics(cfg)
+    assert topics.tasks("default") in deleted and topics.trajectories in deleted
+
+    t0 = time.monotonic()
+    stop, th, result = start(cfg, section, dataset)
+    try:
+        with LogConsumer(cfg, topics.tasks("default"), unique_name("raas")) as tasks_c:
+            again = read_until(tasks_c, 2, timeout_s=30)
+            reemit_s = time.monotonic() - t0
+            assert sorted(task.from_table(m.table)[0].prompt_id for m in again) == ["p0", "p1"]
+        # offset 0 of the new trajectories topic is read although the checkpoint said "skip below 3"
+        prod.send_table(topics.trajectories, "p0", trajectory.to_table([traj("p0", 0, 0, 1.0), traj("p0", 1, 0, 0.0)]),
+                        trajectory.SCHEMA_NAME, trajectory.SCHEMA_VERSION).result(10)
+        with LogConsumer(cfg, topics.batches("solver"), unique_name("trainer")) as batches_c:
+            (m,) = read_until(batches_c, 1)
+        assert [t.task_id for t in batch.from_table(m.table).trajectories] == ["p0", "p0"]
+    finally:
+        stop.set()
+        th.join(30)
+        prod.close()
+    c = result["counters"]
+    print(f"re-emitted {c['tasks.reemitted_lost']} lost tasks {reemit_s:.2f} s after the restart")
+    assert c["tasks.reemitted_lost"] == 2 and c["tasks.expired"] == 0
+    assert reemit_s < 20, reemit_s  # start-up included; task_timeout_s is 900 s
+    assert c["tasks.finished"] == 1 and c["trajectories.kept"] == 2

@@ -5,6 +5,10 @@ In-flight tasks (emitted, not yet finished or expired) are bounded by ``in_fligh
 finishes when every policy it feeds has had its group finalised (trained or dropped by a counted
 rule). The dataset position, candidate pool and in-flight table are checkpointed, so a restarted
 dataflow neither skips nor re-emits prompts beyond what the log redelivers.
+
+Each in-flight task remembers where its record landed on the log (``position``, set when the broker
+acknowledges it), so that a resumed dataflow can tell which of them the log has lost and re-emit
+those (:meth:`TaskEmitter.reemit`, counted ``reemitted_lost``) instead of waiting for them to expire.
 """
 
 from __future__ import annotations
@@ -19,12 +23,17 @@ from astraflow.dataflow.plugins import TaskSelector
 from astraflow.dataflow.plugins.selectors import SOURCE_ID_KEY
 from astraflow.records import Task
 
+LogPosition = tuple[str, int, int]
+"""(topic, partition, offset) of a task record."""
+
 
 @dataclass(slots=True)
 class InFlight:
     task: Task
     emitted_at: float
     pending_policies: set[str] = field(default_factory=set)
+    position: LogPosition | None = None
+    """Where the broker acknowledged the task record; None until then."""
 
 
 class TaskEmitter:
@@ -174,6 +183,26 @@ class TaskEmitter:
         self.counters["finished"] += 1
         return True
 
+    def placed(self, prompt_id: str, position: LogPosition) -> None:
+        """The broker acknowledged ``prompt_id``'s task record at ``position``."""
+        f = self.in_flight.get(prompt_id)
+        if f is not None:
+            f.position = position
+
+    def reemit(self, prompt_ids: Iterable[str], now: float) -> list[Task]:
+        """In-flight tasks whose records the log lost, to send again as they were: still in flight
+        (their groups and pending policies unchanged), their timeout restarted, counted
+        ``reemitted_lost``."""
+        out = []
+        for pid in prompt_ids:
+            f = self.in_flight.get(pid)
+            if f is None:
+                continue
+            f.emitted_at, f.position = now, None
+            out.append(f.task)
+        self.counters["reemitted_lost"] += len(out)
+        return out
+
     def expire(self, now: float, timeout_s: float | None) -> list[Task]:
         """Remove tasks in flight for longer than ``timeout_s``; counted ``expired``."""
         if timeout_s is None:
@@ -188,7 +217,8 @@ class TaskEmitter:
         return {
             "versions": dict(self.versions),
             "in_flight": [
-                {"task": dataclasses.asdict(f.task), "emitted_at": f.emitted_at, "pending": sorted(f.pending_policies)}
+                {"task": dataclasses.asdict(f.task), "emitted_at": f.emitted_at, "pending": sorted(f.pending_policies),
+                 "position": list(f.position) if f.position else None}
                 for f in self.in_flight.values()
             ],
             "candidates": [dataclasses.asdict(t) for t in self.candidates],
@@ -206,7 +236,9 @@ class TaskEmitter:
         self.in_flight = {}
         for f in s["in_flight"]:
             t = Task(**f["task"])
-            self.in_flight[t.prompt_id] = InFlight(t, f["emitted_at"], set(f["pending"]))
+            pos = f.get("position")
+            self.in_flight[t.prompt_id] = InFlight(t, f["emitted_at"], set(f["pending"]),
+                                                   (pos[0], int(pos[1]), int(pos[2])) if pos else None)
         self.candidates = [Task(**t) for t in s["candidates"]]
         self.epoch, self.position, self.exhausted = s["epoch"], s["position"], s["exhausted"]
         self.counters = Counter(s["counters"])

@@ -132,6 +132,19 @@ class Dataflow:
             self.processor.discard_task(t.prompt_id)
         return expired
 
+    def batches_lost(self, policy: str, version: int) -> None:
+        """The log lost ``policy``'s batch topic (a resumed run on a fresh log): batches served but
+        not trained yet will never be trained. Re-base the staleness accounting so that the next
+        batch counts as trained by ``version`` (the latest the weight store has): without it the
+        emitter would wait for versions that the lost batches were to produce, and never get them."""
+        if policy not in self.batchers:
+            return
+        self.emitter.set_version(policy, version)
+        self._base_version[policy] = self.versions[policy] - self.batchers[policy].counters["batches"]
+        if self.cfg.mode == "sync":  # the wave's batch is gone: the next wave is for the current version
+            self._batched_this_wave.discard(policy)
+            self.emitter.wave_version = -1
+
     def take_batches(self) -> list[Batch]:
         out = []
         for p, b in self.batchers.items():

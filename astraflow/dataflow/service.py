@@ -10,6 +10,11 @@ are written to ``<run>/dataflow/state.json``, and only then are the consumed off
 restart the state is loaded and records below the checkpointed offsets (delivered again because the
 commit may not have happened) are skipped, so nothing is counted twice and nothing is lost.
 
+The state also records the ids of the run's topics and where each in-flight task's record landed,
+so a dataflow resumed onto a log that lost records (an in-memory log restarted, topics re-created,
+retention) notices it at start-up and re-emits the lost tasks at once
+(:mod:`astraflow.dataflow.recovery`).
+
 Control records read (JSON): a weight announcement is ``{"version": int, ...}`` (the record key is
 used when there is no ``version`` field); a trainer metrics record carrying ``wait_s`` and
 ``step_s`` (seconds waited for a batch / spent per step since its last record) feeds the autoscaler.
@@ -28,6 +33,8 @@ from astraflow.config import ClusterConfig
 from astraflow.dataflow.autoscaler import autoscale_report
 from astraflow.dataflow.config import DataflowConfig
 from astraflow.dataflow.pipeline import Dataflow
+from astraflow.dataflow.recovery import recover
+from astraflow.log.identity import topic_ids
 from astraflow.records import RecordSchemaError, Task, batch, task, trajectory
 
 log = logging.getLogger(__name__)
@@ -74,6 +81,7 @@ def run_dataflow(
     df = Dataflow(section, dataset)
 
     skip_below: dict[tuple[str, int], int] = {}
+    saved_ids: dict[str, str | None] = {}
     try:
         saved = store.get_json(state_key)
     except ObjectNotFoundError:
@@ -81,8 +89,8 @@ def run_dataflow(
     else:
         df.load_state_dict(saved["dataflow"])
         skip_below = {(t, int(p)): o for t, p, o in saved["offsets"]}
+        saved_ids = dict(saved.get("topic_ids", {}))
         log.info("dataflow %s resumed from %s", cfg.run, state_key)
-    offsets = dict(skip_below)
 
     weight_topics = {topics.weights(p): p for p in section.policies}
     ensure_topics(
@@ -95,19 +103,30 @@ def run_dataflow(
         },
     )
     ready_pools: set[str] = set()
+    placing: list[tuple[str, Any]] = []
+    """(prompt id, ack future) of task records not yet acknowledged: their positions."""
 
     def ensure_pool_topic(pool: str) -> None:
         if pool not in ready_pools:
             ensure_topics(cfg, {topics.tasks(pool): task_partitions})
             ready_pools.add(pool)
+            if topics.tasks(pool) not in recovery.topic_ids:
+                recovery.topic_ids.update(topic_ids(cfg, [topics.tasks(pool)]))
 
     def send_task(t: Task) -> None:
         ensure_pool_topic(t.pool)  # a dataset may name pools beyond ``pools``
-        producer.send_table(topics.tasks(t.pool), t.prompt_id, task.to_table([t]),
-                            task.SCHEMA_NAME, task.SCHEMA_VERSION, policy=t.policy or None)
+        placing.append((t.prompt_id, producer.send_table(topics.tasks(t.pool), t.prompt_id, task.to_table([t]),
+                                                         task.SCHEMA_NAME, task.SCHEMA_VERSION,
+                                                         policy=t.policy or None)))
 
-    for pool in pools:
-        ensure_pool_topic(pool)
+    for pool in {*pools, *(f.task.pool for f in df.emitter.in_flight.values())}:
+        ensure_topics(cfg, {topics.tasks(pool): task_partitions})
+        ready_pools.add(pool)
+    recovery = recover(cfg, df, topics, saved_ids, skip_below, time.time(),
+                       latest_version=lambda policy: _latest_version(cfg, policy),
+                       known_topics=[topics.trajectories, topics.metrics, *weight_topics,
+                                     *(topics.tasks(p) for p in ready_pools)])
+    offsets = dict(skip_below)
     producer = LogProducer(cfg, f"{cfg.run}.{COMPONENT_ID}")
     consumer = LogConsumer(
         cfg,
@@ -116,6 +135,8 @@ def run_dataflow(
         # No expected_schemas: it would dead-letter the JSON control records (weights, metrics)
         # whose schema names belong to other components; trajectory records are checked in _ingest.
     )
+    for t in recovery.reemit:
+        send_task(t)
     window = _Window()
     uncommitted: list[Any] = []
     last_ckpt = last_metrics = time.monotonic()
@@ -141,17 +162,19 @@ def run_dataflow(
                                     batch.SCHEMA_NAME, batch.SCHEMA_VERSION, policy=b.policy)
             for t in df.next_tasks(now):
                 send_task(t)
+            _record_positions(df, placing)
             mono = time.monotonic()
             if mono - last_metrics >= metrics_every_s:
                 _publish_metrics(producer, topics.metrics, df, window, section, now)
                 last_metrics = mono
             if mono - last_ckpt >= checkpoint_every_s:
-                _checkpoint(producer, store, state_key, df, offsets, consumer, uncommitted)
+                _checkpoint(producer, store, state_key, df, offsets, consumer, uncommitted, placing,
+                            recovery.topic_ids)
                 last_ckpt = mono
             if stop_when_finished and df.finished:
                 break
         _publish_metrics(producer, topics.metrics, df, window, section, time.time())
-        _checkpoint(producer, store, state_key, df, offsets, consumer, uncommitted)
+        _checkpoint(producer, store, state_key, df, offsets, consumer, uncommitted, placing, recovery.topic_ids)
         return df.counters()
     finally:
         consumer.close()
@@ -221,8 +244,32 @@ def _publish_metrics(producer: Any, topic: str, df: Dataflow, window: _Window, s
 
 
 def _checkpoint(producer: Any, store: Any, key: str, df: Dataflow, offsets: dict, consumer: Any,
-                uncommitted: list) -> None:
+                uncommitted: list, placing: list[tuple[str, Any]], ids: dict[str, str | None]) -> None:
     producer.flush()  # batches/tasks derived from the state must be on the log before it is saved
-    store.put_json(key, {"dataflow": df.state_dict(), "offsets": [[t, p, o] for (t, p), o in offsets.items()]})
+    _record_positions(df, placing)  # after the flush every task record has its position
+    store.put_json(key, {"dataflow": df.state_dict(), "offsets": [[t, p, o] for (t, p), o in offsets.items()],
+                         "topic_ids": ids})
     consumer.commit(uncommitted)
     uncommitted.clear()
+
+
+def _record_positions(df: Dataflow, placing: list[tuple[str, Any]]) -> None:
+    """Move the acknowledged task records' positions into the in-flight table (kept in ``placing``:
+    those not acknowledged yet). A record the broker refused is logged; its task is left to expire."""
+    waiting = []
+    for prompt_id, fut in placing:
+        if not fut.done():
+            waiting.append((prompt_id, fut))
+        elif fut.exception() is not None:
+            log.error("task %s was not written to the log: %s", prompt_id, fut.exception())
+        else:
+            ack = fut.result()
+            df.emitter.placed(prompt_id, (ack.topic, ack.partition, ack.offset))
+    placing[:] = waiting
+
+
+def _latest_version(cfg: ClusterConfig, policy: str) -> int | None:
+    """The newest weight version in the bucket (the source of truth when announcements were lost)."""
+    from astraflow.delta.store import WeightStore
+
+    return WeightStore.from_config(cfg, policy).latest_version()

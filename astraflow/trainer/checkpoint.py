@@ -51,6 +51,8 @@ class TrainerCheckpoint:
     """``"<topic>:<partition>"`` -> next offset to read: every batch below it is in this state."""
     batch_ids: list[str] = field(default_factory=list)
     """Ids of the most recent batches trained (a re-sent batch with one of these ids is skipped)."""
+    topic_ids: dict[str, str | None] = field(default_factory=dict)
+    """Ids of the topics ``offsets`` point into: a re-created topic (a lost log) voids its offsets."""
 
 
 class CheckpointStore:
@@ -88,6 +90,7 @@ class CheckpointStore:
             "parts": digests,
             "offsets": dict(ckpt.offsets),
             "batch_ids": list(ckpt.batch_ids[-self.keep_batch_ids:]),
+            "topic_ids": dict(ckpt.topic_ids),
             "time": time.time(),
         }
         self.store.put_json(self._key(POINTER), pointer)
@@ -131,6 +134,7 @@ class CheckpointStore:
             optimizer_state=optimizer,
             offsets={k: int(v) for k, v in pointer.get("offsets", {}).items()},
             batch_ids=list(pointer.get("batch_ids", [])),
+            topic_ids={str(k): v for k, v in pointer.get("topic_ids", {}).items()},
         )
 
     def _check_pointer(self, pointer: Any) -> None:

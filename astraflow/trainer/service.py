@@ -85,6 +85,8 @@ class TrainerService:
         self._last_ckpt_step = 0
         self._pending_records: dict[int, dict[str, Any]] = {}
         self._seen_published = 0
+        self.topic_ids: dict[str, str | None] = {}
+        """Ids of the topics this trainer reads, as of its start (saved with each checkpoint)."""
         self.warm_start: dict[str, Any] | None = None
         """SFT figures when this trainer warm-started a fresh model (the ``start`` metrics record)."""
 
@@ -96,6 +98,7 @@ class TrainerService:
             self.backend.load_state(ckpt.model_state, ckpt.optimizer_state)
             self.step, self.version = ckpt.step, ckpt.version
             self.offsets, self.batch_ids = dict(ckpt.offsets), list(ckpt.batch_ids)
+            self._forget_offsets_of_recreated_topics(ckpt.topic_ids)
             self._trained = set(self.batch_ids)
             self._last_ckpt_step = ckpt.step
             if latest is None or latest != self.version:
@@ -120,6 +123,21 @@ class TrainerService:
         self._publish_now(self._served_state(), 0)
         return f"{origin}, published as v0"
 
+    def _forget_offsets_of_recreated_topics(self, saved_ids: dict[str, str | None]) -> None:
+        """A batch topic re-created since the checkpoint (the log was lost: an in-memory broker
+        restarted) starts again at offset 0: its checkpointed offsets would skip every new batch
+        below them. Drop them; re-sent batches are still recognised by their ids."""
+        from astraflow.log.identity import recreated_topics
+
+        gone = recreated_topics(saved_ids, self.topic_ids)
+        dropped = [k for k in self.offsets if k.rsplit(":", 1)[0] in gone]
+        for k in dropped:
+            del self.offsets[k]
+        if dropped:
+            log.warning("trainer %s: topics %s were re-created since checkpoint step %d (the log lost records): "
+                        "reading them from their start; batches already trained are skipped by id",
+                        self.policy, sorted(gone), self.step)
+
     def _warm_start(self) -> dict[str, Any]:
         """The policy's ``sft`` warm start on the fresh model, as ``astraflow demo`` does it."""
         import torch
@@ -143,7 +161,7 @@ class TrainerService:
         self.checkpoints.save(TrainerCheckpoint(
             step=self.step, version=self.version, model_state=self.backend.state_dict(),
             optimizer_state=self.backend.optimizer_state_dict(), offsets=dict(self.offsets),
-            batch_ids=self.batch_ids))
+            batch_ids=self.batch_ids, topic_ids=self.topic_ids))
         self._last_ckpt_step = self.step
         # Only now do the batches count as consumed for the group.
         if self._uncommitted:
@@ -156,12 +174,14 @@ class TrainerService:
     def run(self) -> dict[str, Any]:
         from astraflow.delta import WeightPublisher, WeightSubscriber
         from astraflow.log import LogConsumer, LogProducer, Topics, ensure_topics
+        from astraflow.log.identity import topic_ids
         from astraflow.objstore import ObjectStore
         from astraflow.records import batch as batch_rec
         from astraflow.trainer.backend import build_backend
 
         topics = Topics(self.cfg.run)
         ensure_topics(self.cfg, {topics.batches(self.policy): 1, topics.weights(self.policy): 1, topics.metrics: 1})
+        self.topic_ids = topic_ids(self.cfg, [topics.batches(self.policy)])
         self.checkpoints = CheckpointStore(ObjectStore.from_config(self.cfg), self.cfg.run, self.policy)
         self.backend = build_backend(self.recipe.build_policy_model(self.policy), self.spec.backend)
         self.subscriber = WeightSubscriber(self.cfg, self.policy, f"trainer-{self.life}", register=False)

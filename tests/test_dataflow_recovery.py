@@ -1,0 +1,75 @@
+"""The rules of resuming onto a log that lost records (no broker: the real-log path is in
+test_dataflow_service.py): which in-flight tasks are lost, re-emission, staleness re-basing."""
+
+from __future__ import annotations
+
+import json
+
+from astraflow.dataflow import Dataflow, DataflowConfig
+from astraflow.dataflow.emitter import InFlight
+from astraflow.dataflow.recovery import lost_tasks
+from astraflow.log.identity import recreated_topics
+from astraflow.records import Task, Trajectory, episode_id_for, group_id_for
+
+
+def _tasks(n: int) -> list[Task]:
+    return [Task(f"p{i}", f"q{i}", answer=str(i), samples=2) for i in range(n)]
+
+
+def test_recreated_topics_judges_only_known_ids():
+    saved = {"r.tasks.a": "id-1", "r.tasks.b": "id-2", "r.trajectories": None}
+    now = {"r.tasks.a": "id-1", "r.tasks.b": "id-9", "r.trajectories": "id-3"}
+    assert recreated_topics(saved, now) == {"r.tasks.b"}
+    assert recreated_topics({"r.tasks.a": "id-1"}, {"r.tasks.a": None}) == set()  # broker without ids
+
+
+def test_lost_tasks_by_recreated_topic_retention_or_unknown_position():
+    t = _tasks(5)
+    in_flight = {
+        "p0": InFlight(t[0], 0.0, {"s"}, ("r.tasks.a", 0, 7)),   # standing
+        "p1": InFlight(t[1], 0.0, {"s"}, ("r.tasks.a", 1, 2)),   # below earliest (retention)
+        "p2": InFlight(t[2], 0.0, {"s"}, ("r.tasks.b", 0, 9)),   # its topic was re-created
+        "p3": InFlight(t[3], 0.0, {"s"}, None),                   # no position, topic standing
+        "p4": InFlight(Task("p4", "q", pool="b"), 0.0, {"s"}, None),  # no position, topic re-created
+    }
+    lost = lost_tasks(in_flight, lambda task: f"r.tasks.{task.pool if task.pool != 'default' else 'a'}",
+                      {"r.tasks.b"}, {("r.tasks.a", 0): 0, ("r.tasks.a", 1): 5})
+    assert sorted(lost) == ["p1", "p2", "p4"]
+
+
+def test_reemit_keeps_the_task_in_flight_restarts_its_clock_and_counts():
+    df = Dataflow(DataflowConfig(policies=["s"], groups_per_batch=2, max_in_flight=2), _tasks(4))
+    sent = df.next_tasks(now=100.0)
+    df.emitter.placed("p0", ("r.tasks.default", 0, 0))
+    df.emitter.placed("p1", ("r.tasks.default", 1, 0))
+    state = json.loads(json.dumps(df.state_dict()))  # positions survive the checkpoint
+    df2 = Dataflow(DataflowConfig(policies=["s"], groups_per_batch=2, max_in_flight=2), _tasks(4))
+    df2.load_state_dict(state)
+    assert df2.emitter.in_flight["p1"].position == ("r.tasks.default", 1, 0)
+    again = df2.emitter.reemit(["p1", "gone"], now=5000.0)
+    assert again == [sent[1]] and df2.counters()["tasks.reemitted_lost"] == 1
+    f = df2.emitter.in_flight["p1"]
+    assert (f.emitted_at, f.position, f.pending_policies) == (5000.0, None, {"s"})
+    assert df2.next_tasks(now=5000.0) == []  # still in flight: the cap holds, nothing new drawn
+    # 900 s timeout: p0 (emitted at t=100) expires at t=5899, p1's clock restarted at its re-emission
+    assert [t.prompt_id for t in df2.expire(now=5000.0 + 899)] == ["p0"]
+
+
+def _finish(df: Dataflow, task: Task, version: int) -> None:
+    df.ingest(Trajectory(
+        episode_id=episode_id_for(task.prompt_id, "s", i), task_id=task.prompt_id,
+        group_id=group_id_for(task.prompt_id, "s"), sample_index=i, policy="s", prompt_ids=[1],
+        response_ids=[5], logprobs=[-1.0], versions=[version], loss_mask=[1], reward=float(i))
+        for i in range(task.samples))
+
+
+def test_lost_batches_rebase_the_staleness_room():
+    """Two batches served, neither trained (they died with the log): without re-basing, the
+    emitter waits for the versions those batches were to produce; re-based, it emits again."""
+    df = Dataflow(DataflowConfig(policies=["s"], groups_per_batch=1, max_staleness=1), _tasks(10))
+    for t in df.next_tasks(now=0.0):
+        _finish(df, t, 0)
+    assert len(df.take_batches()) == 2
+    assert df.next_tasks(now=0.0) == []  # 2 batches out, v0 announced: no room
+    df.batches_lost("s", 0)
+    assert len(df.next_tasks(now=0.0)) == 2  # (max_staleness + 1) * groups_per_batch
