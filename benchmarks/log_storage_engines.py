@@ -48,7 +48,7 @@ def _pct(values: list[float], q: float) -> float:
 class Client:
     """One producer and one group-less consumer on partition 0 of the bench topic."""
 
-    def __init__(self, bootstrap: str, fetch_timeout_s: float) -> None:
+    def __init__(self, bootstrap: str, fetch_timeout_s: float, fetch_max_wait_ms: int = 500) -> None:
         from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
         self.tp = TopicPartition(TOPIC, 0)
@@ -57,7 +57,7 @@ class Client:
         self.producer = KafkaProducer(bootstrap_servers=[bootstrap], acks="all", linger_ms=0,
                                       batch_size=4 * 1024 * 1024, max_request_size=8 * 1024 * 1024)
         self.consumer = KafkaConsumer(bootstrap_servers=[bootstrap], enable_auto_commit=False,
-                                      max_partition_fetch_bytes=64 * 1024)
+                                      max_partition_fetch_bytes=64 * 1024, fetch_max_wait_ms=fetch_max_wait_ms)
         self.consumer.assign([self.tp])
 
     def produce_batch(self, values: list[bytes]) -> int:
@@ -160,7 +160,7 @@ def bench_engine(storage: str, args: argparse.Namespace) -> dict:
         try:
             bootstrap = up.endpoints["kafka_bootstrap"]
             _create_topic(bootstrap)
-            client = Client(bootstrap, args.fetch_timeout)
+            client = Client(bootstrap, args.fetch_timeout, args.fetch_max_wait_ms)
             started = time.perf_counter()
             index = 0  # records in the partition so far (= the next offset)
             batches = 0
@@ -206,7 +206,7 @@ def bench_engine(storage: str, args: argparse.Namespace) -> dict:
             t0 = time.perf_counter()
             stack, up = EmbeddedStack.start_private(state, ports=StackPorts.free(), storage=storage)
             result["restart_s"] = round(time.perf_counter() - t0, 2)
-            client = Client(up.endpoints["kafka_bootstrap"], args.fetch_timeout)
+            client = Client(up.endpoints["kafka_bootstrap"], args.fetch_timeout, args.fetch_max_wait_ms)
             check = min(100, fill_records)
             # Nothing within one fetch timeout: the log is gone (memory), no use waiting longer.
             head = client.read_range(0, check, args.fetch_timeout)
@@ -237,6 +237,9 @@ def main() -> None:
     parser.add_argument("--probes", type=int, default=20, help="latency samples per checkpoint (default: %(default)s)")
     parser.add_argument("--fetch-timeout", type=float, default=10.0,
                         help="seconds without the record before a fetch counts as a stall (default: %(default)s)")
+    parser.add_argument("--fetch-max-wait-ms", type=int, default=500,
+                        help="the consumer's fetch_max_wait_ms (kafka-python's default: %(default)s); Tansu's "
+                        "s3 engine stops listing a partition when it runs out, and then returns nothing")
     parser.add_argument("--engine-budget", type=float, default=240.0,
                         help="seconds of filling per engine before it stops at the last checkpoint reached "
                         "(default: %(default)s)")
@@ -285,6 +288,7 @@ def main() -> None:
         "records_per_batch": args.records_per_batch,
         "checkpoints": args.checkpoints,
         "probes": args.probes,
+        "fetch_max_wait_ms": args.fetch_max_wait_ms,
         "kafka_crc": crc,
         "cpus": os.cpu_count(),
         **results,
