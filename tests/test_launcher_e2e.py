@@ -137,12 +137,13 @@ DATAFLOW_RESUME_GAP = (
     "the restarted dataflow resumes from its last checkpoint (every 5 s) and re-emits the tasks emitted "
     "since, with the same prompt ids; the original tasks' trajectories, read again from the log, count as "
     "unknown_task and mark their episode ids seen, so the re-emitted tasks' trajectories are dropped as "
-    "duplicates and those tasks stay in flight until task_timeout_s: the run stalls (issue 9, item 3)")
+    "duplicates and those tasks stay in flight until task_timeout_s: the run stalls (issue 9). Not strict: "
+    "when the kill falls before any emission after the last checkpoint, the run recovers")
 
 
 @pytest.mark.parametrize("component", [
     "raas-default-0",
-    pytest.param("dataflow", marks=pytest.mark.xfail(strict=True, reason=DATAFLOW_RESUME_GAP)),
+    pytest.param("dataflow", marks=pytest.mark.xfail(strict=False, reason=DATAFLOW_RESUME_GAP)),
     "trainer-policy",
 ])
 def test_killed_component_is_restarted_and_the_run_finishes(tmp_path: Path, test_cluster, component: str) -> None:
@@ -151,11 +152,11 @@ def test_killed_component_is_restarted_and_the_run_finishes(tmp_path: Path, test
     cluster_file = write_cluster_file(test_cluster, tmp_path / "cluster.yaml")
     # The dataflow case is expected to stall (see DATAFLOW_RESUME_GAP): do not wait for it longer than needed.
     launcher = LauncherProcess(tmp_path, test_cluster.run, _env(cluster_file), 10,
-                               timeout_s=75 if component == "dataflow" else 100)
+                               timeout_s=75 if component == "dataflow" else 150)
     launcher.wait_for_step(2)
     victim = launcher.component_pid(component)
     os.kill(victim, signal.SIGKILL)
-    rc = launcher.wait(100)
+    rc = launcher.wait(170)
     out = launcher.output
     assert rc == 0, out[-3000:]
     records = launcher.records()
