@@ -147,34 +147,19 @@ class EmbeddedStack:
                 "ASTRAFLOW_KAFKA_PORT/ASTRAFLOW_S3_PORT)."
             )
 
-        access, secret = self.credentials()
-        s3_endpoint = f"http://{LOOPBACK}:{self.ports.s3}"
-        bootstrap = f"{LOOPBACK}:{self.ports.kafka}"
-        buckets = [DATA_BUCKET, TANSU_BUCKET]
-        data_dir = self.state_dir / "seaweedfs"
-        data_dir.mkdir(parents=True, exist_ok=True)
         seconds: dict[str, float] = {}
         try:
-            t0 = time.monotonic()
-            self.s3.spawn(weed_argv(data_dir, self.ports, buckets), weed_env(access, secret),
-                          cwd=self.state_dir, die_with_parent=self.die_with_parent)
-            self.s3.wait_until(lambda: s3_answers(s3_endpoint, access, secret, buckets),
-                               self.start_timeout_s, f"S3 on {s3_endpoint}")
-            seconds["s3"] = round(time.monotonic() - t0, 3)
-
-            t0 = time.monotonic()
-            self.kafka.spawn(tansu_argv(self.ports.kafka, self.storage),
-                             tansu_env(self.storage, s3_endpoint, access, secret),
-                             cwd=self.state_dir, die_with_parent=self.die_with_parent)
-            self.kafka.wait_until(lambda: kafka_answers(bootstrap), self.start_timeout_s,
-                                  f"Kafka on {bootstrap}")
-            seconds["kafka"] = round(time.monotonic() - t0, 3)
+            seconds["s3"] = self.start_service(self.s3.name)
+            seconds["kafka"] = self.start_service(self.kafka.name)
         except Exception as exc:
             self.down()
             if isinstance(exc, StackError):
                 raise
             raise StackError(f"embedded stack failed to start: {exc}") from exc
 
+        access, secret = self.credentials()
+        s3_endpoint = f"http://{LOOPBACK}:{self.ports.s3}"
+        bootstrap = f"{LOOPBACK}:{self.ports.kafka}"
         endpoints = {
             "kafka_bootstrap": bootstrap,
             "s3_endpoint": s3_endpoint,
@@ -191,6 +176,31 @@ class EmbeddedStack:
             json.dump(endpoints, f, indent=2)
         tmp.replace(self.stack_file)
         return UpResult(already_running=False, endpoints=endpoints, seconds=seconds)
+
+    def start_service(self, name: str) -> float:
+        """Start ``seaweedfs`` or ``tansu`` on this stack's ports and log storage and wait until it
+        answers; returns the seconds taken. ``up`` starts both with it; the supervisor of a run that
+        owns the stack calls it again for a server that died (S3 first: a durable log lives in it)."""
+        access, secret = self.credentials()
+        s3_endpoint = f"http://{LOOPBACK}:{self.ports.s3}"
+        t0 = time.monotonic()
+        if name == self.s3.name:
+            buckets = [DATA_BUCKET, TANSU_BUCKET]
+            data_dir = self.state_dir / "seaweedfs"
+            data_dir.mkdir(parents=True, exist_ok=True)
+            self.s3.spawn(weed_argv(data_dir, self.ports, buckets), weed_env(access, secret),
+                          cwd=self.state_dir, die_with_parent=self.die_with_parent)
+            self.s3.wait_until(lambda: s3_answers(s3_endpoint, access, secret, buckets),
+                               self.start_timeout_s, f"S3 on {s3_endpoint}")
+        elif name == self.kafka.name:
+            bootstrap = f"{LOOPBACK}:{self.ports.kafka}"
+            self.kafka.spawn(tansu_argv(self.ports.kafka, self.storage),
+                             tansu_env(self.storage, s3_endpoint, access, secret),
+                             cwd=self.state_dir, die_with_parent=self.die_with_parent)
+            self.kafka.wait_until(lambda: kafka_answers(bootstrap), self.start_timeout_s, f"Kafka on {bootstrap}")
+        else:
+            raise StackError(f"no service {name!r} in the embedded stack")
+        return round(time.monotonic() - t0, 3)
 
     def down(self, timeout_s: float = 10.0) -> list[str]:
         """Stop Tansu, then SeaweedFS; remove ``stack.json``. Returns the names of stopped services."""
