@@ -27,7 +27,7 @@ QUICK_EVAL_PROMPTS = 60
 
 @dataclass
 class DemoOptions:
-    recipes: list[str] = field(default_factory=lambda: ["math", "solver_verifier"])
+    recipes: list[str] = field(default_factory=lambda: ["math", "solver_verifier", "calc_agent"])
     """Recipe names under examples/recipes/, or paths."""
     quick: bool = False
     """A smoke run: QUICK_STEPS RL steps and QUICK_EVAL_PROMPTS eval prompts (no learning claim)."""
@@ -73,9 +73,11 @@ def pull_version(cfg: ClusterConfig, policy: str, version: int | None) -> tuple[
         sub.close(unregister=False)
 
 
-def warm_start_and_publish(recipe: Recipe, cfg: ClusterConfig, dataset, console) -> dict[str, dict[str, Any]]:
-    """SFT each policy, publish it as version 0. Returns the SFT figures per policy. (The trainers
-    then bootstrap from v0 in the store, so they do not warm-start again.)"""
+def warm_start_and_publish(recipe: Recipe, cfg: ClusterConfig, dataset, console,
+                           heldout: list) -> dict[str, dict[str, Any]]:
+    """Evaluate each policy's checkpoint as loaded (``untrained``), SFT it, publish it as version 0.
+    Returns the SFT figures and the untrained evaluation per policy. (The trainers then bootstrap
+    from v0 in the store, so they do not warm-start again.)"""
     import torch
 
     from astraflow.delta.publisher import WeightPublisher
@@ -87,7 +89,9 @@ def warm_start_and_publish(recipe: Recipe, cfg: ClusterConfig, dataset, console)
         torch.manual_seed(recipe.seed)
         model = recipe.build_policy_model(policy.name)
         tokenizer = recipe.build_policy_tokenizer(policy.name)
+        untrained = evaluate(recipe, policy.name, model.state_dict(), 0, heldout)
         figures = warm_start(model, tokenizer, recipe, policy.name, dataset=dataset)
+        figures["untrained"] = untrained
         with WeightPublisher(cfg, policy.name, anchor_every=recipe.trainer.anchor_every) as pub:
             # In the dtype the trainer publishes, so v0 -> v1 is a sparse delta, not a dtype change.
             pub.publish(publishable(model.state_dict(), recipe.trainer.publish_dtype), 0)
@@ -114,7 +118,7 @@ def run_one(path: Path, cfg: ClusterConfig, opts: DemoOptions, console) -> dict[
     dataset = recipe_dataset(recipe)
     heldout = [task_of(p, recipe) for p in dataset.problems("heldout", n_eval)]
 
-    sft = warm_start_and_publish(recipe, run_cfg, dataset, console)
+    sft = warm_start_and_publish(recipe, run_cfg, dataset, console, heldout)
     before = {}
     for p in recipe.policies:
         state, v = pull_version(run_cfg, p.name, 0)
@@ -130,8 +134,9 @@ def run_one(path: Path, cfg: ClusterConfig, opts: DemoOptions, console) -> dict[
                                "returncode": result.returncode, "reason": result.reason, "steps": steps,
                                "rl_seconds": round(rl_s, 1), "policies": {}}
     for p in recipe.policies:
-        row: dict[str, Any] = {"role": recipe.role(p.name),
-                               "sft": sft[p.name], "before": before[p.name]}
+        figures = dict(sft[p.name])
+        row: dict[str, Any] = {"role": recipe.role(p.name), "untrained": figures.pop("untrained"),
+                               "sft": figures, "before": before[p.name]}
         done = result.done.get(p.name, {})
         row["trainer_steps"] = done.get("step", result.trainers.get(p.name, {}).get("step"))
         if result.returncode == 0:
@@ -149,18 +154,22 @@ def run_one(path: Path, cfg: ClusterConfig, opts: DemoOptions, console) -> dict[
 
 
 def _valid_calls(row: dict[str, Any]) -> str:
-    """"before -> after" share of well-formed tool calls, for tool-using policies ("-" otherwise)."""
-    before, after = row["before"].get("valid_call_rate"), (row.get("after") or {}).get("valid_call_rate")
-    if before is None:
+    """"untrained / before RL / after RL" share of well-formed tool calls, for tool-using policies
+    ("-" otherwise)."""
+    stages = (row.get("untrained") or {}, row["before"], row.get("after") or {})
+    if row["before"].get("valid_call_rate") is None:
         return "-"
-    return f"{before:.2f} -> {after:.2f}" if after is not None else f"{before:.2f} -> n/a"
+    return " / ".join(f"{s['valid_call_rate']:.2f}" if s.get("valid_call_rate") is not None else "n/a"
+                      for s in stages)
 
 
 def print_summary(summaries: list[dict[str, Any]], total_s: float, console) -> None:
     from rich.table import Table
 
-    table = Table(title=f"astraflow demo: held-out accuracy (greedy) before/after RL, total {total_s:.0f} s")
-    for col in ("recipe", "policy", "eval n", "before", "after", "delta", "valid calls", "steps", "wall"):
+    table = Table(title=f"astraflow demo: held-out accuracy (greedy) of the checkpoint as loaded, after the "
+                        f"warm start (before RL) and after RL; total {total_s:.0f} s")
+    for col in ("recipe", "policy", "eval n", "untrained", "before RL", "after RL", "delta", "valid calls u/b/a",
+                "steps", "wall"):
         table.add_column(col, justify="right" if col not in ("recipe", "policy") else "left",
                          no_wrap=True, min_width=len(col))
     for s in summaries:
@@ -170,6 +179,7 @@ def print_summary(summaries: list[dict[str, Any]], total_s: float, console) -> N
             colour = "green" if delta is not None and delta > 0 else "red"
             table.add_row(
                 s["recipe"], name, str(row["before"]["n"]),
+                f"{row['untrained']['accuracy']:.3f}" if row.get("untrained") else "-",
                 f"{row['before']['accuracy']:.3f}",
                 f"{after['accuracy']:.3f}" if after else "[red]n/a[/red]",
                 f"[{colour}]{delta:+.3f}[/{colour}]" if delta is not None else "[red]run failed[/red]",
