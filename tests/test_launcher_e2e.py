@@ -214,3 +214,24 @@ def test_sigterm_during_stack_start_up_leaves_nothing(tmp_path: Path) -> None:
     out = launcher.output
     assert rc == 130 and "Traceback" not in out and "interrupted (SIGTERM)" in out, out
     assert [p for p in pids if pid_alive(p)] == [] and _stack_pids(state_dir) == []
+
+
+@pytest.mark.parametrize("server", ["tansu", "seaweedfs"])
+def test_killed_embedded_server_is_restarted(tmp_path: Path, server: str) -> None:
+    """SIGKILL of the broker or the S3 server of the embedded stack the run started (durable log):
+    restarted on the same ports, and the run finishes."""
+    state_dir = tmp_path / "state"
+    launcher = LauncherProcess(tmp_path, f"kill-{server}", _embedded_env(state_dir), 10, timeout_s=150)
+    launcher.wait_for_step(2, timeout_s=90)
+    victim = json.loads((state_dir / f"{server}.pid").read_text())["pid"]
+    os.kill(victim, signal.SIGKILL)
+    rc = launcher.wait(170)
+    out = launcher.output
+    assert rc == 0, out[-3000:]
+    records = launcher.records()
+    restarts = [(r["component"], r["event"], r["restarts"]) for r in records if r.get("kind") == "supervisor"]
+    assert (server, "restart", 1) in restarts, restarts
+    steps = [r["step"] for r in records if r.get("component") == "trainer" and not r.get("event") and "step" in r]
+    assert max(steps) == 10 and "Traceback" not in out
+    assert f"supervisor: {server} died; restart 1" in (state_dir / "logs" / f"{server}.log").read_text()
+    assert not pid_alive(victim) and _stack_pids(state_dir) == []

@@ -78,7 +78,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     launcher stops its components, ``open_cluster`` the embedded stack it started)."""
     from rich.console import Console
 
-    from astraflow.launcher import RunOptions, launch, open_cluster
+    from astraflow.launcher import RunOptions, launch
+    from astraflow.launcher.cluster import open_run_cluster
     from astraflow.launcher.interrupts import interrupt_guard, signal_name
     from astraflow.launcher.restarts import RestartPolicy
     from astraflow.recipe import Recipe
@@ -91,9 +92,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                               runs_dir=args.runs_dir, grace_s=args.grace, timeout_s=args.timeout,
                               live=False if args.no_live else None,
                               restart=RestartPolicy(max_restarts=args.max_restarts))
-            with open_cluster(load_cluster(args), log_storage=args.log_storage,
-                          announce=lambda m: console.print(m, highlight=False)) as cfg:
-                result = launch(recipe, cfg, opts, console)
+            with open_run_cluster(load_cluster(args), log_storage=args.log_storage,
+                                  announce=lambda m: console.print(m, highlight=False)) as cluster:
+                opts.stack = cluster.stack  # started for this run: its servers are restarted too
+                result = launch(recipe, cluster.cfg, opts, console)
         except KeyboardInterrupt as exc:
             console.print(f"astraflow run: interrupted ({signal_name(exc)}); nothing left running",
                           highlight=False)

@@ -1,7 +1,8 @@
 """The cluster a run uses: configured endpoints, a running embedded stack, or one started for it.
 
-An embedded stack started here belongs to the run: it is stopped when the run ends (nothing is
-left behind). One that was already running (``astraflow up``) is reused and left running.
+An embedded stack started here belongs to the run: the launcher restarts its servers if they die
+(:class:`RunCluster.stack`), and it is stopped when the run ends (nothing is left behind). One that
+was already running (``astraflow up``) is reused and left running.
 """
 
 from __future__ import annotations
@@ -9,14 +10,35 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from astraflow.config import ClusterConfig
+
+if TYPE_CHECKING:
+    from astraflow.embedded import EmbeddedStack
+
+
+@dataclass(frozen=True)
+class RunCluster:
+    cfg: ClusterConfig
+    """Resolved to live endpoints."""
+    stack: EmbeddedStack | None = None
+    """The embedded stack started for the run (the run supervises and stops it), else None."""
 
 
 @contextlib.contextmanager
 def open_cluster(cfg: ClusterConfig, *, log_storage: str | None = None,
                  announce=print) -> Iterator[ClusterConfig]:
+    """:func:`open_run_cluster`, for callers that need only the resolved config."""
+    with open_run_cluster(cfg, log_storage=log_storage, announce=announce) as cluster:
+        yield cluster.cfg
+
+
+@contextlib.contextmanager
+def open_run_cluster(cfg: ClusterConfig, *, log_storage: str | None = None,
+                     announce=print) -> Iterator[RunCluster]:
     """Yield ``cfg`` resolved to live endpoints, starting the embedded stack when nothing is
     configured and none runs under ``cfg.state_dir``.
 
@@ -29,12 +51,12 @@ def open_cluster(cfg: ClusterConfig, *, log_storage: str | None = None,
     from astraflow.launcher.interrupts import interrupt_guard
 
     if not cfg.is_embedded:
-        yield cfg
+        yield RunCluster(cfg)
         return
     stack = EmbeddedStack(cfg.state_dir)
     if stack.running_endpoints() is not None:
         announce(f"using the embedded stack already running under {stack.state_dir}")
-        yield cfg.resolve()
+        yield RunCluster(cfg.resolve())
         return
     # The default ports when they are free (``astraflow status`` then finds the stack), else
     # random free ones: a busy port must not stop a run.
@@ -57,7 +79,7 @@ def open_cluster(cfg: ClusterConfig, *, log_storage: str | None = None,
             ep = result.endpoints
             announce(f"embedded stack up: Kafka {ep['kafka_bootstrap']}, S3 {ep['s3_endpoint']} "
                      f"({', '.join(f'{k} {v:.1f} s' for k, v in result.seconds.items())})")
-            yield cfg.resolve()
+            yield RunCluster(cfg.resolve(), stack)
         finally:
             with guard.shielded():
                 stack.down()

@@ -13,9 +13,10 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from astraflow.config import ClusterConfig
 from astraflow.launcher.interrupts import interrupt_guard, signal_name
@@ -28,8 +29,12 @@ from astraflow.launcher.plan import (
 )
 from astraflow.launcher.progress import RunProgress
 from astraflow.launcher.restarts import RestartPolicy
+from astraflow.launcher.stack_watch import StackWatch
 from astraflow.launcher.supervisor import ChildExited, ProcessGroup, RestartEvent, describe_exit
 from astraflow.recipe import Recipe
+
+if TYPE_CHECKING:
+    from astraflow.embedded import EmbeddedStack
 
 
 @dataclass
@@ -51,7 +56,10 @@ class RunOptions:
     threads: int = 1
     """Torch threads per component process."""
     restart: RestartPolicy = field(default_factory=RestartPolicy)
-    """Backoff and budget for restarting a component that dies."""
+    """Backoff and budget for restarting a component (or a server of ``stack``) that dies."""
+    stack: EmbeddedStack | None = None
+    """The embedded stack started for this run (``open_run_cluster``): its servers are restarted
+    like components. None when the run uses a stack or cluster it did not start."""
 
 
 @dataclass
@@ -81,20 +89,40 @@ class _Monitor:
     """The launcher's reading side: ``<run>.metrics`` into ``metrics.jsonl`` and the progress view,
     plus the launcher's own supervisor records."""
 
-    def __init__(self, cfg: ClusterConfig, run_id: str, progress: RunProgress, metrics_path: Path) -> None:
+    def __init__(self, cfg: ClusterConfig, run_id: str, progress: RunProgress, metrics_path: Path,
+                 warn: Callable[[str], None]) -> None:
+        from kafka.errors import KafkaError
+
         from astraflow.log import LogConsumer, Topics
+        from astraflow.log.errors import LogError
         from astraflow.report import MetricsLog
 
         self.progress = progress
         self.metrics = MetricsLog(metrics_path)
+        self.warn = warn
+        self._broker_errors = (KafkaError, LogError)
+        self._outage: str | None = None
+        self.topic = Topics(run_id).metrics
         # A group of its own (unique id): the launcher only reads, and must not take partitions from
         # the dataflow's metrics consumer.
-        self.consumer = LogConsumer(cfg, Topics(run_id).metrics, group_id=f"{run_id}.launcher.{uuid.uuid4().hex[:6]}",
+        self.consumer = LogConsumer(cfg, self.topic, group_id=f"{run_id}.launcher.{uuid.uuid4().hex[:6]}",
                                     client_id=f"launcher-{run_id}")
 
     def absorb(self, timeout_s: float, max_records: int) -> int:
-        """One poll of the metrics topic into metrics.jsonl and the progress view; records polled."""
-        batch = self.consumer.poll(timeout_s=timeout_s, max_records=max_records)
+        """One poll of the metrics topic into metrics.jsonl and the progress view; records polled.
+        A broker that is away (restarting, a blip of an external cluster) is waited for, one line
+        per outage: the records stay on the topic, and supervision must go on meanwhile."""
+        try:
+            batch = self.consumer.poll(timeout_s=timeout_s, max_records=max_records)
+        except self._broker_errors as exc:
+            if self._outage is None:
+                self._outage = type(exc).__name__
+                self.warn(f"cannot read {self.topic} ({self._outage}: {exc}); retrying")
+            time.sleep(timeout_s)
+            return 0
+        if self._outage is not None:
+            self.warn(f"reading {self.topic} again")
+            self._outage = None
         for msg in batch:
             if isinstance(msg.obj, dict):
                 self.record(msg.obj)
@@ -114,15 +142,24 @@ class _Monitor:
         self.metrics.close()
 
 
-def _supervise(group: ProcessGroup, monitor: _Monitor, policies: list[str], opts: RunOptions, console,
-               live) -> tuple[str, int]:
-    """Follow the run until every trainer is done or the timeout; restart what dies. Returns
-    (reason, returncode); raises :class:`ChildExited` when a restart budget is exhausted."""
+class _Supervised(Protocol):
+    """What the launcher's loop restarts: the component group, the owned embedded stack."""
+
+    def check(self, now: float | None = None) -> list[RestartEvent]: ...
+
+    def restarts(self) -> dict[str, int]: ...
+
+
+def _supervise(group: ProcessGroup, watched: list[_Supervised], monitor: _Monitor, policies: list[str],
+               opts: RunOptions, console, live) -> tuple[str, int]:
+    """Follow the run until every trainer is done or the timeout; restart what dies (``watched``:
+    the component group and, when the run owns it, the embedded stack). Returns (reason,
+    returncode); raises :class:`ChildExited` when a restart budget is exhausted."""
     progress = monitor.progress
     t0, last_line = time.monotonic(), 0.0
     while True:
         monitor.absorb(0.5, 500)
-        for event in group.check():
+        for event in [e for w in watched for e in w.check()]:
             _note_restart(event, monitor, console, live)
         if progress.all_done or all(f"trainer-{p}" in group.finished() for p in policies):
             break
@@ -164,6 +201,8 @@ def launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console=None) -
 
 
 def _launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console, guard) -> RunResult:
+    from rich.markup import escape
+
     from astraflow.launcher.cluster import write_cluster_file
     from astraflow.log import ensure_topics
 
@@ -178,13 +217,19 @@ def _launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console, guard
     metrics_path = run_dir / "metrics.jsonl"
     specs = component_specs(recipe, recipe_file, cluster_file, run_dir, threads=opts.threads)
     group = ProcessGroup(grace_s=opts.grace_s, restart=opts.restart)
+    watched: list[_Supervised] = [group]
+    if opts.stack is not None:
+        # A restarted in-memory broker has lost the topics; with the durable log this is a no-op.
+        watched.append(StackWatch(opts.stack, opts.restart,
+                                  on_broker_restart=lambda: ensure_topics(cfg, run_topics(recipe, run_id))))
     live_enabled = console.is_terminal if opts.live is None else opts.live
     t0 = time.monotonic()
     console.print(f"[bold]run {run_id}[/bold]: {len(specs)} components "
                   f"({', '.join(s.name for s in specs)}); logs in {run_dir / 'logs'}")
     monitor = None
     try:
-        monitor = _Monitor(cfg, run_id, progress, metrics_path)
+        monitor = _Monitor(cfg, run_id, progress, metrics_path,
+                           warn=lambda m: console.print(f"[yellow]{escape(m)}[/yellow]", highlight=False))
         for spec in specs:
             group.start(spec)
         live = None
@@ -194,7 +239,7 @@ def _launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console, guard
             live = Live(progress.render(), console=console, refresh_per_second=2, transient=False)
             live.start()
         try:
-            reason, rc = _supervise(group, monitor, policies, opts, console, live)
+            reason, rc = _supervise(group, watched, monitor, policies, opts, console, live)
         finally:
             if live is not None:
                 with guard.shielded():
@@ -216,10 +261,11 @@ def _launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console, guard
             if monitor is not None:
                 monitor.close()
     with guard.shielded():
-        return _finish(run_id, run_dir, progress, monitor, group, codes, reason, rc, t0, console)
+        restarts = {k: v for w in watched for k, v in w.restarts().items()}
+        return _finish(run_id, run_dir, progress, monitor, restarts, codes, reason, rc, t0, console)
 
 
-def _finish(run_id: str, run_dir: Path, progress: RunProgress, monitor, group: ProcessGroup,
+def _finish(run_id: str, run_dir: Path, progress: RunProgress, monitor, restarts: dict[str, int],
             codes: dict[str, int], reason: str, rc: int, t0: float, console) -> RunResult:
     """Report, summary lines, result."""
     from astraflow.report import load_metrics, write_report
@@ -240,6 +286,6 @@ def _finish(run_id: str, run_dir: Path, progress: RunProgress, monitor, group: P
     console.print(f"run {run_id}: {reason if rc else 'done'} after {wall:.0f} s; exit codes "
                   f"{codes}; metrics {metrics_path} ({records} records)"
                   + (f", report {report_path}" if report_path else ""), highlight=False)
-    return RunResult(run_id=run_id, run_dir=run_dir, returncode=rc, reason=reason, restarts=group.restarts(),
+    return RunResult(run_id=run_id, run_dir=run_dir, returncode=rc, reason=reason, restarts=restarts,
                      wall_s=wall, trainers=dict(progress.trainers), done=dict(progress.done),
                      metrics_path=metrics_path, report_path=report_path, records=records)

@@ -40,8 +40,11 @@ class ChildSpec:
     """True for components that finish on their own (trainers): exit status 0 is then not a failure."""
 
 
-def describe_exit(returncode: int) -> str:
-    """How a process ended, in words: ``killed by signal 9 (SIGKILL)`` or ``exited with status 3``."""
+def describe_exit(returncode: int | None) -> str:
+    """How a process ended, in words: ``was killed by signal 9 (SIGKILL)``, ``exited with status 3``,
+    or ``died`` when the status is unknown (a server of the embedded stack, known by pid file)."""
+    if returncode is None:
+        return "died"
     if returncode < 0:
         with contextlib.suppress(ValueError):
             return f"was killed by signal {-returncode} ({signal.Signals(-returncode).name})"
@@ -52,7 +55,7 @@ def describe_exit(returncode: int) -> str:
 class ChildExited(RuntimeError):
     """A component process ended while the run still needed it, and may not be restarted again."""
 
-    def __init__(self, name: str, returncode: int, log_path: Path, tail: str, *, restarts: int = 0,
+    def __init__(self, name: str, returncode: int | None, log_path: Path, tail: str, *, restarts: int = 0,
                  policy: RestartPolicy = NO_RESTART) -> None:
         self.name, self.returncode, self.log_path, self.restarts = name, returncode, log_path, restarts
         budget = ""
@@ -63,13 +66,20 @@ class ChildExited(RuntimeError):
                          f"its log is {log_path}\n{tail}")
 
 
+def note_restart(log_path: Path, name: str, returncode: int | None, restarts: int, delay_s: float) -> None:
+    """One line in the dead process's log, above the next run's start line: why it starts again."""
+    with contextlib.suppress(OSError), open(log_path, "a") as log:
+        log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} supervisor: {name} {describe_exit(returncode)}; "
+                  f"restart {restarts} in {delay_s:.1f} s\n")
+
+
 @dataclass(frozen=True)
 class RestartEvent:
     """A dead component was started again: one line in the live view, one record in metrics.jsonl."""
 
     name: str
-    returncode: int
-    """How the previous process ended."""
+    returncode: int | None
+    """How the previous process ended (None: unknown)."""
     restarts: int
     """Restarts of this component so far in the run, this one included."""
     backoff_s: float
@@ -149,9 +159,7 @@ class ProcessGroup:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(child.proc.pid, signal.SIGKILL)
         child.restart_at, child.backoff_s = now + delay, delay
-        with contextlib.suppress(OSError), open(child.spec.log_path, "a") as log:
-            log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} supervisor: {child.name} {describe_exit(rc)}; "
-                      f"restart {child.book.restarts} in {delay:.1f} s\n")
+        note_restart(child.spec.log_path, child.name, rc, child.book.restarts, delay)
 
     def _restart(self, child: Child, rc: int) -> RestartEvent:
         spec = child.spec
