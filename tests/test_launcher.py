@@ -356,3 +356,37 @@ def test_second_sigterm_during_the_stop_is_ignored(tmp_path: Path, test_cluster,
     pids = _pids_from_log(run_dir / "logs/dataflow.log") + _pids_from_log(run_dir / "logs/raas-default-0.log")
     assert not any(pid_alive(p) for p in pids)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, "the launcher's handler was left installed"
+
+
+@pytest.mark.integration
+def test_stack_watch_restarts_a_dead_server_then_gives_up(tmp_path: Path) -> None:
+    """The embedded stack a run started: a killed broker comes back on the same port (the run's
+    topics re-ensured), and one more death past the budget fails, naming the server and its log."""
+    from astraflow.embedded import EmbeddedStack
+    from astraflow.embedded.tansu import kafka_answers
+    from astraflow.launcher.stack_watch import StackWatch
+
+    stack, up = EmbeddedStack.start_private(tmp_path / "state", storage="memory")
+    try:
+        broker_restarts = []
+        watch = StackWatch(stack, RestartPolicy(backoff_initial_s=0.1, max_restarts=1),
+                           on_broker_restart=lambda: broker_restarts.append(1))
+        assert watch.check() == []
+        stack.kafka.kill()
+        deadline = time.monotonic() + 30
+        while not (events := watch.check()):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        (event,) = events
+        assert (event.name, event.returncode, event.restarts) == ("tansu", None, 1) and event.pid == stack.kafka.pid()
+        assert kafka_answers(up.endpoints["kafka_bootstrap"]) and broker_restarts == [1] and stack.s3.alive()
+        assert "supervisor: tansu died; restart 1 in 0.1 s" in stack.kafka.log_file.read_text()
+        stack.kafka.kill()
+        with pytest.raises(ChildExited) as exc:
+            while time.monotonic() < deadline:
+                watch.check()
+                time.sleep(0.05)
+        assert "'tansu' died unexpectedly after 1 restarts" in str(exc.value)
+        assert str(stack.kafka.log_file) in str(exc.value) and watch.restarts() == {"tansu": 1}
+    finally:
+        stack.down()
