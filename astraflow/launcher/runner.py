@@ -250,7 +250,7 @@ def _launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console, guard
         if monitor is not None:
             monitor.record({"kind": "supervisor", "component": exc.name, "event": "failed",
                             "returncode": exc.returncode, "restarts": exc.restarts, "time": time.time()})
-        console.print(f"[red]run {run_id} failed:[/red] {exc}", highlight=False)
+        console.print(f"[red]run {run_id} failed:[/red] {escape(str(exc))}", highlight=False)  # a log tail: no markup
     except KeyboardInterrupt as exc:
         reason, rc = "interrupted", 130
         console.print(f"[yellow]interrupted ({signal_name(exc)}): stopping {len(group.alive())} components "
