@@ -24,7 +24,7 @@ def _memory_log_env(state_dir: Path) -> dict[str, str]:
 
 
 def _steps(records: list[dict], life: str | None = None) -> list[dict]:
-    return [r for r in records if r.get("component") == "trainer" and "batch_id" in r
+    return [r for r in records if r.get("component") == "trainer" and "batch_id" in r and not r.get("event")
             and (life is None or r.get("life") == life)]
 
 

@@ -44,6 +44,13 @@ class BatchAssembler:
             out.append(Batch(batch_id, self.policy, trainer_version, trajs))
         return out
 
+    def served(self, batch_id: str) -> bool:
+        """True if ``batch_id`` is one of the batches this assembler (in its current state) served."""
+        prefix = f"{self.policy}-"
+        if not batch_id.startswith(prefix) or not batch_id[len(prefix):].isdigit():
+            return False
+        return int(batch_id[len(prefix):]) < self.seq
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "seq": self.seq,

@@ -145,6 +145,23 @@ class Dataflow:
             self._batched_this_wave.discard(policy)
             self.emitter.wave_version = -1
 
+    def batch_skipped(self, policy: str, batch_id: str) -> bool:
+        """The trainer skipped ``batch_id`` as a duplicate: a batch this dataflow served trains no
+        version. Happens after a restart from a checkpoint older than the batches the lost life
+        served: the re-produced batches carry ids the trainer already trained (that is how nothing
+        is trained twice). Without this, each skip would cost the staleness bound one version that
+        never comes, and the emitter would stall. Returns False (nothing changed) for a batch not
+        served in this state: its own skip will be reported once it is."""
+        b = self.batchers.get(policy)
+        if b is None or not b.served(batch_id):
+            return False
+        b.counters["skipped_by_trainer"] += 1
+        if policy in self._base_version:
+            self._base_version[policy] -= 1
+        if self.cfg.mode == "sync":  # the wave's batch trains no version: top the wave up instead
+            self._batched_this_wave.discard(policy)
+        return True
+
     def take_batches(self) -> list[Batch]:
         out = []
         for p, b in self.batchers.items():

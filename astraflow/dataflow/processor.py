@@ -63,13 +63,18 @@ class TrajectoryProcessor:
     def ingest(self, traj: Trajectory) -> list[GroupResult]:
         c = self.counters
         c["received"] += 1
-        if not self._remember(traj.episode_id):
+        if traj.episode_id in self.seen:
             c["duplicate"] += 1
             return []
         task = self.task_lookup(traj.task_id)
-        if task is None:  # finished, expired, or never emitted by this run
+        if task is None:  # finished, expired, or not (yet, again) emitted by this run
+            # Not remembered: a dataflow restarted from its checkpoint reads trajectories of tasks
+            # its lost life emitted after that checkpoint before it emits them again (same prompt
+            # ids, same episode ids). Remembering them would drop the re-run's trajectories as
+            # duplicates and leave those tasks in flight until they expire.
             c["unknown_task"] += 1
             return []
+        self._remember(traj.episode_id)
         if traj.policy not in self.policies or (task.policy and task.policy != traj.policy):
             c["unknown_policy"] += 1
             return []

@@ -17,7 +17,9 @@ retention) notices it at start-up and re-emits the lost tasks at once
 
 Control records read (JSON): a weight announcement is ``{"version": int, ...}`` (the record key is
 used when there is no ``version`` field); a trainer metrics record carrying ``wait_s`` and
-``step_s`` (seconds waited for a batch / spent per step since its last record) feeds the autoscaler.
+``step_s`` (seconds waited for a batch / spent per step since its last record) feeds the autoscaler;
+a trainer's ``{"event": "skipped", "reason": "duplicate", "batch_id": ...}`` tells that a served
+batch will train no version (:meth:`Dataflow.batch_skipped`).
 """
 
 from __future__ import annotations
@@ -155,7 +157,7 @@ def run_dataflow(
                 elif m.topic in weight_topics:
                     _on_weights(df, weight_topics[m.topic], m)
                 elif m.topic == topics.metrics:
-                    _on_metrics(m, window)
+                    _on_metrics(df, m, window)
             df.expire(now)
             for b in df.take_batches():
                 producer.send_table(topics.batches(b.policy), b.batch_id, batch.to_table(b),
@@ -207,9 +209,12 @@ def _on_weights(df: Dataflow, policy: str, m: Any) -> None:
         log.warning("weight announcement without a version on %s@%s: %r", m.topic, m.offset, m.obj)
 
 
-def _on_metrics(m: Any, window: _Window) -> None:
+def _on_metrics(df: Dataflow, m: Any, window: _Window) -> None:
     obj = m.obj
     if m.key == COMPONENT_ID or not isinstance(obj, dict):
+        return
+    if obj.get("component") == "trainer" and obj.get("event") == "skipped" and obj.get("reason") == "duplicate":
+        df.batch_skipped(str(obj.get("policy")), str(obj.get("batch_id")))
         return
     if "wait_s" in obj and "step_s" in obj:
         window.wait_s += float(obj["wait_s"])

@@ -27,7 +27,9 @@ publishes its checkpointed weights as a fresh version above anything published, 
 see a version number go backwards, and continues from there.
 
 Metrics (``<run>.metrics``, key ``trainer.<policy>``): one record per step once its version is
-published (``publish_bytes`` known), and ``{"event": "done"}`` after ``trainer.steps`` steps.
+published (``publish_bytes`` known), ``{"event": "skipped", "reason": "duplicate", "batch_id"}`` for
+a batch record whose id was trained already (a restarted dataflow re-produced it), and
+``{"event": "done"}`` after ``trainer.steps`` steps.
 """
 
 from __future__ import annotations
@@ -248,6 +250,9 @@ class TrainerService:
         if b.batch_id in self._trained:
             self.skipped["duplicate"] += 1
             self._consumed(msg)
+            # The dataflow counts this batch as a version to come: tell it that it will not.
+            self._emit({"event": "skipped", "reason": "duplicate", "batch_id": b.batch_id, "step": self.step,
+                        "version": self.version})
             return False
         msg.extra["batch"] = b
         return True
