@@ -133,26 +133,12 @@ class LauncherProcess:
             raise AssertionError(f"launcher still running after {timeout_s} s:\n{self.output[-3000:]}") from None
 
 
-DATAFLOW_RESUME_GAP = (
-    "the restarted dataflow resumes from its last checkpoint (every 5 s) and re-emits the tasks emitted "
-    "since, with the same prompt ids; the original tasks' trajectories, read again from the log, count as "
-    "unknown_task and mark their episode ids seen, so the re-emitted tasks' trajectories are dropped as "
-    "duplicates and those tasks stay in flight until task_timeout_s: the run stalls (issue 9). Not strict: "
-    "when the kill falls before any emission after the last checkpoint, the run recovers")
-
-
-@pytest.mark.parametrize("component", [
-    "raas-default-0",
-    pytest.param("dataflow", marks=pytest.mark.xfail(strict=False, reason=DATAFLOW_RESUME_GAP)),
-    "trainer-policy",
-])
+@pytest.mark.parametrize("component", ["raas-default-0", "dataflow", "trainer-policy"])
 def test_killed_component_is_restarted_and_the_run_finishes(tmp_path: Path, test_cluster, component: str) -> None:
     """SIGKILL at step 2 of 10: with ``max_staleness: 1`` the dataflow cannot run more than a batch
     or two ahead, so the steps after the kill need the restarted component."""
     cluster_file = write_cluster_file(test_cluster, tmp_path / "cluster.yaml")
-    # The dataflow case is expected to stall (see DATAFLOW_RESUME_GAP): do not wait for it longer than needed.
-    launcher = LauncherProcess(tmp_path, test_cluster.run, _env(cluster_file), 10,
-                               timeout_s=75 if component == "dataflow" else 150)
+    launcher = LauncherProcess(tmp_path, test_cluster.run, _env(cluster_file), 10, timeout_s=150)
     launcher.wait_for_step(2)
     victim = launcher.component_pid(component)
     os.kill(victim, signal.SIGKILL)
