@@ -78,7 +78,7 @@ def test_astraflow_demo_tiny(tmp_path: Path, test_cluster) -> None:
     (summary_path,) = (tmp_path / "runs").glob("*/summary.json")
     summary = json.loads(summary_path.read_text())
     row = summary["policies"]["policy"]
-    assert row["before"]["n"] == row["after"]["n"] == 20
+    assert row["untrained"]["n"] == row["before"]["n"] == row["after"]["n"] == 20
     assert 0.0 <= row["before"]["accuracy"] <= 1.0 and row["final_version"] >= 2
     assert abs(row["delta"] - (row["after"]["accuracy"] - row["before"]["accuracy"])) < 1e-9
     assert "held-out accuracy" in proc.stdout and (summary_path.parent / "report.png").exists()

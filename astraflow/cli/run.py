@@ -51,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "evaluate again. Prints a summary table and writes runs/<run>/summary.json."
         ),
     )
-    demo.add_argument("--recipes", default="math,solver_verifier",
+    demo.add_argument("--recipes", default="math,solver_verifier,calc_agent",
                       help="comma-separated names in examples/recipes/ or paths (default: %(default)s)")
     demo.add_argument("--quick", action="store_true", help="fewer RL steps and eval prompts (a smoke run)")
     demo.add_argument("--steps", type=int, help="override the RL steps of every recipe")
