@@ -19,6 +19,7 @@ import uuid
 from typing import Any
 
 from astraflow.cli.cluster_args import load_cluster
+from astraflow.log.client_logs import summarise_kafka_logs
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -71,6 +72,7 @@ def _setup(args: argparse.Namespace) -> tuple[Any, Any, threading.Event]:
     run = args.run_id or (cfg.run if "run" in cfg.model_fields_set else recipe.run)
     recipe = recipe.model_copy(update={"run": run})
     cfg = cfg.model_copy(update={"run": run}).resolve()
+    summarise_kafka_logs(cfg.kafka.bootstrap or "?")  # a lost broker: a line per backoff step, not 25/s
     threads = args.threads or int(os.environ.get("ASTRAFLOW_TORCH_THREADS", "0") or 0)
     if threads:
         import torch

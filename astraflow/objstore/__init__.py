@@ -1,7 +1,13 @@
 """S3 layer: checksummed client, run key layout, atomic manifests."""
 
 from astraflow.objstore.client import SHA256_META, ObjectStore, sha256_file
-from astraflow.objstore.errors import ChecksumError, ObjectExistsError, ObjectNotFoundError, ObjectStoreError
+from astraflow.objstore.errors import (
+    ChecksumError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    ObjectStoreError,
+    ObjectStoreUnavailableError,
+)
 from astraflow.objstore.layout import RunLayout, parse_version
 from astraflow.objstore.manifest import publish_manifest, read_manifest
 
@@ -12,6 +18,7 @@ __all__ = [
     "ObjectNotFoundError",
     "ObjectStore",
     "ObjectStoreError",
+    "ObjectStoreUnavailableError",
     "RunLayout",
     "parse_version",
     "publish_manifest",

@@ -25,7 +25,13 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from astraflow.objstore.errors import ChecksumError, ObjectExistsError, ObjectNotFoundError, ObjectStoreError
+from astraflow.objstore.errors import (
+    ChecksumError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    ObjectStoreError,
+    ObjectStoreUnavailableError,
+)
 
 if TYPE_CHECKING:
     from astraflow.config import ClusterConfig
@@ -37,6 +43,7 @@ _HASH_BLOCK = 8 * 1024 * 1024
 _NOT_FOUND_CODES = {"NoSuchKey", "404", "NotFound"}
 _EXISTS_CODES = {"PreconditionFailed", "412", "ConditionalRequestConflict"}
 _AUTH_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403"}
+_UNAVAILABLE_CODES = {"ServiceUnavailable", "SlowDown", "InternalError", "RequestTimeout", "500", "502", "503", "504"}
 
 
 def sha256_file(path: str | Path) -> str:
@@ -220,7 +227,7 @@ class ObjectStore:
             except body_errors as exc:
                 # botocore retries the request, not a body that breaks mid-read: retry the GET here.
                 if attempt == self.body_read_attempts:
-                    raise ObjectStoreError(
+                    raise ObjectStoreUnavailableError(
                         f"S3 endpoint {self.endpoint}: reading {self.url(key)} failed after "
                         f"{attempt} attempts: {exc}"
                     ) from exc
@@ -390,7 +397,7 @@ class ObjectStore:
 
         where = self.url(key) if key is not None else f"s3://{self.bucket}"
         if isinstance(exc, BotoConnectionError | ReadTimeoutError):
-            return ObjectStoreError(f"S3 endpoint {self.endpoint} unreachable ({op} {where}): {exc}")
+            return ObjectStoreUnavailableError(f"S3 endpoint {self.endpoint} unreachable ({op} {where}): {exc}")
         if isinstance(exc, NoCredentialsError):
             return ObjectStoreError(
                 f"no S3 credentials for {self.endpoint}: set s3.access_key/s3.secret_key "
@@ -408,6 +415,8 @@ class ObjectStore:
                 f"S3 endpoint {self.endpoint} refused {op} {where} ({code}): check the credentials "
                 "and the bucket policy"
             )
+        if code in _UNAVAILABLE_CODES:
+            return ObjectStoreUnavailableError(f"S3 {op} {where} on {self.endpoint}: try again later ({code})")
         if isinstance(exc, ClientError) or code is not None:
             return ObjectStoreError(f"S3 {op} {where} on {self.endpoint} failed ({code}): {exc}")
         return ObjectStoreError(f"S3 {op} {where} on {self.endpoint} failed: {type(exc).__name__}: {exc}")

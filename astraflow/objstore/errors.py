@@ -7,6 +7,11 @@ class ObjectStoreError(RuntimeError):
     """The bucket could not be reached, refused a request, or returned something unusable."""
 
 
+class ObjectStoreUnavailableError(ObjectStoreError):
+    """The endpoint did not answer (connection refused, timeout) or answered "try again" (5xx):
+    waiting may cure it, unlike a missing object, a refused credential or a checksum mismatch."""
+
+
 class ObjectExistsError(ObjectStoreError):
     """A conditional put (``If-None-Match: *``) lost: the key already holds an object."""
 

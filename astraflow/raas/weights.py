@@ -6,6 +6,8 @@ the latest published version, pulls it (the nearest anchor plus deltas, decided 
 and swaps it into the policy's engine with ``load_weights``, which lands between two decoding
 steps. Pulling and decoding happen on this thread, so generation never waits for the bucket.
 A periodic check of the store covers announcements published before the follower joined.
+When the bucket or the broker does not answer, the follower waits for it (one log line per backoff
+step, :class:`~astraflow.outage.OutageReport`) and the node keeps serving the weights it has.
 """
 
 from __future__ import annotations
@@ -67,13 +69,21 @@ class WeightFollower:
 
     def catch_up(self, timeout_s: float = 600.0, stop_event: threading.Event | None = None) -> dict[str, int]:
         """Block until every policy has a published version and its engine serves the latest one."""
+        from astraflow.objstore import ObjectStoreUnavailableError
+        from astraflow.outage import OutageReport
+
         deadline = time.monotonic() + timeout_s
         waiting = set(self.engines)
+        s3 = OutageReport(f"node {self.node_id}: S3 endpoint", str(self.cfg.s3.endpoint), log)
         while waiting:
-            for policy in sorted(waiting):
-                self.refresh(policy)
-                if policy in self._loaded:
-                    waiting.discard(policy)
+            try:
+                for policy in sorted(waiting):
+                    self.refresh(policy)
+                    if policy in self._loaded:
+                        waiting.discard(policy)
+                s3.ok()
+            except ObjectStoreUnavailableError as exc:
+                s3.failed(exc)  # the bucket may be starting: wait for it within timeout_s
             if not waiting:
                 break
             if stop_event is not None and stop_event.is_set():
@@ -95,26 +105,41 @@ class WeightFollower:
             raise RuntimeError(f"weight follower of node {self.node_id} failed: {self._error}") from self._error
 
     def _follow(self) -> None:
-        from astraflow.log import LogConsumer, Topics
+        from astraflow.log import BrokerUnavailableError, LogConsumer, Topics
+        from astraflow.objstore import ObjectStoreUnavailableError
+        from astraflow.outage import OutageReport
 
         topics = Topics(self.cfg.run)
         by_topic = {topics.weights(p): p for p in self.engines}
         # A group of its own: every node must see every announcement (no load balancing here).
         group = f"{self.cfg.run}.raas-weights.{self.node_id}.{uuid.uuid4().hex[:8]}"
+        # The broker and the bucket may go away and come back (a restart): wait for them, one log
+        # line per backoff step, instead of failing the node. Anything else is a bug or bad data.
+        s3 = OutageReport(f"node {self.node_id}: S3 endpoint", str(self.cfg.s3.endpoint), log)
+        broker = OutageReport(f"node {self.node_id}: Kafka broker", str(self.cfg.kafka.bootstrap), log)
         consumer = None
         try:
-            consumer = LogConsumer(self.cfg, list(by_topic), group, auto_offset_reset="latest")
             last_check = time.monotonic()
             while not self._stop.is_set():
-                due: set[str] = set()
-                for msg in consumer.poll(timeout_s=0.5):
-                    if msg.topic in by_topic:
-                        due.add(by_topic[msg.topic])
-                if time.monotonic() - last_check > self.check_every_s:
-                    due.update(self.engines)
-                    last_check = time.monotonic()
-                for policy in sorted(due):
-                    self.refresh(policy)
+                try:
+                    if consumer is None:
+                        consumer = LogConsumer(self.cfg, list(by_topic), group, auto_offset_reset="latest")
+                        broker.ok()
+                    due: set[str] = set()
+                    for msg in consumer.poll(timeout_s=0.5):
+                        if msg.topic in by_topic:
+                            due.add(by_topic[msg.topic])
+                    if s3.down or time.monotonic() - last_check > self.check_every_s:
+                        due.update(self.engines)
+                        last_check = time.monotonic()
+                    for policy in sorted(due):
+                        self.refresh(policy)
+                    if due:
+                        s3.ok()
+                except ObjectStoreUnavailableError as exc:
+                    self._stop.wait(s3.failed(exc))
+                except BrokerUnavailableError as exc:
+                    self._stop.wait(broker.failed(exc))
         except BaseException as exc:
             if not self._stop.is_set():
                 log.exception("weight follower failed")
