@@ -258,6 +258,18 @@ def test_progress_folds_the_metrics_contract(tmp_path: Path) -> None:
     assert "event" not in p.nodes["raas-default-0"], "a supervisor record is not a node's metrics"
 
 
+def test_done_of_an_earlier_life_does_not_end_a_resumed_run() -> None:
+    """Resuming with a larger ``--steps`` reads the durable log from its start: the first life's
+    ``done`` at step 3 must not end a run whose target is 6."""
+    from astraflow.launcher.progress import RunProgress
+
+    p = RunProgress(run="r", steps=6, policies=["policy"])
+    p.update({"component": "trainer", "event": "done", "policy": "policy", "step": 3, "version": 3})
+    assert not p.all_done
+    p.update({"component": "trainer", "event": "done", "policy": "policy", "step": 6, "version": 6})
+    assert p.all_done
+
+
 # -- launch() against the real broker, with stand-in components -------------------------------
 def _fake_specs(tmp_path: Path, crash: bool):
     def specs(recipe, recipe_file, cluster_file, run_dir, *, threads=1):

@@ -37,7 +37,10 @@ class RunProgress:
         elif comp == "trainer":
             policy = str(rec.get("policy", rec.get("id", "?")))
             if rec.get("event") == "done":
-                self.done[policy] = rec
+                # A resumed run reads its log from the start: a "done" of an earlier life that had a
+                # smaller step target is history, not the end of this run.
+                if int(rec.get("step", self.steps)) >= self.steps:
+                    self.done[policy] = rec
             else:
                 self.trainers.setdefault(policy, {}).update(rec)
         elif comp == "raas":
