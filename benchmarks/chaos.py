@@ -1,0 +1,383 @@
+"""Chaos: a real ``astraflow run`` while a schedule of SIGKILLs hits every component type.
+
+    .venv/bin/python benchmarks/chaos.py                      # default: 40 steps, 10 kills
+    .venv/bin/python benchmarks/chaos.py --steps 60 --schedule 5:raas,10:dataflow,15:trainer
+    .venv/bin/python benchmarks/chaos.py --rounds 1 --every 4 --steps 24   # quicker
+
+The run is real: ``astraflow run`` as a subprocess on the math recipe (examples/recipes/math.yaml,
+the CPU demo model: HF engine, torch trainer), its own runs dir and a PRIVATE embedded stack (Tansu +
+SeaweedFS in a temporary state dir, the durable default ``s3`` log storage), ``--no-live``. The
+launcher supervises everything it started, the two servers included; the benchmark only kills.
+
+Kill schedule (deterministic, by trainer step): kill ``i`` fires once a trainer step record with
+``step >= trigger_i`` reached ``runs/<run>/metrics.jsonl`` AFTER the previous kill, and the previous
+victim was restarted (its supervisor ``restart`` record is there). Default: ``--rounds 2`` rounds of
+``raas, dataflow, trainer, tansu, seaweedfs``, every ``--every 3`` steps from step 3 (10 kills in a
+40-step run). A component (``raas`` = the RaaS node, ``dataflow``, ``trainer``) is found among the
+launcher's child processes by its sub-command; a server by its pid file in the state dir. The victim
+gets SIGKILL (its process group when it leads one of its own, else the pid).
+
+Definitions (times from the wall clock of this machine; every process is local):
+* ``restart_s``: kill -> the launcher's supervisor ``restart`` record of the victim (``time``
+  field: when the new process was started, backoff included).
+* ``recovery_s``: kill -> the first trainer step record written after the restart whose step is
+  above the highest step recorded before the kill: the run makes NEW progress with the restarted
+  component in place. For a trainer kill this includes re-training the steps after its checkpoint.
+  Reported per kill and as mean/max per component type.
+* tasks (the dataflow's own counters from its last metrics record; they are part of its
+  checkpointed state, so a dataflow restarted from its checkpoint counts a task it emits again
+  once): ``emitted`` (``tasks.emitted``), ``finished`` (every group of the task finalised, kept or
+  dropped by a rule), ``expired`` (``tasks.expired``, ``task_timeout_s``), ``in_flight`` (at the
+  end), ``reemitted_lost`` (re-sent because the log lost their records; not extra tasks).
+  ``unaccounted = emitted - finished - expired - in_flight`` (target 0).
+  Groups of finished tasks: ``kept`` (to the batcher) or ``dropped`` by reason (``group_too_small``,
+  ``filter:<name>``, e.g. dynamic sampling's all-equal rewards). Kept groups are ``batched`` or still
+  ``buffered``; batched groups are in batches the trainer ``trained`` (``steps x groups_per_batch``,
+  the final lineage), batches it ``skipped_by_trainer`` (re-made by a restarted dataflow with an id
+  already trained), or batches still unconsumed at the end. ``groups_unaccounted = finished -
+  dropped - batched - buffered`` (target 0). Trajectories dropped by reason (``stale``,
+  ``duplicate``, ``unknown_task``, ``expired``, ``in_dropped_group``) are reported as counted.
+* batches (the trainer's step records carry ``batch_id``, ``step`` and ``life``; a ``start`` record
+  gives the step a life resumed from, i.e. its checkpoint): a batch trained in life A at step s and
+  again in a later life B is ``retrained_after_crash`` when s > B's start step (trained after the
+  checkpoint: the documented re-do) and ``checkpointed_trained_twice`` when s <= B's start step
+  (target 0). ``skipped_duplicate``: the trainer's ``skipped`` records (a batch id already trained).
+* ``finished``: launcher exit status 0, a trainer ``done`` record and step records up to ``--steps``.
+
+Prints a human summary on stderr and ONE JSON line last on stdout. Exit status 0 when the target
+(finished, 0 tasks unaccounted, 0 checkpointed batches trained twice) is met, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPE = ROOT / "examples" / "recipes" / "math.yaml"
+COMPONENTS = ("raas", "dataflow", "trainer")
+SERVERS = ("tansu", "seaweedfs")
+DEFAULT_ORDER = ("raas", "dataflow", "trainer", "tansu", "seaweedfs")
+SUPERVISOR_NAME = {"raas": "raas-default-0", "dataflow": "dataflow", "trainer": "trainer-policy",
+                   "tansu": "tansu", "seaweedfs": "seaweedfs"}
+
+
+# -- processes (from /proc; no psutil) ---------------------------------------------------------
+def children(pid: int) -> dict[int, list[str]]:
+    """Live child processes of ``pid``: pid -> argv."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out[int(entry.name)] = [a.decode(errors="replace") for a in argv if a]
+    return out
+
+
+def sigkill(pid: int) -> None:
+    """SIGKILL ``pid``'s process group when it leads one of its own, else ``pid``."""
+    try:
+        if os.getpgid(pid) == pid and pid != os.getpgrp():
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+# -- the run -----------------------------------------------------------------------------------
+def write_recipe(path: Path, steps: int, checkpoint_every: int | None) -> Path:
+    import yaml
+
+    data = yaml.safe_load(RECIPE.read_text())
+    data["trainer"]["steps"] = steps
+    if checkpoint_every:
+        data["trainer"]["checkpoint_every"] = checkpoint_every
+    for p in data["policies"]:
+        p["model"] = str((RECIPE.parent / p["model"]).resolve())
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+class Launcher:
+    def __init__(self, work: Path, run_id: str, recipe: Path, timeout_s: float, max_restarts: int) -> None:
+        self.state_dir = work / "state"
+        self.run_dir = work / "runs" / run_id
+        self.out_path = work / "launcher.out"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAFLOW_")}
+        env["ASTRAFLOW_STATE_DIR"] = str(self.state_dir)  # no cluster configured: a private embedded stack
+        cmd = [sys.executable, "-m", "astraflow.cli.main", "run", str(recipe), "--run-id", run_id,
+               "--runs-dir", str(work / "runs"), "--log-storage", "s3", "--no-live",
+               "--timeout", str(timeout_s), "--grace", "10", "--max-restarts", str(max_restarts)]
+        with open(self.out_path, "w") as out:
+            self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, cwd=work)
+        self._pos = 0
+        self._records: list[dict] = []
+
+    def records(self) -> list[dict]:
+        """metrics.jsonl so far (read incrementally; a partly written last line waits)."""
+        path = self.run_dir / "metrics.jsonl"
+        if path.exists():
+            with open(path, "rb") as f:
+                f.seek(self._pos)
+                data = f.read()
+            end = data.rfind(b"\n") + 1
+            for line in data[:end].splitlines():
+                try:
+                    self._records.append(json.loads(line))
+                except ValueError:
+                    pass
+            self._pos += end
+        return self._records
+
+    def victim_pid(self, kind: str) -> int | None:
+        if kind in SERVERS:
+            try:
+                return int(json.loads((self.state_dir / f"{kind}.pid").read_text())["pid"])
+            except (OSError, ValueError, KeyError):
+                return None
+        pids = [pid for pid, argv in children(self.proc.pid).items() if kind in argv]
+        return pids[0] if len(pids) == 1 else None
+
+    def output_tail(self, n: int = 3000) -> str:
+        return self.out_path.read_text(errors="replace")[-n:]
+
+
+def is_step(r: dict) -> bool:
+    return r.get("component") == "trainer" and not r.get("event") and "step" in r and "batch_id" in r
+
+
+def parse_schedule(text: str | None, rounds: int, every: int, first: int) -> list[tuple[int, str]]:
+    if text:
+        out = []
+        for item in text.split(","):
+            step, kind = item.split(":")
+            if kind not in SUPERVISOR_NAME:
+                raise SystemExit(f"unknown component {kind!r} (one of {', '.join(SUPERVISOR_NAME)})")
+            out.append((int(step), kind))
+        return out
+    kinds = list(DEFAULT_ORDER) * rounds
+    return [(first + i * every, k) for i, k in enumerate(kinds)]
+
+
+def drive(launcher: Launcher, schedule: list[tuple[int, str]], deadline: float) -> list[dict]:
+    """Fire the kills; returns one dict per kill attempted."""
+    kills: list[dict] = []
+    last_kill = 0.0
+    for trigger, kind in schedule:
+        name = SUPERVISOR_NAME[kind]
+        while True:
+            if launcher.proc.poll() is not None or time.monotonic() > deadline:
+                return kills
+            recs = launcher.records()
+            prev_ok = not kills or any(
+                r.get("kind") == "supervisor" and r.get("component") == kills[-1]["component"]
+                and r.get("event") == "restart" and float(r.get("time", 0)) >= last_kill for r in recs)
+            reached = any(is_step(r) and r["step"] >= trigger and float(r.get("time", 0)) > last_kill for r in recs)
+            if prev_ok and reached:
+                pid = launcher.victim_pid(kind)
+                if pid is not None:
+                    break
+            time.sleep(0.2)
+        before = max((r["step"] for r in recs if is_step(r)), default=0)
+        last_kill = time.time()
+        sigkill(pid)
+        kills.append({"component": name, "type": kind, "trigger_step": trigger, "step_at_kill": before,
+                      "pid": pid, "time": last_kill})
+        print(f"  kill {len(kills):2d}: {name:15s} pid {pid} at step {before}", file=sys.stderr, flush=True)
+    return kills
+
+
+# -- analysis ----------------------------------------------------------------------------------
+def recovery(kills: list[dict], records: list[dict]) -> None:
+    steps = [r for r in records if is_step(r)]
+    for k in kills:
+        t = k["time"]
+        rs = [r for r in records if r.get("kind") == "supervisor" and r.get("component") == k["component"]
+              and r.get("event") == "restart" and float(r.get("time", 0)) >= t]
+        restart_t = min((float(r["time"]) for r in rs), default=None)
+        k["restart_s"] = round(restart_t - t, 2) if restart_t else None
+        best = max((r["step"] for r in steps if float(r["time"]) < t), default=0)
+        after = [float(r["time"]) for r in steps
+                 if r["step"] > best and float(r["time"]) > max(t, restart_t or t)]
+        k["recovery_s"] = round(min(after) - t, 2) if after else None
+
+
+def batch_lives(records: list[dict]) -> dict[str, Any]:
+    starts = {r["life"]: int(r.get("step", 0)) for r in records
+              if r.get("component") == "trainer" and r.get("event") == "start"}
+    order = []
+    for r in records:
+        if r.get("component") == "trainer" and r.get("event") == "start" and r["life"] not in order:
+            order.append(r["life"])
+    trained: dict[str, list[tuple[int, int]]] = defaultdict(list)  # batch id -> [(life index, step)]
+    for r in records:
+        if is_step(r) and r.get("life") in starts:
+            trained[r["batch_id"]].append((order.index(r["life"]), int(r["step"])))
+    retrained, twice = [], []
+    for bid, uses in trained.items():
+        uses = sorted(set(uses))
+        for (la, sa), (lb, _sb) in zip(uses, uses[1:]):
+            if lb == la:
+                twice.append({"batch_id": bid, "lives": [la, lb], "why": "same life"})
+            elif sa <= starts[order[lb]]:
+                twice.append({"batch_id": bid, "step": sa, "resumed_from": starts[order[lb]]})
+            else:
+                retrained.append(bid)
+    skipped = [r for r in records if r.get("component") == "trainer" and r.get("event") == "skipped"]
+    return {"trainer_lives": len(order), "resumed_from_steps": [starts[life] for life in order],
+            "distinct_batches_trained": len(trained), "retrained_after_crash": len(retrained),
+            "checkpointed_trained_twice": len(twice), "checkpointed_trained_twice_ids": twice[:10],
+            "skipped_duplicate": sum(1 for r in skipped if r.get("reason") == "duplicate")}
+
+
+def accounting(records: list[dict], groups_per_batch: int, steps_trained: int) -> dict[str, Any]:
+    last = None
+    for r in records:
+        if r.get("component") == "dataflow" and r.get("kind") == "dataflow" and isinstance(r.get("counters"), dict):
+            last = r
+    if last is None:
+        return {"error": "no dataflow metrics record"}
+    c = Counter({k: v for k, v in last["counters"].items() if isinstance(v, (int, float))})
+    emitted, finished, expired, in_flight = c["tasks.emitted"], c["tasks.finished"], c["tasks.expired"], c["tasks.in_flight"]
+    dropped_groups = {k.split(":", 1)[1]: v for k, v in c.items() if k.startswith("trajectories.groups_dropped:") and v}
+    batched = sum(v for k, v in c.items() if k.startswith("batches.") and k.endswith(".groups_batched"))
+    buffered = sum(v for k, v in c.items() if k.startswith("batches.") and k.endswith(".groups_buffered"))
+    batches = sum(v for k, v in c.items() if k.startswith("batches.") and k.endswith(".batches"))
+    skipped_by_trainer = sum(v for k, v in c.items() if k.endswith(".skipped_by_trainer"))
+    traj_dropped = {k.split(".", 1)[1]: v for k, v in c.items() if k in {
+        "trajectories.stale", "trajectories.duplicate", "trajectories.unknown_task", "trajectories.unknown_policy",
+        "trajectories.expired", "trajectories.in_dropped_group", "trajectories.invalid_records"} and v}
+    return {
+        "tasks": {"emitted": emitted, "finished": finished, "expired": expired, "in_flight_at_end": in_flight,
+                  "reemitted_lost": c["tasks.reemitted_lost"], "duplicate_prompt_id": c["tasks.duplicate_prompt_id"],
+                  "unaccounted": emitted - finished - expired - in_flight},
+        "groups": {"finished": c["trajectories.groups_finished"], "kept": c["trajectories.groups_kept"],
+                   "dropped": dropped_groups, "batched": batched, "buffered_at_end": buffered,
+                   "trained": steps_trained * groups_per_batch,
+                   "in_batches_skipped_by_trainer": skipped_by_trainer * groups_per_batch,
+                   "in_batches_unconsumed_at_end": max(0, batches - skipped_by_trainer - steps_trained) * groups_per_batch,
+                   "unaccounted": c["trajectories.groups_finished"] - sum(dropped_groups.values()) - batched - buffered},
+        "batches_made": batches, "batches_skipped_by_trainer": skipped_by_trainer,
+        "trajectories": {"received": c["trajectories.received"], "kept": c["trajectories.kept"],
+                         "dropped": traj_dropped, "pending_at_end": c["trajectories.pending"]},
+    }
+
+
+def per_type(kills: list[dict]) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for kind in DEFAULT_ORDER:
+        ks = [k for k in kills if k["type"] == kind]
+        if not ks:
+            continue
+        rec = [k["recovery_s"] for k in ks if k["recovery_s"] is not None]
+        rst = [k["restart_s"] for k in ks if k["restart_s"] is not None]
+        out[kind] = {"kills": len(ks), "recovered": len(rec),
+                     "restart_s_mean": round(sum(rst) / len(rst), 2) if rst else None,
+                     "recovery_s_mean": round(sum(rec) / len(rec), 2) if rec else None,
+                     "recovery_s_max": max(rec) if rec else None}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=40, help="trainer steps of the run (default 40)")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of kills over the five component types")
+    ap.add_argument("--every", type=int, default=3, help="trainer steps between kills")
+    ap.add_argument("--first", type=int, default=3, help="trainer step of the first kill")
+    ap.add_argument("--schedule", help="explicit schedule STEP:TYPE,... (types: " + ", ".join(SUPERVISOR_NAME) + ")")
+    ap.add_argument("--checkpoint-every", type=int, default=4,
+                    help="trainer.checkpoint_every (default 4, so that trainer kills land after checkpoints; 0 = the recipe's)")
+    ap.add_argument("--max-restarts", type=int, default=5, help="the launcher's restart budget per component")
+    ap.add_argument("--timeout", type=float, default=900.0, help="the launcher's --timeout, seconds")
+    ap.add_argument("--keep", help="keep the run (state dir, runs dir, logs) in this directory")
+    args = ap.parse_args(argv)
+    schedule = parse_schedule(args.schedule, args.rounds, args.every, args.first)
+    if schedule and max(s for s, _ in schedule) >= args.steps:
+        raise SystemExit(f"the schedule's last kill (step {max(s for s, _ in schedule)}) must come before --steps {args.steps}")
+
+    import yaml
+
+    tmp = None
+    if args.keep:
+        work = Path(args.keep).resolve()
+        work.mkdir(parents=True, exist_ok=True)
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="af-chaos-")
+        work = Path(tmp.name)
+    recipe = write_recipe(work / "chaos-math.yaml", args.steps, args.checkpoint_every)
+    rdata = yaml.safe_load(recipe.read_text())
+    run_id = f"chaos-{time.strftime('%Y%m%d-%H%M%S')}"
+    print(f"chaos: {args.steps} steps, {len(schedule)} kills, work dir {work}", file=sys.stderr, flush=True)
+    t0 = time.monotonic()
+    launcher = Launcher(work, run_id, recipe, args.timeout, args.max_restarts)
+    try:
+        kills = drive(launcher, schedule, t0 + args.timeout + 60)
+        try:
+            rc = launcher.proc.wait(timeout=max(10.0, args.timeout + 60 - (time.monotonic() - t0)))
+        except subprocess.TimeoutExpired:
+            launcher.proc.terminate()
+            rc = launcher.proc.wait(60)
+        wall = time.monotonic() - t0
+        records = launcher.records()
+        recovery(kills, records)
+        step_recs = [r for r in records if is_step(r)]
+        final_step = max((r["step"] for r in step_recs), default=0)
+        done = any(r.get("component") == "trainer" and r.get("event") == "done" and r.get("step") == args.steps
+                   for r in records)
+        finished = rc == 0 and done and final_step >= args.steps
+        restarts = Counter(r["component"] for r in records if r.get("kind") == "supervisor" and r.get("event") == "restart")
+        failed = [r["component"] for r in records if r.get("kind") == "supervisor" and r.get("event") == "failed"]
+        batches = batch_lives(records)
+        acct = accounting(records, int(rdata["dataflow"]["groups_per_batch"]), final_step)
+        result = {
+            "benchmark": "chaos", "recipe": "math", "steps": args.steps, "finished": finished, "returncode": rc,
+            "final_step": final_step, "wall_s": round(wall, 1),
+            "kills_scheduled": len(schedule), "kills_done": len(kills),
+            "checkpoint_every": rdata["trainer"]["checkpoint_every"],
+            "restarts": dict(sorted(restarts.items())), "restart_budget_exhausted": failed,
+            "recovery_by_type": per_type(kills),
+            "kills": [{k: v for k, v in kill.items() if k not in ("pid", "time")} for kill in kills],
+            **acct, "batches": batches,
+        }
+        unaccounted = acct.get("tasks", {}).get("unaccounted")
+        result["target_met"] = bool(finished and unaccounted == 0 and acct["groups"]["unaccounted"] == 0
+                                    and batches["checkpointed_trained_twice"] == 0 and len(kills) == len(schedule))
+        print(f"chaos: {'finished' if finished else 'NOT finished'} (rc {rc}) at step {final_step}/{args.steps} in "
+              f"{wall:.0f} s; {len(kills)}/{len(schedule)} kills; restarts {dict(restarts)}", file=sys.stderr)
+        for kind, row in result["recovery_by_type"].items():
+            print(f"  {kind:10s} kills {row['kills']} restart {row['restart_s_mean']} s, recovery mean "
+                  f"{row['recovery_s_mean']} s max {row['recovery_s_max']} s", file=sys.stderr)
+        if "tasks" in acct:
+            print(f"  tasks {acct['tasks']}\n  groups {acct['groups']}\n  batches {batches}", file=sys.stderr)
+        if not finished:
+            print("  launcher output (tail):\n" + launcher.output_tail(), file=sys.stderr)
+        print(json.dumps(result), flush=True)
+        return 0 if result["target_met"] else 1
+    finally:
+        if launcher.proc.poll() is None:
+            launcher.proc.terminate()
+            try:
+                launcher.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                launcher.proc.kill()
+        if tmp is not None:
+            tmp.cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
