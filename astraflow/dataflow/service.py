@@ -36,6 +36,7 @@ from astraflow.dataflow.autoscaler import autoscale_report
 from astraflow.dataflow.config import DataflowConfig
 from astraflow.dataflow.pipeline import Dataflow
 from astraflow.dataflow.recovery import recover
+from astraflow.log.codec import METRICS_SCHEMA, WEIGHT_ANNOUNCEMENT_SCHEMA
 from astraflow.log.identity import topic_ids
 from astraflow.records import RecordSchemaError, Task, batch, task, trajectory
 
@@ -134,8 +135,9 @@ def run_dataflow(
         cfg,
         [topics.trajectories, topics.metrics, *weight_topics],
         group_id=f"{cfg.run}.dataflow",
-        # No expected_schemas: it would dead-letter the JSON control records (weights, metrics)
-        # whose schema names belong to other components; trajectory records are checked in _ingest.
+        # Per topic, so a wrong schema name or version on any of them is dead-lettered, not read.
+        expected_schemas={topics.trajectories: (trajectory.SCHEMA_NAME, trajectory.SCHEMA_VERSION),
+                          topics.metrics: METRICS_SCHEMA, **{w: WEIGHT_ANNOUNCEMENT_SCHEMA for w in weight_topics}},
     )
     for t in recovery.reemit:
         send_task(t)

@@ -27,6 +27,7 @@ from astraflow.delta.errors import PublisherError, VersionExistsError
 from astraflow.delta.format import read_header
 from astraflow.delta.manifest import Manifest, state_digest
 from astraflow.delta.store import WeightStore, state_crcs
+from astraflow.log.codec import WEIGHT_ANNOUNCEMENT_SCHEMA
 
 if TYPE_CHECKING:
     from astraflow.config import ClusterConfig
@@ -193,6 +194,7 @@ class WeightPublisher:
             }
             self._producer.send_json(
                 self._topic, str(version), announcement,
-                schema_name="weight-announcement", schema_version=1, policy=self.policy,
+                schema_name=WEIGHT_ANNOUNCEMENT_SCHEMA[0], schema_version=WEIGHT_ANNOUNCEMENT_SCHEMA[1],
+                policy=self.policy,
             ).result(timeout=30)
         return manifest

@@ -75,13 +75,14 @@ class WeightSubscriber:
     def _announcements(self) -> Any:
         if self._consumer is None:
             from astraflow.log import LogConsumer, Topics, ensure_topics
+            from astraflow.log.codec import WEIGHT_ANNOUNCEMENT_SCHEMA
 
             topic = Topics(self.cfg.run).weights(self.policy)
             ensure_topics(self.cfg, {topic: 1})
             # One group per subscriber: every subscriber sees every announcement.
             self._consumer = LogConsumer(
                 self.cfg, topic, f"{self.cfg.run}.weights.{self.policy}.{self.subscriber_id}",
-                auto_offset_reset="latest",
+                {topic: WEIGHT_ANNOUNCEMENT_SCHEMA}, auto_offset_reset="latest",
             )
         return self._consumer
 

@@ -39,6 +39,11 @@ ARROW_STREAM = "application/vnd.apache.arrow.stream"
 JSON = "application/json"
 CONTENT_TYPES = (ARROW_STREAM, JSON)
 
+METRICS_SCHEMA = ("json", 1)
+"""(name, version) of the JSON records on ``<run>.metrics`` (``LogProducer.send_json``'s default)."""
+WEIGHT_ANNOUNCEMENT_SCHEMA = ("weight-announcement", 1)
+"""(name, version) of the JSON records on ``<run>.weights.<policy>``."""
+
 # Headers and the record-batch framing need room beside the largest inline value.
 _FRAMING_HEADROOM = 64 * 1024
 _BROKER_DEFAULT_MAX_BYTES = 1024 * 1024

@@ -21,7 +21,7 @@ from astraflow.log.codec import (
     max_record_bytes,
 )
 from astraflow.log.dead_letters import DeadLetterPublisher
-from astraflow.log.errors import DecodeError, PayloadError
+from astraflow.log.errors import DecodeError, OversizedRecordError, PayloadError
 from astraflow.log.message import Message
 from astraflow.log.offsets import Partition, ProcessedOffsets
 
@@ -146,6 +146,11 @@ class LogConsumer:
             payload = self._claims.get(meta.claim_key, meta.claim_sha256 or "", meta.claim_size)
         elif record.value is None:
             raise PayloadError("record has no value (tombstone) and no claim")
+        elif len(record.value) > self.cfg.inline_limit_bytes:
+            raise OversizedRecordError(
+                f"inline value of {len(record.value)} bytes is above the inline limit of "
+                f"{self.cfg.inline_limit_bytes} bytes (a conforming producer claim-checks it)"
+            )
         else:
             payload = record.value
         decoded = self.codec.decode(meta, payload)

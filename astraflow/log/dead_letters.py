@@ -24,6 +24,9 @@ H_SOURCE_TOPIC = "dead-letter-source-topic"
 H_SOURCE_PARTITION = "dead-letter-source-partition"
 H_SOURCE_OFFSET = "dead-letter-source-offset"
 H_GROUP = "dead-letter-group"
+H_TRUNCATED = "dead-letter-truncated-from"
+"""Present when the original value was too large to publish whole: its size in bytes (the dead letter
+then keeps the first bytes that fit, so the record still lands, with its reason)."""
 
 
 class DeadLetterPublisher:
@@ -61,8 +64,13 @@ class DeadLetterPublisher:
             (H_SOURCE_OFFSET, str(record.offset).encode()),
             (H_GROUP, self.group_id.encode()),
         ]
+        value = record.value
+        room = max_record_bytes(self.cfg.inline_limit_bytes) - 64 * 1024  # headers and framing
+        if value is not None and len(value) > room:
+            headers.append((H_TRUNCATED, str(len(value)).encode()))
+            value = bytes(value[:room])
         try:
-            md = self._open().send(self.topic, key=record.key, value=record.value, headers=headers).get(
+            md = self._open().send(self.topic, key=record.key, value=value, headers=headers).get(
                 timeout=self.timeout_s
             )
         except Exception as exc:

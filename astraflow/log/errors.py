@@ -48,6 +48,12 @@ class PayloadError(DecodeError):
     reason = "bad-payload"
 
 
+class OversizedRecordError(DecodeError):
+    """An inline value above the run's inline limit: a conforming producer would have claim-checked it."""
+
+    reason = "oversized"
+
+
 class ClaimCheckError(DecodeError):
     """A claim-checked payload is missing from the bucket or does not match its sha256."""
 

@@ -106,6 +106,7 @@ class WeightFollower:
 
     def _follow(self) -> None:
         from astraflow.log import BrokerUnavailableError, LogConsumer, Topics
+        from astraflow.log.codec import WEIGHT_ANNOUNCEMENT_SCHEMA
         from astraflow.objstore import ObjectStoreUnavailableError
         from astraflow.outage import OutageReport
 
@@ -123,7 +124,8 @@ class WeightFollower:
             while not self._stop.is_set():
                 try:
                     if consumer is None:
-                        consumer = LogConsumer(self.cfg, list(by_topic), group, auto_offset_reset="latest")
+                        consumer = LogConsumer(self.cfg, list(by_topic), group, auto_offset_reset="latest",
+                                               expected_schemas=dict.fromkeys(by_topic, WEIGHT_ANNOUNCEMENT_SCHEMA))
                         broker.ok()
                     due: set[str] = set()
                     for msg in consumer.poll(timeout_s=0.5):
