@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     "astraflow.cli.weights",    # weights ls|show|verify|gc
     "astraflow.cli.components", # raas, dataflow, trainer
     "astraflow.cli.run",        # run RECIPE, demo
+    "astraflow.cli.archive",    # archive
 ]
 
 

@@ -8,6 +8,8 @@
 <run>/dataflow/<name>                                  plug-in state + offsets
 <run>/claims/<digest>                                  large record payloads (claim check)
 <run>/archive/<name>                                   e.g. archive/trajectories/part-00001.parquet
+<run>/archive/kind=<kind>/policy=<policy>/part-<topic>-<partition>-<first offset>.parquet
+                                                       the archiver's Parquet parts (hive style)
 ```
 
 Versions are zero-padded to 8 digits so that a lexicographic S3 listing is in version order; a
@@ -110,3 +112,20 @@ class RunLayout:
 
     def archive_key(self, name: str) -> str:
         return f"{self.run}/archive/{_check_relpath('archive object name', name)}"
+
+    def archive_prefix(self, kind: str | None = None) -> str:
+        """``<run>/archive/`` or, with ``kind``, ``<run>/archive/kind=<kind>/``."""
+        base = f"{self.run}/archive/"
+        return base if kind is None else f"{base}kind={_check_name('archive kind', kind)}/"
+
+    def archive_part_key(self, kind: str, policy: str | None, topic: str, partition: int, first_offset: int) -> str:
+        """``<run>/archive/kind=<kind>[/policy=<policy>]/part-<topic>-<partition>-<first offset>.parquet``:
+        the name depends only on where the part starts in the log, so rewriting a part after a crash
+        replaces it (offset zero-padded to 20 digits: a listing is in log order)."""
+        if isinstance(partition, bool) or not isinstance(partition, int) or partition < 0:
+            raise ValueError(f"invalid partition {partition!r}")
+        if isinstance(first_offset, bool) or not isinstance(first_offset, int) or first_offset < 0:
+            raise ValueError(f"invalid offset {first_offset!r}")
+        policy_dir = "" if policy is None else f"policy={_check_name('policy', policy)}/"
+        return (f"{self.archive_prefix(kind)}{policy_dir}"
+                f"part-{_check_name('topic', topic)}-{partition}-{first_offset:020d}.parquet")
