@@ -9,6 +9,7 @@ import pytest
 
 from astraflow.dataflow import DataflowConfig
 from astraflow.dataflow.service import STATE_OBJECT, run_dataflow
+from astraflow.log.codec import WEIGHT_ANNOUNCEMENT_SCHEMA
 from astraflow.records import Task, Trajectory, batch, episode_id_for, group_id_for, task, trajectory
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -61,7 +62,7 @@ def test_duplicate_trained_once_stale_dropped_and_resume(test_cluster):
     try:
         tmsgs = read_until(tasks_c, 2)
         assert sorted(task.from_table(m.table)[0].prompt_id for m in tmsgs) == ["p0", "p1"]  # cap = 1 x (1+1)
-        prod.send_json(topics.weights("solver"), "3", {"version": 3}).result(10)
+        prod.send_json(topics.weights("solver"), "3", {"version": 3}, *WEIGHT_ANNOUNCEMENT_SCHEMA).result(10)
         seen_v3 = read_until(metrics_c, 1, pred=lambda m: (m.obj or {}).get("versions", {}).get("solver") == 3)
         assert seen_v3, "dataflow never saw the weight announcement"
         # the metrics contract: component and id on every record, kind names the dataflow's record
