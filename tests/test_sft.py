@@ -1,0 +1,20 @@
+"""The warm start's progress in a log: a line every tenth of the way, the same training as the bar."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from astraflow.recipe import Recipe
+from astraflow.sft import warm_start
+
+RECIPES = Path(__file__).resolve().parent.parent / "examples" / "recipes"
+
+
+def test_warm_start_prints_progress_lines_when_not_a_terminal(capsys) -> None:
+    recipe = Recipe.load(RECIPES / "math.yaml").localized()
+    model, tokenizer = recipe.build_policy_model("policy"), recipe.build_policy_tokenizer("policy")
+    figures = warm_start(model, tokenizer, recipe, "policy")
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("SFT math/policy: step")]
+    steps = figures["sft_steps"]
+    assert len(lines) == 10 and lines[-1].startswith(f"SFT math/policy: step {steps}/{steps} loss ")
+    assert figures["sft_final_loss"] < 3.0
