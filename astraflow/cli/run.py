@@ -39,6 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="restarts allowed per component within 10 minutes (backoff 1 s doubling to "
                      "30 s); one more death fails the run; 0 never restarts (default: %(default)s)")
     run.add_argument("--no-live", action="store_true", help="print progress lines instead of a live table")
+    run.add_argument("--no-archive", action="store_true",
+                     help="do not start the archiver (Parquet of the run's log under <run>/archive/)")
     run.set_defaults(func=cmd_run)
 
     demo = subparsers.add_parser(
@@ -90,7 +92,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             recipe = Recipe.load(args.recipe)
             opts = RunOptions(run_id=args.run_id, steps=args.steps, nodes=parse_nodes(args.nodes),
                               runs_dir=args.runs_dir, grace_s=args.grace, timeout_s=args.timeout,
-                              live=False if args.no_live else None,
+                              live=False if args.no_live else None, archive=not args.no_archive,
                               restart=RestartPolicy(max_restarts=args.max_restarts))
             with open_run_cluster(load_cluster(args), log_storage=args.log_storage,
                                   announce=lambda m: console.print(m, highlight=False)) as cluster:

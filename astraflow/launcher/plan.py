@@ -80,8 +80,10 @@ def child_env(cluster_file: Path, run_id: str, threads: int = 1) -> dict[str, st
 
 
 def component_specs(recipe: Recipe, recipe_file: Path, cluster_file: Path, run_dir: Path,
-                    *, threads: int = 1) -> list[ChildSpec]:
-    """Dataflow first, then one trainer per policy, then ``nodes`` RaaS nodes per pool."""
+                    *, threads: int = 1, archive: bool = True) -> list[ChildSpec]:
+    """Dataflow first, then one trainer per policy, then ``nodes`` RaaS nodes per pool, then (with
+    ``archive``) the archiver, which runs until the stop: on SIGTERM it reads what is left on the
+    topics, flushes its last Parquet parts and exits 0 within the launcher's grace period."""
     base = [sys.executable, "-m", "astraflow.cli.main", "--config", str(cluster_file)]
     env = child_env(cluster_file, recipe.run, threads)
     logs = run_dir / "logs"
@@ -96,6 +98,9 @@ def component_specs(recipe: Recipe, recipe_file: Path, cluster_file: Path, run_d
             name = f"raas-{pool.name}-{i}"
             specs.append(ChildSpec(name, [*base, "raas", "--recipe", str(recipe_file), "--pool", pool.name,
                                           "--node-id", name], env, logs / f"{name}.log"))
+    if archive:
+        specs.append(ChildSpec("archive", [*base, "archive", "--recipe", str(recipe_file)], env,
+                               logs / "archive.log"))
     return specs
 
 

@@ -55,6 +55,8 @@ class RunOptions:
     """Rich live table (default: when stdout is a terminal); else a progress line every few seconds."""
     threads: int = 1
     """Torch threads per component process."""
+    archive: bool = True
+    """Start the archiver (``astraflow archive``): the run's log as Parquet under ``<run>/archive/``."""
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     """Backoff and budget for restarting a component (or a server of ``stack``) that dies."""
     stack: EmbeddedStack | None = None
@@ -216,7 +218,8 @@ def _launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console, guard
     policies = [p.name for p in recipe.policies]
     progress = RunProgress(run=run_id, steps=recipe.trainer.steps, policies=policies)
     metrics_path = run_dir / "metrics.jsonl"
-    specs = component_specs(recipe, recipe_file, cluster_file, run_dir, threads=opts.threads)
+    specs = [s for s in component_specs(recipe, recipe_file, cluster_file, run_dir, threads=opts.threads)
+             if opts.archive or s.name != "archive"]
     group = ProcessGroup(grace_s=opts.grace_s, restart=opts.restart)
     watched: list[_Supervised] = [group]
     if opts.stack is not None:
