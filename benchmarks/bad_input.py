@@ -258,6 +258,14 @@ def live_run(cfg: Any, tmp: Path, steps: int = 6, timeout_s: float = 120.0) -> d
                         seconds=time.monotonic() - t0)
     summary["trainer_steps"] = max((r.get("step") or 0) for r in recs if r.get("component") == "trainer")
     summary["invalid_records"] = _last_counter(recs, "invalid_records")
+    # Weight objects refused by the nodes (weights.refused.<reason>, weights.unreachable; none injected
+    # here: tests/test_weights_refused.py corrupts a delta and an anchor under live followers).
+    from astraflow.launcher.progress import RunProgress
+
+    progress = RunProgress(cfg.run, steps, ["policy"])
+    for r in recs:
+        progress.update(r)
+    summary["weights_refused"] = progress.weight_refusals()
     return {**summary, "_output": " ".join(out_path.read_text().split())[-3000:], "_injected": injected,
             "_records": recs}
 

@@ -14,6 +14,7 @@ import yaml
 from astraflow.cli.main import main as cli
 from astraflow.delta import (
     DeltaCorruptError,
+    NoPathError,
     RetentionPolicy,
     VersionExistsError,
     WeightPublisher,
@@ -168,8 +169,10 @@ def test_corrupted_delta_is_refused_and_state_kept(published):
     blob = bytearray(store.objects.get_bytes(key))
     blob[len(blob) // 2] ^= 0x40
     store.objects.put_bytes(key, bytes(blob))  # a consistent object, not the one the manifest names
-    with pytest.raises(DeltaCorruptError):
+    with pytest.raises(NoPathError) as info:  # refused, and no other path reaches v30
         sub.pull(LAST)
+    assert isinstance(info.value.__cause__, DeltaCorruptError)
+    assert sub.refused == {key: "corrupt"}
     assert sub.version == 29
     assert_bits_equal(state, truth[29])
     # The codec's own checksums refuse it too, independent of the manifest's sha256.

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import MutableMapping
+from collections.abc import Collection, MutableMapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -119,13 +119,13 @@ class WeightStore:
     def manifests(self) -> dict[int, Manifest]:
         return {v: self.manifest(v) for v in self.versions()}
 
-    def plan(self, have: int | None, want: int | None = None) -> Plan:
+    def plan(self, have: int | None, want: int | None = None, avoid: Collection[str] = ()) -> Plan:
         manifests = self.manifests()
         if want is None:
             if not manifests:
                 raise VersionNotFoundError(f"no version of {self.policy} is published")
             want = max(manifests)
-        return plan_path(manifests, have, want)
+        return plan_path(manifests, have, want, avoid)
 
     def get_anchor(self, version: int, device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
         """The anchor's state dict, each tensor checked against the manifest's CRC-32C."""

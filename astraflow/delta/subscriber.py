@@ -7,6 +7,12 @@ deltas with the codec (which refuses a base that is not exactly the expected ver
 subscriber resyncs from an anchor), counts the bytes it downloads, and registers the version it
 holds in the bucket (``subscribers/<id>.json``) so garbage collection keeps its chain.
 
+An object that fails verification (its bytes do not match the sha256 stored with it or named by its
+manifest, a delta the codec refuses, a delta that does not fit the anchor it was planned from) is
+refused: one log line names it and the reason, :attr:`refused` keeps it, and the subscriber plans
+again without it (another anchor, or :class:`NoPathError` until a later anchor is published). The
+state it holds stays the last version it reached. A refused object is not fetched again.
+
 A subscriber follows one state: call either ``pull`` or ``apply_to`` (always on the same target).
 ``latest_version()`` asks the bucket (the source of truth); ``wait_for_version`` blocks on the
 ``<run>.weights.<policy>`` announcements and confirms in the bucket.
@@ -14,6 +20,7 @@ A subscriber follows one state: call either ``pull`` or ``apply_to`` (always on 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Any, Self
@@ -21,16 +28,45 @@ from typing import TYPE_CHECKING, Any, Self
 import torch
 
 from astraflow.delta.codec import apply_inplace
-from astraflow.delta.errors import BaseMismatchError, DeltaError, NoPathError
+from astraflow.delta.errors import (
+    BaseMismatchError,
+    BaseVersionError,
+    DeltaCorruptError,
+    DeltaError,
+    DeltaFormatError,
+    NoPathError,
+)
 from astraflow.delta.format import read_header
-from astraflow.delta.planner import Plan
+from astraflow.delta.planner import Plan, Step
 from astraflow.delta.store import WeightStore
-from astraflow.objstore.errors import ObjectNotFoundError
+from astraflow.objstore.errors import ChecksumError, ObjectNotFoundError
 
 if TYPE_CHECKING:
     from astraflow.config import ClusterConfig
 
 StateDict = MutableMapping[str, torch.Tensor]
+log = logging.getLogger(__name__)
+
+
+def refusal_reason(exc: BaseException) -> str:
+    """The counted reason a weight object was refused for."""
+    if isinstance(exc, ChecksumError):
+        return "checksum"  # the bytes read are not those written (sha256 in the object's metadata)
+    if isinstance(exc, DeltaCorruptError):
+        return "corrupt"  # not the object the manifest names, or the codec's own checksums fail
+    if isinstance(exc, DeltaFormatError):
+        return "format"
+    if isinstance(exc, (BaseVersionError, BaseMismatchError)):
+        return "base"
+    return "invalid"
+
+
+class _BadObject(Exception):
+    """Internal: ``step``'s object failed verification; the cause says how."""
+
+    def __init__(self, step: Step) -> None:
+        super().__init__(step.key)
+        self.step = step
 
 
 class WeightSubscriber:
@@ -51,6 +87,8 @@ class WeightSubscriber:
         self.version: int | None = None
         self.bytes_pulled = 0
         """Bytes downloaded from the bucket over this subscriber's life."""
+        self.refused: dict[str, str] = {}
+        """Objects refused (key -> reason, see :func:`refusal_reason`); plans avoid them."""
         self._state: dict[str, torch.Tensor] | None = None
         self._consumer = None
 
@@ -104,20 +142,34 @@ class WeightSubscriber:
     def _advance(self, into: StateDict | None, to_version: int | None) -> int:
         before = self.bytes_pulled
         resync = False
-        for attempt in range(3):
+        attempt = 0
+        refusal: BaseException | None = None
+        while True:  # ends: each refusal removes an object from the plans; other retries are bounded
             held = self._state if into is None else into
             have = None if resync or held is None else self.version
             try:
-                self._execute(self.store.plan(have, to_version), into)
+                try:
+                    plan = self.store.plan(have, to_version, avoid=self.refused)
+                except NoPathError as exc:
+                    if refusal is None:
+                        raise
+                    raise exc from refusal  # the refusal in this call is why
+                self._execute(plan, into)
                 break
             except ObjectNotFoundError:
-                if attempt == 2:
+                attempt += 1
+                if attempt == 3:
                     raise
                 # collected while we planned: re-plan with fresh manifests
-            except BaseMismatchError:
-                if have is None or attempt == 2:
-                    raise
-                resync = True  # what we hold is not the version we think: resync from an anchor
+            except _BadObject as bad:
+                exc = bad.__cause__
+                if isinstance(exc, BaseMismatchError) and have is not None and not resync:
+                    resync = True  # what we hold is not the version we think: resync from an anchor
+                    continue
+                reason, refusal = refusal_reason(exc), exc
+                self.refused[bad.step.key] = reason
+                log.warning("%s: refused %s v%d object %s (%s): %s", self.subscriber_id, self.policy,
+                            bad.step.version, bad.step.key, reason, exc)
         if self.register:
             self.store.register_subscriber(self.subscriber_id, self.version)
         return self.bytes_pulled - before
@@ -126,16 +178,26 @@ class WeightSubscriber:
         state = self._state if into is None else into
         for step in plan.steps:
             if step.kind == "anchor":
-                anchor = self.store.get_anchor(step.version)
+                try:
+                    anchor = self.store.get_anchor(step.version)
+                except (ChecksumError, DeltaError) as exc:
+                    raise _BadObject(step) from exc
                 if into is None:
                     self._state = state = anchor
                 else:
                     _copy_into(into, anchor)
             else:
-                blob = self.store.get_delta(step.version)
-                if into is not None and any(t.op in ("full", "removed") for t in read_header(blob).tensors):
+                try:
+                    blob = self.store.get_delta(step.version)
+                    header = read_header(blob)
+                except (ChecksumError, DeltaError) as exc:
+                    raise _BadObject(step) from exc
+                if into is not None and any(t.op in ("full", "removed") for t in header.tensors):
                     raise DeltaError(f"v{step.version} changes tensor names/shapes: pull() a state dict instead")
-                apply_inplace(state, blob, base_version=step.version - 1)
+                try:
+                    apply_inplace(state, blob, base_version=step.version - 1)
+                except DeltaError as exc:  # refused before writing: the state is still step.version - 1
+                    raise _BadObject(step) from exc
             self.version = step.version
             self.bytes_pulled += step.bytes
         self.version = plan.want

@@ -83,6 +83,16 @@ class RunProgress:
                 out[key] = int(value)
         return out
 
+    def weight_refusals(self) -> dict[str, int]:
+        """Nodes' non-zero ``weights.refused.<reason>`` / ``weights.unreachable`` counters, summed."""
+        out: dict[str, int] = {}
+        for n in self.nodes.values():
+            c = n.get("counters")
+            for key, value in (c.items() if isinstance(c, dict) else ()):
+                if key.startswith("weights.") and isinstance(value, (int, float)) and value:
+                    out[key] = out.get(key, 0) + int(value)
+        return out
+
     def summary_line(self) -> str:
         parts = [f"[{self.elapsed():5.0f}s]"]
         for p in self.policies:
@@ -97,6 +107,9 @@ class RunProgress:
         d = self.dropped()
         if d:
             parts.append("dropped " + ",".join(f"{k}={v}" for k, v in sorted(d.items())))
+        w = self.weight_refusals()
+        if w:
+            parts.append(",".join(f"{k}={v}" for k, v in sorted(w.items())))
         if self.restarts:
             parts.append("restarts " + ",".join(f"{k}={v}" for k, v in sorted(self.restarts.items())))
         return " | ".join(parts)

@@ -25,9 +25,11 @@ class NodeCounters:
     _last_busy: float = 0.0
 
     def record(self, concurrency: int, versions: dict[str, int], refresh_s: float, in_flight: int,
-               workflow_counters: Mapping[str, int] | None = None) -> dict:
+               workflow_counters: Mapping[str, int] | None = None,
+               weight_counters: Mapping[str, int] | None = None) -> dict:
         """The metrics record; ``workflow_counters`` (tool calls, tool timeouts, environment
-        failures, ...) are cumulative since the node started, under ``workflow``."""
+        failures, ...) are cumulative since the node started, under ``workflow``; so are
+        ``weight_counters`` (``weights.refused.<reason>``, ``weights.unreachable``), under ``counters``."""
         now = time.monotonic()
         dt = max(now - self._last_t, 1e-9)
         rec = {
@@ -46,6 +48,7 @@ class NodeCounters:
             "refresh_s": refresh_s,
             "in_flight": in_flight,
             "workflow": dict(workflow_counters or {}),
+            "counters": dict(weight_counters or {}),
         }
         self._last_t, self._last_tokens, self._last_busy = now, self.tokens, self.busy_s
         return rec

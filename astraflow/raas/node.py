@@ -210,6 +210,7 @@ class RaasNode:
             follower.refresh_s if follower else 0.0,
             self.inflight.tasks,
             workflow.counters if workflow else {},
+            follower.counters if follower else {},
         )
 
 

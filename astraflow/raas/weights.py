@@ -8,6 +8,11 @@ steps. Pulling and decoding happen on this thread, so generation never waits for
 A periodic check of the store covers announcements published before the follower joined.
 When the bucket or the broker does not answer, the follower waits for it (one log line per backoff
 step, :class:`~astraflow.outage.OutageReport`) and the node keeps serving the weights it has.
+A corrupt weight object is not an outage and not fatal either: the subscriber refuses it (logged,
+counted in :attr:`WeightFollower.counters` as ``weights.refused.<reason>``) and plans around it; a
+version that cannot be reached without it is skipped (one log line per version, counted as
+``weights.unreachable``), the node keeps serving the newest version it has and tries again when a
+newer one is published (typically the next anchor).
 """
 
 from __future__ import annotations
@@ -41,6 +46,9 @@ class WeightFollower:
         self.refreshes = 0
         self.refresh_s = 0.0
         """Seconds the last refresh took (pull + decode + swap)."""
+        self.unreachable = 0
+        """Versions skipped because no path to them avoids the refused objects."""
+        self._unreachable: dict[str, int] = {}  # policy -> the last version skipped (logged once)
         self._loaded: set[str] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -50,8 +58,23 @@ class WeightFollower:
     def versions(self) -> dict[str, int]:
         return {p: e.weight_version for p, e in self.engines.items()}
 
+    @property
+    def counters(self) -> dict[str, int]:
+        """``weights.refused.<reason>`` (objects refused, see
+        :func:`~astraflow.delta.subscriber.refusal_reason`) and ``weights.unreachable``, cumulative."""
+        out: dict[str, int] = {}
+        for sub in self.subscribers.values():
+            for reason in list(sub.refused.values()):
+                out[f"weights.refused.{reason}"] = out.get(f"weights.refused.{reason}", 0) + 1
+        if self.unreachable:
+            out["weights.unreachable"] = self.unreachable
+        return out
+
     def refresh(self, policy: str) -> bool:
-        """Load the latest version of ``policy`` if it is newer than the engine's; True if loaded."""
+        """Load the latest version of ``policy`` if it is newer than the engine's; True if loaded.
+        False also when the latest version cannot be reached (see the module docstring)."""
+        from astraflow.delta import NoPathError
+
         sub, engine = self.subscribers[policy], self.engines[policy]
         latest = sub.latest_version()
         # The first load always happens: the engine starts from the seeded model, whose "version 0"
@@ -59,7 +82,15 @@ class WeightFollower:
         if latest is None or (policy in self._loaded and latest <= engine.weight_version):
             return False
         t0 = time.perf_counter()
-        state, _, _ = sub.pull(latest)  # the subscriber's own copy: load it, do not keep it
+        try:
+            state, _, _ = sub.pull(latest)  # the subscriber's own copy: load it, do not keep it
+        except NoPathError as exc:  # e.g. only through a refused object: wait for a newer version
+            if self._unreachable.get(policy) != latest:
+                self._unreachable[policy] = latest
+                self.unreachable += 1
+                serving = f"v{engine.weight_version}" if policy in self._loaded else "nothing yet"
+                log.warning("node %s: %s v%d skipped (%s); serving %s", self.node_id, policy, latest, exc, serving)
+            return False
         engine.load_weights(state, latest)
         self.refresh_s = time.perf_counter() - t0
         self.refreshes += 1
