@@ -32,16 +32,25 @@ Definitions (times from the wall clock of this machine; every process is local):
   ``unaccounted = emitted - finished - expired - in_flight`` (target 0).
   Groups of finished tasks: ``kept`` (to the batcher) or ``dropped`` by reason (``group_too_small``,
   ``filter:<name>``, e.g. dynamic sampling's all-equal rewards). Kept groups are ``batched`` or still
-  ``buffered``; batched groups are in batches the trainer ``trained`` (``steps x groups_per_batch``,
-  the final lineage), batches it ``skipped_by_trainer`` (re-made by a restarted dataflow with an id
-  already trained), or batches still unconsumed at the end. ``groups_unaccounted = finished -
-  dropped - batched - buffered`` (target 0). Trajectories dropped by reason (``stale``,
-  ``duplicate``, ``unknown_task``, ``expired``, ``in_dropped_group``) are reported as counted.
+  ``buffered``. ``groups_unaccounted = finished - dropped - batched - buffered`` (target 0).
+  Trajectories dropped by reason (``stale``, ``duplicate``, ``unknown_task``, ``expired``,
+  ``in_dropped_group``) are reported as counted.
+* batch ids (sequential per policy, part of the dataflow's state): ``made`` by the final state,
+  ``trained`` (the final step), ``skipped_by_trainer`` (re-made by a restarted dataflow with an id
+  the trainer had trained from the lost life's batch), ``trained_made_by_a_lost_dataflow_life`` (ids
+  at or above the final state's sequence: their groups are still buffered or in flight there), and
+  ``made_not_trained_at_end = made - skipped - (trained - lost-life ones)`` (the dataflow ran ahead).
+  The balance is per batch id, not per task: a re-made batch may hold other tasks than the trained
+  batch with its id, so a task may be in two trained batches or none; checking that needs the
+  batches topic, which this benchmark does not read.
 * batches (the trainer's step records carry ``batch_id``, ``step`` and ``life``; a ``start`` record
   gives the step a life resumed from, i.e. its checkpoint): a batch trained in life A at step s and
   again in a later life B is ``retrained_after_crash`` when s > B's start step (trained after the
   checkpoint: the documented re-do) and ``checkpointed_trained_twice`` when s <= B's start step
-  (target 0). ``skipped_duplicate``: the trainer's ``skipped`` records (a batch id already trained).
+  (target 0). ``in_final_lineage_twice``: a batch id at two steps of the final lineage (for each
+  step, the record of the last life that trained it; target none). ``steps_without_record``: steps
+  trained and checkpointed by a life killed before their step record (sent once the version is
+  published) went out. ``skipped_duplicate``: the trainer's ``skipped`` records.
 * ``finished``: launcher exit status 0, a trainer ``done`` record and step records up to ``--steps``.
 
 Prints a human summary on stderr and ONE JSON line last on stdout. Exit status 0 when the target
@@ -51,6 +60,7 @@ Prints a human summary on stderr and ONE JSON line last on stdout. Exit status 0
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -231,7 +241,7 @@ def batch_lives(records: list[dict]) -> dict[str, Any]:
     retrained, twice = [], []
     for bid, uses in trained.items():
         uses = sorted(set(uses))
-        for (la, sa), (lb, _sb) in zip(uses, uses[1:]):
+        for (la, sa), (lb, _sb) in itertools.pairwise(uses):
             if lb == la:
                 twice.append({"batch_id": bid, "lives": [la, lb], "why": "same life"})
             elif sa <= starts[order[lb]]:
@@ -239,13 +249,25 @@ def batch_lives(records: list[dict]) -> dict[str, Any]:
             else:
                 retrained.append(bid)
     skipped = [r for r in records if r.get("component") == "trainer" and r.get("event") == "skipped"]
+    # The final lineage: for each step, the batch of the last life that recorded it (a later life
+    # resumed below that step re-trained it). A step with no record was trained and checkpointed by a
+    # life that died before its step record (emitted after the version is published) went out.
+    lineage: dict[int, str] = {}
+    for r in records:
+        if is_step(r) and r.get("life") in starts:
+            lineage[int(r["step"])] = r["batch_id"]
+    final = max(lineage, default=0)
+    in_lineage = Counter(lineage.values())
     return {"trainer_lives": len(order), "resumed_from_steps": [starts[life] for life in order],
             "distinct_batches_trained": len(trained), "retrained_after_crash": len(retrained),
             "checkpointed_trained_twice": len(twice), "checkpointed_trained_twice_ids": twice[:10],
+            "in_final_lineage_twice": sorted(b for b, n in in_lineage.items() if n > 1),
+            "steps_without_record": [s for s in range(1, final + 1) if s not in lineage],
+            "lineage_ids": set(lineage.values()),
             "skipped_duplicate": sum(1 for r in skipped if r.get("reason") == "duplicate")}
 
 
-def accounting(records: list[dict], groups_per_batch: int, steps_trained: int) -> dict[str, Any]:
+def accounting(records: list[dict], groups_per_batch: int, steps_trained: int, lineage_ids: set[str]) -> dict[str, Any]:
     last = None
     for r in records:
         if r.get("component") == "dataflow" and r.get("kind") == "dataflow" and isinstance(r.get("counters"), dict):
@@ -256,6 +278,10 @@ def accounting(records: list[dict], groups_per_batch: int, steps_trained: int) -
     emitted, finished, expired, in_flight = c["tasks.emitted"], c["tasks.finished"], c["tasks.expired"], c["tasks.in_flight"]
     dropped_groups = {k.split(":", 1)[1]: v for k, v in c.items() if k.startswith("trajectories.groups_dropped:") and v}
     batched = sum(v for k, v in c.items() if k.startswith("batches.") and k.endswith(".groups_batched"))
+    seqs = {k.split(".")[1]: v for k, v in c.items() if k.startswith("batches.") and k.endswith(".batches")}
+    # Trained batch ids at or above the dataflow's final sequence: made by a dataflow life lost in a
+    # kill after its last state checkpoint; the final state's groups for them are still buffered/in flight.
+    beyond = sum(1 for b in lineage_ids if b.rsplit("-", 1)[0] in seqs and int(b.rsplit("-", 1)[1]) >= seqs[b.rsplit("-", 1)[0]])
     buffered = sum(v for k, v in c.items() if k.startswith("batches.") and k.endswith(".groups_buffered"))
     batches = sum(v for k, v in c.items() if k.startswith("batches.") and k.endswith(".batches"))
     skipped_by_trainer = sum(v for k, v in c.items() if k.endswith(".skipped_by_trainer"))
@@ -268,11 +294,10 @@ def accounting(records: list[dict], groups_per_batch: int, steps_trained: int) -
                   "unaccounted": emitted - finished - expired - in_flight},
         "groups": {"finished": c["trajectories.groups_finished"], "kept": c["trajectories.groups_kept"],
                    "dropped": dropped_groups, "batched": batched, "buffered_at_end": buffered,
-                   "trained": steps_trained * groups_per_batch,
-                   "in_batches_skipped_by_trainer": skipped_by_trainer * groups_per_batch,
-                   "in_batches_unconsumed_at_end": max(0, batches - skipped_by_trainer - steps_trained) * groups_per_batch,
                    "unaccounted": c["trajectories.groups_finished"] - sum(dropped_groups.values()) - batched - buffered},
-        "batches_made": batches, "batches_skipped_by_trainer": skipped_by_trainer,
+        "batch_ids": {"made": batches, "trained": steps_trained, "skipped_by_trainer": skipped_by_trainer,
+                      "trained_made_by_a_lost_dataflow_life": beyond,
+                      "made_not_trained_at_end": batches - skipped_by_trainer - (steps_trained - beyond)},
         "trajectories": {"received": c["trajectories.received"], "kept": c["trajectories.kept"],
                          "dropped": traj_dropped, "pending_at_end": c["trajectories.pending"]},
     }
@@ -343,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
         restarts = Counter(r["component"] for r in records if r.get("kind") == "supervisor" and r.get("event") == "restart")
         failed = [r["component"] for r in records if r.get("kind") == "supervisor" and r.get("event") == "failed"]
         batches = batch_lives(records)
-        acct = accounting(records, int(rdata["dataflow"]["groups_per_batch"]), final_step)
+        lineage_ids = batches.pop("lineage_ids")
+        acct = accounting(records, int(rdata["dataflow"]["groups_per_batch"]), final_step, lineage_ids)
         result = {
             "benchmark": "chaos", "recipe": "math", "steps": args.steps, "finished": finished, "returncode": rc,
             "final_step": final_step, "wall_s": round(wall, 1),
@@ -356,14 +382,16 @@ def main(argv: list[str] | None = None) -> int:
         }
         unaccounted = acct.get("tasks", {}).get("unaccounted")
         result["target_met"] = bool(finished and unaccounted == 0 and acct["groups"]["unaccounted"] == 0
-                                    and batches["checkpointed_trained_twice"] == 0 and len(kills) == len(schedule))
+                                    and batches["checkpointed_trained_twice"] == 0 and not batches["in_final_lineage_twice"]
+                                    and len(kills) == len(schedule))
         print(f"chaos: {'finished' if finished else 'NOT finished'} (rc {rc}) at step {final_step}/{args.steps} in "
               f"{wall:.0f} s; {len(kills)}/{len(schedule)} kills; restarts {dict(restarts)}", file=sys.stderr)
         for kind, row in result["recovery_by_type"].items():
             print(f"  {kind:10s} kills {row['kills']} restart {row['restart_s_mean']} s, recovery mean "
                   f"{row['recovery_s_mean']} s max {row['recovery_s_max']} s", file=sys.stderr)
         if "tasks" in acct:
-            print(f"  tasks {acct['tasks']}\n  groups {acct['groups']}\n  batches {batches}", file=sys.stderr)
+            print(f"  tasks {acct['tasks']}\n  groups {acct['groups']}\n  batch ids {acct['batch_ids']}\n"
+                  f"  trainer {batches}", file=sys.stderr)
         if not finished:
             print("  launcher output (tail):\n" + launcher.output_tail(), file=sys.stderr)
         print(json.dumps(result), flush=True)
