@@ -14,6 +14,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class OutageReport:
@@ -77,3 +80,41 @@ def _one_line(error: BaseException | str) -> str:
         text = str(error).splitlines()[0] if str(error) else ""
         return f"{type(error).__name__}: {text[:240]}" if text else type(error).__name__
     return error.splitlines()[0][:240] if error else "?"
+
+
+OUTAGE_DEADLINE_S = 300.0
+"""How long a component waits for the bucket before an operation fails as if nobody waited."""
+
+
+def wait_out_outage(fn: Callable[[], T], report: OutageReport, *, deadline_s: float = OUTAGE_DEADLINE_S,
+                    stop: threading.Event | None = None, max_retry_s: float = 2.0) -> T:
+    """``fn()``, retried while the bucket is unreachable (:class:`ObjectStoreUnavailableError`:
+    connection refused, timeouts, 5xx), with ``report``'s lines on its backoff schedule and one
+    "answers again" line when it succeeds after failing. ``fn`` must be safe to call again (an
+    idempotent put). Any other error is raised at once; the unavailable error itself is raised once
+    ``deadline_s`` has passed since the first failure, or as soon as ``stop`` is set. Attempts come
+    at the report's backoff, at most ``max_retry_s`` apart, so the caller resumes soon after the
+    endpoint returns."""
+    from astraflow.objstore.errors import ObjectStoreUnavailableError
+
+    give_up: float | None = None
+    while True:
+        try:
+            result = fn()
+        except ObjectStoreUnavailableError as exc:
+            now = report.clock()
+            if give_up is None:
+                give_up = now + deadline_s
+            if now >= give_up or (stop is not None and stop.is_set()):
+                if now >= give_up:
+                    report.log.error("%s %s: giving up after %.0f s: %s", report.what, report.endpoint,
+                                     deadline_s, _one_line(exc))
+                raise
+            wait = min(report.failed(exc), max_retry_s, max(0.0, give_up - now))
+            if stop is not None:
+                stop.wait(wait)
+            else:
+                time.sleep(wait)
+            continue
+        report.ok()
+        return result

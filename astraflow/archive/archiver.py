@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from astraflow.archive import rows as R
+from astraflow.outage import OutageReport, wait_out_outage
 from astraflow.records.schema import RecordSchemaError
 
 if TYPE_CHECKING:
@@ -75,6 +76,8 @@ class Archiver:
         self.cfg = cfg
         self.layout = RunLayout(cfg.run)
         self.store = store or ObjectStore.from_config(cfg)
+        # A restarting S3 server is waited out (one line per backoff step), not a reason to exit.
+        self._s3 = OutageReport("archiver: S3 endpoint", str(getattr(self.store, "endpoint", cfg.s3.endpoint)), log)
         topics = Topics(cfg.run)
         self.kinds: dict[str, tuple[str, str | None]] = {topics.trajectories: (R.TRAJECTORIES, None),
                                                          topics.metrics: (R.METRICS, None)}
@@ -104,7 +107,8 @@ class Archiver:
         keys = self._existing.get((topic, partition, first))
         if not keys:
             return None
-        last = max(int(R.parquet_meta(self.store.get_bytes(k))[R.META_LAST]) for k in keys)
+        last = max(int(R.parquet_meta(wait_out_outage(lambda: self.store.get_bytes(k), self._s3))[R.META_LAST])  # noqa: B023
+                   for k in keys)
         log.info("%s/%d: a part from offset %d to %d exists (uploaded, not committed): rewriting it",
                  topic, partition, first, last)
         return last
@@ -178,7 +182,7 @@ class Archiver:
                 data = R.to_parquet(kind, tables, topic=buf.topic, partition=buf.partition, first_offset=buf.first,
                                     last_offset=buf.last, row_group_bytes=self.row_group_bytes)
                 key = self.layout.archive_part_key(kind, policy, buf.topic, buf.partition, buf.first)
-                self.store.put_bytes(key, data, content_type=PARQUET)
+                wait_out_outage(lambda: self.store.put_bytes(key, data, content_type=PARQUET), self._s3)  # noqa: B023
                 uploaded.append(key)
                 self.stats.rows[kind] += sum(t.num_rows for t in tables)
                 self.stats.parts += 1

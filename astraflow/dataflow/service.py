@@ -38,6 +38,7 @@ from astraflow.dataflow.pipeline import Dataflow
 from astraflow.dataflow.recovery import recover
 from astraflow.log.codec import METRICS_SCHEMA, WEIGHT_ANNOUNCEMENT_SCHEMA
 from astraflow.log.identity import topic_ids
+from astraflow.outage import OutageReport, wait_out_outage
 from astraflow.records import RecordSchemaError, Task, batch, task, trajectory
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ def run_dataflow(
 
     topics = Topics(cfg.run)
     store = ObjectStore.from_config(cfg)
+    s3 = OutageReport("dataflow: state save, S3 endpoint", str(cfg.s3.endpoint), log)
     state_key = RunLayout(cfg.run).dataflow_key(STATE_OBJECT)
     df = Dataflow(section, dataset)
 
@@ -173,12 +175,13 @@ def run_dataflow(
                 last_metrics = mono
             if mono - last_ckpt >= checkpoint_every_s:
                 _checkpoint(producer, store, state_key, df, offsets, consumer, uncommitted, placing,
-                            recovery.topic_ids)
+                            recovery.topic_ids, s3)
                 last_ckpt = mono
             if stop_when_finished and df.finished:
                 break
         _publish_metrics(producer, topics.metrics, df, window, section, time.time())
-        _checkpoint(producer, store, state_key, df, offsets, consumer, uncommitted, placing, recovery.topic_ids)
+        _checkpoint(producer, store, state_key, df, offsets, consumer, uncommitted, placing, recovery.topic_ids,
+                    s3)
         return df.counters()
     finally:
         consumer.close()
@@ -251,11 +254,13 @@ def _publish_metrics(producer: Any, topic: str, df: Dataflow, window: _Window, s
 
 
 def _checkpoint(producer: Any, store: Any, key: str, df: Dataflow, offsets: dict, consumer: Any,
-                uncommitted: list, placing: list[tuple[str, Any]], ids: dict[str, str | None]) -> None:
+                uncommitted: list, placing: list[tuple[str, Any]], ids: dict[str, str | None],
+                s3: OutageReport) -> None:
     producer.flush()  # batches/tasks derived from the state must be on the log before it is saved
     _record_positions(df, placing)  # after the flush every task record has its position
-    store.put_json(key, {"dataflow": df.state_dict(), "offsets": [[t, p, o] for (t, p), o in offsets.items()],
-                         "topic_ids": ids})
+    state = {"dataflow": df.state_dict(), "offsets": [[t, p, o] for (t, p), o in offsets.items()], "topic_ids": ids}
+    # A restarting S3 server is waited out (one line per backoff step), not a reason to exit.
+    wait_out_outage(lambda: store.put_json(key, state), s3)
     consumer.commit(uncommitted)
     uncommitted.clear()
 

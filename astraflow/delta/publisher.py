@@ -10,11 +10,15 @@ previous snapshot plus up to ``max_lag_versions + 1`` queued ones.
 
 A failure in the background thread stops publishing (a later delta would have a missing base)
 and is raised, as :class:`PublisherError`, from the next ``publish``/``flush``/``close``. A fresh
-publisher starts with an anchor.
+publisher starts with an anchor. An unreachable bucket (a restarting S3 server) is not a failure: each
+upload waits for it (:func:`~astraflow.outage.wait_out_outage`, one log line per backoff step, at most
+``outage_deadline_s``) and the version is published when it returns; versions stay in order (one
+thread), and the caller blocks only once ``max_lag_versions`` versions are queued behind it.
 """
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -28,11 +32,13 @@ from astraflow.delta.format import read_header
 from astraflow.delta.manifest import Manifest, state_digest
 from astraflow.delta.store import WeightStore, state_crcs
 from astraflow.log.codec import WEIGHT_ANNOUNCEMENT_SCHEMA
+from astraflow.outage import OUTAGE_DEADLINE_S, OutageReport, wait_out_outage
 
 if TYPE_CHECKING:
     from astraflow.config import ClusterConfig
 
 _STOP = object()
+log = logging.getLogger(__name__)
 
 
 class WeightPublisher:
@@ -46,6 +52,7 @@ class WeightPublisher:
         announce: bool = True,
         store: WeightStore | None = None,
         producer_id: str | None = None,
+        outage_deadline_s: float = OUTAGE_DEADLINE_S,
     ) -> None:
         if anchor_every < 1 or max_lag_versions < 0:
             raise ValueError("anchor_every must be >= 1 and max_lag_versions >= 0")
@@ -53,6 +60,9 @@ class WeightPublisher:
         self.policy = policy
         self.anchor_every = anchor_every
         self.store = store or WeightStore.from_config(cfg, policy)
+        self.outage_deadline_s = outage_deadline_s
+        self._s3 = OutageReport(f"weight publisher {policy}: S3 endpoint",
+                                str(getattr(self.store.objects, "endpoint", "?")), log)
         self.published: list[Manifest] = []
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, max_lag_versions))
         self._error: BaseException | None = None
@@ -153,21 +163,25 @@ class WeightPublisher:
             except queue.Empty:
                 return
 
+    def _s3_call(self, fn):
+        """One idempotent bucket call, waiting out an unreachable bucket (other errors raise)."""
+        return wait_out_outage(fn, self._s3, deadline_s=self.outage_deadline_s)
+
     def _publish_one(self, version: int, state: dict, prev: tuple[int, dict] | None) -> Manifest:
         # Refuse before uploading: objects of a published version must never be replaced. (Two
         # live publishers of one policy racing on a version remain unsupported.)
-        if self.store.objects.exists(self.store.layout.manifest_key(self.policy, version)):
+        if self._s3_call(lambda: self.store.objects.exists(self.store.layout.manifest_key(self.policy, version))):
             raise VersionExistsError(f"{self.policy} v{version} is already published")
         crcs = state_crcs(state)
         anchor = delta = header = None
         if prev is None or version % self.anchor_every == 0:
-            anchor = self.store.put_anchor(version, state)
+            anchor = self._s3_call(lambda: self.store.put_anchor(version, state))
         if prev is not None and prev[0] == version - 1:
             blob = encode(prev[1], state, base_version=prev[0], target_version=version)
             header = read_header(blob)
-            delta = self.store.put_delta(version, blob)
+            delta = self._s3_call(lambda: self.store.put_delta(version, blob))
         elif anchor is None:  # versions skipped: no delta has a base, store the full state
-            anchor = self.store.put_anchor(version, state)
+            anchor = self._s3_call(lambda: self.store.put_anchor(version, state))
         manifest = Manifest(
             policy=self.policy,
             version=version,
@@ -182,7 +196,8 @@ class WeightPublisher:
             tensors=crcs,
             state_digest=state_digest(crcs),
         )
-        self.store.publish(manifest)
+        # A retry after a lost response finds its own manifest: republishing it unchanged is a no-op.
+        self._s3_call(lambda: self.store.publish(manifest))
         if self._producer is not None:
             announcement = {
                 "version": version,

@@ -159,11 +159,17 @@ class TrainerService:
     def _checkpoint(self, consumer: Any) -> None:
         if self.step == self._last_ckpt_step and not self._uncommitted:
             return
+        from astraflow.outage import OutageReport, wait_out_outage
+
         t0 = time.perf_counter()
-        self.checkpoints.save(TrainerCheckpoint(
+        ckpt = TrainerCheckpoint(
             step=self.step, version=self.version, model_state=self.backend.state_dict(),
             optimizer_state=self.backend.optimizer_state_dict(), offsets=dict(self.offsets),
-            batch_ids=self.batch_ids, topic_ids=self.topic_ids))
+            batch_ids=self.batch_ids, topic_ids=self.topic_ids)
+        # A restarting S3 server is waited out (one line per backoff step), not a reason to exit: the
+        # save writes the same keys again, pointer last.
+        s3 = OutageReport(f"trainer {self.policy}: checkpoint, S3 endpoint", str(self.cfg.s3.endpoint), log)
+        wait_out_outage(lambda: self.checkpoints.save(ckpt), s3)
         self._last_ckpt_step = self.step
         # Only now do the batches count as consumed for the group.
         if self._uncommitted:
