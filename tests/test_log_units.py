@@ -121,3 +121,36 @@ def test_ledger_merge_and_lag() -> None:
     assert a.acked_count() == {("t", 0): 11, ("t", 1): 1}
     assert compute_lag(a.produced_end(), {("t", 0): 7}) == {("t", 0): 4, ("t", 1): 4}
     assert compute_lag(a.produced_end(), {("t", 0): 11, ("t", 1): 4}) == {("t", 0): 0, ("t", 1): 0}
+
+
+def test_commit_during_a_broker_outage_stays_pending_and_is_retried() -> None:
+    """A commit that fails because the broker is gone (or the group rebalanced) must not kill the
+    component: the offsets stay pending and the next commit covers them (at-least-once)."""
+    from kafka.errors import KafkaConnectionError, UnknownTopicOrPartitionError
+
+    from astraflow.log.consumer import LogConsumer
+
+    class Broker:
+        def __init__(self) -> None:
+            self.fail_with: Exception | None = KafkaConnectionError("connection refused")
+            self.commits: list[dict] = []
+
+        def commit(self, offsets: dict) -> None:
+            if self.fail_with is not None:
+                raise self.fail_with
+            self.commits.append({(tp.topic, tp.partition): m.offset for tp, m in offsets.items()})
+
+    consumer = object.__new__(LogConsumer)
+    consumer._consumer, consumer._offsets = Broker(), ProcessedOffsets()
+    consumer._offsets.delivered(("t", 0), 5)
+    consumer._offsets.processed(("t", 0), 5)
+    assert consumer._commit_prefix(consumer._offsets.to_commit()) == {}
+    consumer._consumer.fail_with = None
+    assert consumer._commit_prefix(consumer._offsets.to_commit()) == {("t", 0): 6}
+    assert consumer._consumer.commits == [{("t", 0): 6}]
+    consumer._offsets.delivered(("t", 0), 6)
+    consumer._offsets.processed(("t", 0), 6)
+    consumer._consumer.fail_with = UnknownTopicOrPartitionError("not retriable here")
+    consumer._consumer.fail_with.retriable = False
+    with pytest.raises(UnknownTopicOrPartitionError):
+        consumer._commit_prefix(consumer._offsets.to_commit())

@@ -6,6 +6,7 @@ processed, and only up to the first record in delivery order that it has not pro
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Self
@@ -28,6 +29,8 @@ from astraflow.log.offsets import Partition, ProcessedOffsets
 if TYPE_CHECKING:
     from astraflow.config import ClusterConfig
     from astraflow.objstore import ObjectStore
+
+_log = logging.getLogger(__name__)
 
 
 class LogConsumer:
@@ -194,9 +197,22 @@ class LogConsumer:
         from kafka import TopicPartition
         from kafka.structs import OffsetAndMetadata
 
+        from kafka.errors import CommitFailedError, KafkaError
+
         if not offsets:
             return {}
-        self._consumer.commit({TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()})
+        try:
+            self._consumer.commit({TopicPartition(t, p): OffsetAndMetadata(o, "", -1)
+                                   for (t, p), o in offsets.items()})
+        except (CommitFailedError, KafkaError) as exc:
+            if not (isinstance(exc, CommitFailedError) or getattr(exc, "retriable", False)
+                    or type(exc).__name__ in ("KafkaConnectionError", "NoBrokersAvailable")):
+                raise
+            # A lost broker or a rebalance: the offsets stay pending and the next commit covers
+            # them; at worst the records are delivered again (at-least-once), never lost.
+            _log.warning("commit of %d partition(s) failed (%s: %s); will be retried with the next commit",
+                         len(offsets), type(exc).__name__, exc)
+            return {}
         self._offsets.committed(offsets)
         return offsets
 
