@@ -174,8 +174,8 @@ def test_sigterm_mid_run_stops_everything_with_130(tmp_path: Path) -> None:
     state_dir = tmp_path / "state"
     launcher = LauncherProcess(tmp_path, "sigterm", _embedded_env(state_dir), 20)
     launcher.wait_for_step(1, timeout_s=90)
-    pids = set(children(launcher.proc.pid))  # dataflow, trainer, node, tansu, seaweedfs
-    assert len(pids) == 5 and pids >= set(_stack_pids(state_dir)), pids
+    pids = set(children(launcher.proc.pid))  # dataflow, trainer, node, archiver, tansu, seaweedfs
+    assert len(pids) == 6 and pids >= set(_stack_pids(state_dir)), pids
     launcher.proc.send_signal(signal.SIGTERM)
     time.sleep(0.5)
     launcher.proc.send_signal(signal.SIGTERM)  # during the stop: ignored

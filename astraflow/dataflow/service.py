@@ -267,17 +267,24 @@ def _checkpoint(producer: Any, store: Any, key: str, df: Dataflow, offsets: dict
 
 def _record_positions(df: Dataflow, placing: list[tuple[str, Any]]) -> None:
     """Move the acknowledged task records' positions into the in-flight table (kept in ``placing``:
-    those not acknowledged yet). A record the broker refused is logged; its task is left to expire."""
+    those not acknowledged yet). A record the broker refused ends the process (:class:`TaskNotWritten`):
+    kafka-python's producer stays failed after a fatal broker error (seen when Tansu's storage, the
+    bucket, restarted under it), so carrying on would leave the task in flight until it expires; the
+    supervisor restarts the dataflow, which re-emits what it emitted after its last state save."""
     waiting = []
     for prompt_id, fut in placing:
         if not fut.done():
             waiting.append((prompt_id, fut))
         elif fut.exception() is not None:
-            log.error("task %s was not written to the log: %s", prompt_id, fut.exception())
+            raise TaskNotWritten(f"task {prompt_id} was not written to the log: {fut.exception()}")
         else:
             ack = fut.result()
             df.emitter.placed(prompt_id, (ack.topic, ack.partition, ack.offset))
     placing[:] = waiting
+
+
+class TaskNotWritten(RuntimeError):
+    """The broker refused a task record: the dataflow exits to be restarted with a fresh producer."""
 
 
 def _latest_version(cfg: ClusterConfig, policy: str) -> int | None:
