@@ -58,3 +58,8 @@ class ClaimCheckError(DecodeError):
     """A claim-checked payload is missing from the bucket or does not match its sha256."""
 
     reason = "bad-claim"
+
+
+class ProduceRefusedError(LogError):
+    """The broker did not acknowledge a record. kafka-python's producer can stay failed after a fatal
+    broker answer, so a component that must not lose the record restarts rather than carry on."""

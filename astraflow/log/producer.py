@@ -10,7 +10,7 @@ import pyarrow as pa
 from astraflow.log.admin import open_kafka_client
 from astraflow.log.claim_check import ClaimCheck
 from astraflow.log.codec import ARROW_STREAM, JSON, ArrowCodec, RecordMeta, max_record_bytes
-from astraflow.log.errors import LogError
+from astraflow.log.errors import LogError, ProduceRefusedError
 from astraflow.log.lag import OffsetLedger
 from astraflow.log.message import Ack
 from astraflow.log.topics import validate_topic_name
@@ -127,7 +127,7 @@ class LogProducer:
             result.set_result(Ack(md.topic, md.partition, md.offset, size, claim_key))
 
         def on_error(exc: BaseException) -> None:
-            result.set_exception(LogError(f"producer {self.producer_id}: {topic} did not acknowledge: {exc}"))
+            result.set_exception(ProduceRefusedError(f"producer {self.producer_id}: {topic} did not acknowledge: {exc}"))
 
         sent.add_callback(on_ack)
         sent.add_errback(on_error)

@@ -23,11 +23,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from astraflow.log.errors import ProduceRefusedError
 from astraflow.raas.inflight import InFlightTasks
 from astraflow.raas.metrics import NodeCounters
 
@@ -36,6 +38,8 @@ if TYPE_CHECKING:
     from astraflow.recipe import Recipe
 
 log = logging.getLogger(__name__)
+EXIT_PRODUCER_FAILED = 75
+"""Exit status of a node whose producer failed (EX_TEMPFAIL): the supervisor restarts it."""
 
 TASK_PARTITIONS = 4
 """Partitions of a task topic when the node is the first to create it (as the dataflow does)."""
@@ -172,6 +176,12 @@ class RaasNode:
                 self.counters.rejected += 1  # the dataflow expires and counts a rejected task
         except asyncio.CancelledError:
             raise  # not committed: re-delivered to another node
+        except ProduceRefusedError as exc:
+            # The trajectories were not written and this producer may stay failed (a fatal broker
+            # answer, e.g. while Tansu's bucket restarts): exit without committing, like a SIGKILL;
+            # the supervisor restarts the node and the task is delivered again.
+            log.error("node %s: %s; exiting to restart with a fresh producer", self.node_id, exc)
+            os._exit(EXIT_PRODUCER_FAILED)
         except Exception:
             # Committed anyway: re-delivering a task that fails deterministically would block the
             # partition forever; the dataflow's task timeout counts it as expired.
