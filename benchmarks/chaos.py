@@ -72,6 +72,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from astraflow.process import child_processes
+
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "examples" / "recipes" / "math.yaml"
 COMPONENTS = ("raas", "dataflow", "trainer")
@@ -81,21 +83,6 @@ SUPERVISOR_NAME = {"raas": "raas-default-0", "dataflow": "dataflow", "trainer": 
                    "tansu": "tansu", "seaweedfs": "seaweedfs"}
 
 
-# -- processes (from /proc; no psutil) ---------------------------------------------------------
-def children(pid: int) -> dict[int, list[str]]:
-    """Live child processes of ``pid``: pid -> argv."""
-    out = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            out[int(entry.name)] = [a.decode(errors="replace") for a in argv if a]
-    return out
 
 
 def sigkill(pid: int) -> None:
@@ -160,7 +147,7 @@ class Launcher:
                 return int(json.loads((self.state_dir / f"{kind}.pid").read_text())["pid"])
             except (OSError, ValueError, KeyError):
                 return None
-        pids = [pid for pid, argv in children(self.proc.pid).items() if kind in argv]
+        pids = [pid for pid, argv in child_processes(self.proc.pid).items() if kind in argv]
         return pids[0] if len(pids) == 1 else None
 
     def output_tail(self, n: int = 3000) -> str:

@@ -106,3 +106,19 @@ def log_tail(path: Path, lines: int = 15) -> str:
     except OSError:
         return f"(no log at {path})"
     return f"--- last {len(text)} lines of {path} ---\n" + "\n".join(text)
+
+
+def child_processes(pid: int) -> dict[int, list[str]]:
+    """The live child processes of ``pid``: pid -> argv (scans ``/proc``; no psutil here)."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out[int(entry.name)] = [a.decode(errors="replace") for a in argv if a]
+    return out
