@@ -60,6 +60,10 @@ def test_kafka_client_logs_become_outage_lines(caplog):
     other = [flt.filter(_record("kafka.coordinator", logging.WARNING, "Heartbeat failed: rebalancing"))
              for _ in range(5)]
     assert other == [True, False, False, False, False]
+    # a socket error logged with its traceback counts as the outage, whatever the message says
+    reset = _record("kafka.net.transport", logging.ERROR, "<KafkaTCPTransport [none]>: closing socket")
+    reset.exc_info = (ConnectionResetError, ConnectionResetError(104, "Connection reset by peer"), None)
+    assert not flt.filter(reset)
     assert flt.filter(_record("astraflow.raas.node", logging.ERROR, "socket disconnected"))
     assert flt.filter(_record("kafka.x", logging.CRITICAL, "socket disconnected"))
 

@@ -20,8 +20,18 @@ log = logging.getLogger("astraflow.log.broker")
 
 CONNECTION_MARKERS = ("KafkaConnectionError", "ECONNREFUSED", "socket disconnected", "Connection lost",
                       "Connection failed", "Bootstrap", "NodeNotReady", "timed out", "KafkaTimeoutError",
-                      "Unable to connect", "Abort (", "No node available")
+                      "Unable to connect", "Abort (", "No node available", "Error receiving network data",
+                      "Error sending", "Connection reset")
 """Substrings of kafka-python messages that mean "the broker did not answer"."""
+
+
+def _is_connection_trouble(record: logging.LogRecord, message: str) -> bool:
+    """True when the record says the broker did not answer: a known message, or a traceback of a socket
+    error (kafka-python logs ``ConnectionResetError`` with its whole stack, five lines each time)."""
+    if any(marker in message for marker in CONNECTION_MARKERS):
+        return True
+    error = record.exc_info[1] if record.exc_info else None
+    return isinstance(error, (OSError, TimeoutError))
 
 
 class KafkaClientLogs(logging.Filter):
@@ -46,7 +56,7 @@ class KafkaClientLogs(logging.Filter):
     def _decide(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         if record.levelno >= logging.WARNING:
-            if any(marker in message for marker in CONNECTION_MARKERS):
+            if _is_connection_trouble(record, message):
                 self.report.failed(message)
                 return False
             return self._first_in_a_while(record)
