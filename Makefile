@@ -20,9 +20,10 @@ $(VENV)/.installed: pyproject.toml
 demo: install
 	$(VENV)/bin/astraflow demo
 
-# -ra: list the reason of every skip (e.g. no `docker compose` plugin) at the end.
+# -ra: list the reason of every skip (e.g. no `docker compose` plugin) at the end; --durations: the slowest
+# tests, to keep the suite well under CI's time budget.
 test: install
-	$(VENV)/bin/python -m pytest -q -ra
+	$(VENV)/bin/python -m pytest -q -ra --durations=30
 
 # The embedded Kafka broker + S3 server, for trying components by hand.
 up: install
