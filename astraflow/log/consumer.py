@@ -195,9 +195,8 @@ class LogConsumer:
 
     def _commit_prefix(self, offsets: dict[Partition, int]) -> dict[Partition, int]:
         from kafka import TopicPartition
-        from kafka.structs import OffsetAndMetadata
-
         from kafka.errors import CommitFailedError, KafkaError
+        from kafka.structs import OffsetAndMetadata
 
         if not offsets:
             return {}

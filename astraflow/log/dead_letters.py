@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from astraflow.log.admin import ensure_topics
 from astraflow.log.codec import max_record_bytes
 from astraflow.log.errors import LogError
+from astraflow.log.producer import RETRYING_PRODUCER
 from astraflow.log.topics import Topics
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ class DeadLetterPublisher:
                 **self.cfg.kafka.client_kwargs(),
                 client_id=f"astraflow-dead-letters-{self.group_id}",
                 acks="all",
+                **RETRYING_PRODUCER,
                 # A dead letter is as large as the record that failed.
                 max_request_size=max_record_bytes(self.cfg.inline_limit_bytes),
             )

@@ -20,6 +20,14 @@ if TYPE_CHECKING:
     from astraflow.objstore import ObjectStore
 
 
+RETRYING_PRODUCER: dict[str, Any] = {"enable_idempotence": False, "max_in_flight_requests_per_connection": 1}
+"""kafka-python settings of every AstraFlow producer. Its idempotent producer (the default) turns a
+broker's UnknownError — what Tansu answers while its storage bucket restarts — into a fatal state that
+fails every later send. AstraFlow is at-least-once with consumers that drop duplicates by identity, so a
+plain producer that keeps retrying is the right one; one request in flight keeps each partition's order
+across retries."""
+
+
 class LogProducer:
     """Writes records per docs/record-format.md. A record is *acknowledged* when its future resolves:
     every in-sync replica has it (``acks="all"``), and :attr:`ledger` holds its offset."""
@@ -53,6 +61,7 @@ class LogProducer:
             "batch_size": batch_size,
             "compression_type": compression_type,
             "max_request_size": max_record_bytes(cfg.inline_limit_bytes),
+            **RETRYING_PRODUCER,
         }
         kwargs.update(kafka_overrides)
         self._producer = open_kafka_client(KafkaProducer, f"producer {producer_id}", cfg, bootstrap_timeout_s,
