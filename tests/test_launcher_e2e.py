@@ -202,10 +202,7 @@ def test_sigterm_during_stack_start_up_leaves_nothing(tmp_path: Path) -> None:
     assert [p for p in pids if pid_alive(p)] == [] and _stack_pids(state_dir) == []
 
 
-@pytest.mark.parametrize("server", ["tansu", pytest.param("seaweedfs", marks=pytest.mark.xfail(
-    strict=False, reason="known gap (issue 9): while Tansu's bucket restarts, kafka-python producers can stay failed "
-    "('Aborting producer batches due to fatal error: UnknownError'); the dataflow and the node now exit to be "
-    "restarted on a refused record, which recovered in the runs seen since, but it failed 2 of 2 idle CI runs before"))])
+@pytest.mark.parametrize("server", ["tansu", "seaweedfs"])
 def test_killed_embedded_server_is_restarted(tmp_path: Path, server: str) -> None:
     """SIGKILL of the broker or the S3 server of the embedded stack the run started (durable log):
     restarted on the same ports, and the run finishes."""
