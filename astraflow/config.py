@@ -39,6 +39,10 @@ class KafkaSettings(_Section):
     ssl_cafile: str | None = None
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
+    fetch_max_wait_ms: int = Field(default=500, ge=1, le=10_000)
+    """How long the broker may hold a consumer's fetch when it has no new record: the longest a record
+    can wait before its consumer sees it when the broker does not answer a held fetch early (Tansu's
+    storage engines do not). Lower is faster hand-offs for more idle fetches."""
 
     def client_kwargs(self) -> dict[str, Any]:
         """Connection settings as kafka-python keyword arguments (bootstrap must be resolved)."""

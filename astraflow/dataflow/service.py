@@ -171,7 +171,7 @@ def run_dataflow(
             _record_positions(df, placing)
             mono = time.monotonic()
             if mono - last_metrics >= metrics_every_s:
-                _publish_metrics(producer, topics.metrics, df, window, section, now)
+                _publish_metrics(producer, topics.metrics, df, window, section, now, consumer.handoff.drain())
                 last_metrics = mono
             if mono - last_ckpt >= checkpoint_every_s:
                 _checkpoint(producer, store, state_key, df, offsets, consumer, uncommitted, placing,
@@ -179,7 +179,7 @@ def run_dataflow(
                 last_ckpt = mono
             if stop_when_finished and df.finished:
                 break
-        _publish_metrics(producer, topics.metrics, df, window, section, time.time())
+        _publish_metrics(producer, topics.metrics, df, window, section, time.time(), consumer.handoff.drain())
         _checkpoint(producer, store, state_key, df, offsets, consumer, uncommitted, placing, recovery.topic_ids,
                     s3)
         return df.counters()
@@ -234,10 +234,11 @@ def _identity() -> dict[str, str]:
 
 
 def _publish_metrics(producer: Any, topic: str, df: Dataflow, window: _Window, section: DataflowConfig,
-                     now: float) -> None:
+                     now: float, handoff_ms: dict[str, dict]) -> None:
     counters = df.counters()
     producer.send_json(topic, COMPONENT_ID, {**_identity(), "kind": "dataflow", "time": now,
-                                             "versions": dict(df.versions), "counters": counters})
+                                             "versions": dict(df.versions), "counters": counters,
+                                             "handoff_ms": handoff_ms})
     consumed_total = sum(v for k, v in counters.items() if k.endswith(".trajectories_batched"))
     entered_total = counters.get("trajectories.received", 0)
     consumed = consumed_total - window.consumed_before

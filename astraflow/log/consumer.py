@@ -23,6 +23,7 @@ from astraflow.log.codec import (
 )
 from astraflow.log.dead_letters import DeadLetterPublisher
 from astraflow.log.errors import DecodeError, OversizedRecordError, PayloadError
+from astraflow.log.handoff import HandoffLatency
 from astraflow.log.message import Message
 from astraflow.log.offsets import Partition, ProcessedOffsets
 
@@ -73,6 +74,8 @@ class LogConsumer:
         self._auto_offset_reset = auto_offset_reset
         self._revoked_before: set[Any] = set()
         self._reseek: set[Any] = set()
+        self.handoff = HandoffLatency()
+        """Send -> poll milliseconds per topic, for the component's metrics records."""
         kwargs = {
             "group_id": group_id,
             "client_id": client_id or f"astraflow-{group_id}",
@@ -82,6 +85,7 @@ class LogConsumer:
             "heartbeat_interval_ms": heartbeat_interval_ms,
             "max_poll_interval_ms": max_poll_interval_ms,
             "max_partition_fetch_bytes": max_record_bytes(cfg.inline_limit_bytes),
+            "fetch_max_wait_ms": cfg.kafka.fetch_max_wait_ms,
         }
         kwargs.update(kafka_overrides)
         self._consumer = open_kafka_client(KafkaConsumer, f"consumer {group_id}", cfg, bootstrap_timeout_s,
@@ -125,6 +129,7 @@ class LogConsumer:
                 for record in records:
                     key = (tp.topic, tp.partition)
                     self._offsets.delivered(key, record.offset)
+                    self.handoff.observe(record.topic, record.timestamp)
                     if record.topic == self._dead_letters.topic:
                         out.append(self._undecoded(record))
                         continue

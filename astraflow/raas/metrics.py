@@ -26,10 +26,12 @@ class NodeCounters:
 
     def record(self, concurrency: int, versions: dict[str, int], refresh_s: float, in_flight: int,
                workflow_counters: Mapping[str, int] | None = None,
-               weight_counters: Mapping[str, int] | None = None) -> dict:
+               weight_counters: Mapping[str, int] | None = None,
+               handoff_ms: Mapping[str, dict] | None = None) -> dict:
         """The metrics record; ``workflow_counters`` (tool calls, tool timeouts, environment
         failures, ...) are cumulative since the node started, under ``workflow``; so are
-        ``weight_counters`` (``weights.refused.<reason>``, ``weights.unreachable``), under ``counters``."""
+        ``weight_counters`` (``weights.refused.<reason>``, ``weights.unreachable``), under ``counters``.
+        ``handoff_ms``: send -> poll latency per topic since the last record (astraflow.log.handoff)."""
         now = time.monotonic()
         dt = max(now - self._last_t, 1e-9)
         rec = {
@@ -49,6 +51,7 @@ class NodeCounters:
             "in_flight": in_flight,
             "workflow": dict(workflow_counters or {}),
             "counters": dict(weight_counters or {}),
+            "handoff_ms": dict(handoff_ms or {}),
         }
         self._last_t, self._last_tokens, self._last_busy = now, self.tokens, self.busy_s
         return rec

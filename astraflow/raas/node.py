@@ -221,6 +221,8 @@ class RaasNode:
             self.inflight.tasks,
             workflow.counters if workflow else {},
             follower.counters if follower else {},
+            {**(self._consumer.handoff.drain() if getattr(self, "_consumer", None) else {}),
+             **(follower.serving.drain() if follower else {})},
         )
 
 

@@ -23,6 +23,8 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
+from astraflow.log.handoff import HandoffLatency
+
 if TYPE_CHECKING:
     from astraflow.config import ClusterConfig
     from astraflow.engines import Engine
@@ -49,6 +51,8 @@ class WeightFollower:
         self.unreachable = 0
         """Versions skipped because no path to them avoids the refused objects."""
         self._unreachable: dict[str, int] = {}  # policy -> the last version skipped (logged once)
+        self.serving = HandoffLatency()
+        """Announcement sent -> new weights serving, per ``<weights topic>:serving``."""
         self._loaded: set[str] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -159,14 +163,18 @@ class WeightFollower:
                                                expected_schemas=dict.fromkeys(by_topic, WEIGHT_ANNOUNCEMENT_SCHEMA))
                         broker.ok()
                     due: set[str] = set()
+                    announced: dict[str, int | None] = {}
                     for msg in consumer.poll(timeout_s=0.5):
                         if msg.topic in by_topic:
                             due.add(by_topic[msg.topic])
+                            announced.setdefault(msg.topic, msg.timestamp_ms)
                     if s3.down or time.monotonic() - last_check > self.check_every_s:
                         due.update(self.engines)
                         last_check = time.monotonic()
                     for policy in sorted(due):
                         self.refresh(policy)
+                    for topic, timestamp_ms in announced.items():
+                        self.serving.observe(f"{topic}:serving", timestamp_ms)
                     if due:
                         s3.ok()
                 except ObjectStoreUnavailableError as exc:

@@ -40,6 +40,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from astraflow.log.handoff import HandoffLatency
 from astraflow.trainer.checkpoint import CheckpointError, CheckpointStore, TrainerCheckpoint
 
 if TYPE_CHECKING:
@@ -271,6 +272,8 @@ class TrainerService:
         b = msg.extra.pop("batch")
         trajs = b.trajectories
         stale = [self.version - t.min_version for t in trajs]
+        handoff = HandoffLatency()
+        handoff.observe(msg.topic, msg.timestamp_ms)  # batch sent -> this step starts
         t0 = time.perf_counter()
         m = self.backend.step(trajs)
         step_s = time.perf_counter() - t0
@@ -291,6 +294,7 @@ class TrainerService:
             "trajectories": len(trajs),
             "tokens": int(sum(sum(t.loss_mask) for t in trajs)),
             "grad_norm": float(m.get("grad_norm", 0.0)),
+            "handoff_ms": handoff.drain(),
         }
         t1 = time.perf_counter()
         self.publisher.publish(self._served_state(), self.version)
