@@ -53,3 +53,23 @@ def test_run_leaves_an_archive_duckdb_and_polars_read(tmp_path: Path, test_clust
                          hive_partitioning=True)
     df = lf.select(pl.len().alias("n"), pl.col("episode_id").n_unique().alias("ids")).collect()
     assert df.row(0) == (n_traj, n_ids)
+
+    # Offline replay through the dataflow's own code: the run's configuration gives the online counts
+    replay = subprocess.run(
+        [sys.executable, "-m", "astraflow.cli.main", "replay", cfg.run, "--recipe", str(run_dir / "recipe.yaml"),
+         "--variant", "dapo={filters: [dynamic_sampling]}", "--variant", "fresh={max_staleness: 0}",
+         "--plot", str(tmp_path / "replay.png"), "--json"],
+        check=False, env=_env(cluster_file), capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert replay.returncode == 0, replay.stderr[-3000:]
+    report = json.loads(replay.stdout.splitlines()[-1])
+    own, dapo, fresh = report["configurations"]
+    print(json.dumps({"online": {k: v for k, v in counters.items() if k.startswith("trajectories.")},
+                      "replay": own}, indent=1))
+    assert own["received"] == n_traj
+    for key in ("received", "kept", "stale", "in_dropped_group", "duplicate"):
+        online_value = counters.get(f"trajectories.{key}", 0)
+        replayed = own[key] if key in own else own["dropped"][key]
+        assert replayed == online_value, (key, replayed, online_value)
+    assert dapo["zero_variance_groups"] == 0 and dapo["kept"] <= own["kept"]
+    assert fresh["dropped"]["stale"] >= own["dropped"]["stale"]
+    assert (tmp_path / "replay.png").stat().st_size > 0

@@ -1,0 +1,234 @@
+"""Offline replay: an archived run's trajectories through the dataflow's own code, once per configuration.
+
+No engine, no trainer, no broker: the archive's trajectory records and weight timeline (read from the
+bucket, one Parquet row group at a time) are merged in log-timestamp order and fed to a
+:class:`~astraflow.dataflow.pipeline.Dataflow` built from a ``dataflow`` recipe section — the class the
+online dataflow runs, so its staleness rule, filters and batch sampler (a user's plug-ins included,
+by name) decide exactly as they would online. The task emitter is not replayed (prompt selection
+needs rollouts): every archived task counts as known, with the recipe's group size.
+
+What differs from the online run, by construction: trajectories whose task the online dataflow no
+longer knew (``unknown_task``: expired or re-read after a restart) are judged here like any other;
+records the online dataflow read in one poll are replayed in timestamp order.
+"""
+
+from __future__ import annotations
+
+import heapq
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from astraflow.archive import rows as R
+from astraflow.records import Batch, Task, Trajectory, trajectory
+
+if TYPE_CHECKING:
+    from astraflow.dataflow.config import DataflowConfig
+    from astraflow.objstore import ObjectStore
+
+DROP_REASONS = ("stale", "duplicate", "unknown_policy", "in_dropped_group", "expired")
+
+
+# -- reading the archive -----------------------------------------------------------------------------
+def archive_parts(store: ObjectStore, run: str, kind: str) -> list[list[str]]:
+    """Keys of ``kind``'s Parquet parts as streams: one list per (policy folder, topic, partition), in
+    first-offset order (each stream is in log order; the streams interleave by timestamp)."""
+    from astraflow.objstore import RunLayout
+
+    streams: dict[tuple[str, str, int], list[tuple[int, str]]] = defaultdict(list)
+    for key in store.list(RunLayout(run).archive_prefix(kind)):
+        if not key.endswith(".parquet"):
+            continue
+        folder, name = key.rsplit("/", 1)
+        topic, partition, first = name[len("part-"):-len(".parquet")].rsplit("-", 2)
+        streams[(folder, topic, int(partition))].append((int(first), key))
+    return [[key for _, key in sorted(parts)] for _, parts in sorted(streams.items())]
+
+
+def read_row_groups(store: ObjectStore, keys: Iterable[str]) -> Iterator[pa.Table]:
+    """Each row group of each part in turn: memory holds one part's bytes and one row group."""
+    for key in keys:
+        part = pq.ParquetFile(pa.BufferReader(store.get_bytes(key)))
+        for i in range(part.num_row_groups):
+            yield part.read_row_group(i)
+
+
+@dataclass(order=True)
+class Event:
+    """One log record to replay: a trajectory record's rows, or a weight announcement."""
+
+    timestamp_ms: int
+    partition: int
+    offset: int
+    kind: str = field(compare=False)
+    trajectories: list[Trajectory] = field(default_factory=list, compare=False)
+    policy: str = field(default="", compare=False)
+    version: int = field(default=0, compare=False)
+
+
+def trajectory_events(tables: Iterable[pa.Table]) -> Iterator[Event]:
+    """Rows grouped back into the log records they came from (rows of a record are contiguous)."""
+    pending: Event | None = None
+    for table in tables:
+        trajs = trajectory.from_table(table.select([f.name for f in trajectory.FIELDS]))
+        parts = table.column("log_partition").to_pylist()
+        offsets = table.column("log_offset").to_pylist()
+        stamps = table.column("log_timestamp_ms").to_pylist()
+        for t, p, o, ts in zip(trajs, parts, offsets, stamps, strict=True):
+            if pending is not None and (pending.partition, pending.offset) == (p, o):
+                pending.trajectories.append(t)
+                continue
+            if pending is not None:
+                yield pending
+            pending = Event(ts or 0, p, o, R.TRAJECTORIES, [t])
+    if pending is not None:
+        yield pending
+
+
+def weight_events(tables: Iterable[pa.Table]) -> list[Event]:
+    out = []
+    for table in tables:
+        for row in table.to_pylist():
+            if row["version"] is not None:
+                out.append(Event(row["log_timestamp_ms"] or 0, -1, row["log_offset"], R.WEIGHTS,
+                                 policy=row["policy"], version=int(row["version"])))
+    return sorted(out)
+
+
+@dataclass
+class ArchivedRun:
+    """The events of one archived run, re-readable once per configuration (streamed each time)."""
+
+    store: ObjectStore
+    run: str
+
+    def events(self) -> Iterator[Event]:
+        weights = [e for stream in archive_parts(self.store, self.run, R.WEIGHTS)
+                   for e in weight_events(read_row_groups(self.store, stream))]
+        trajs = [trajectory_events(read_row_groups(self.store, stream))
+                 for stream in archive_parts(self.store, self.run, R.TRAJECTORIES)]
+        return heapq.merge(sorted(weights), *trajs)
+
+    def online_counters(self) -> dict[str, int] | None:
+        """The online dataflow's last counters (its last ``kind: dataflow`` metrics record), if archived."""
+        import json
+
+        last = None
+        keys = [key for stream in archive_parts(self.store, self.run, R.METRICS) for key in stream]
+        for table in read_row_groups(self.store, keys):
+            for row in table.select(["component", "kind", "json", "log_offset"]).to_pylist():
+                is_dataflow = row["component"] == "dataflow" and row["kind"] == "dataflow"
+                if is_dataflow and (last is None or row["log_offset"] > last[0]):
+                    last = (row["log_offset"], row["json"])
+        return json.loads(last[1]).get("counters") if last else None
+
+
+# -- replaying -----------------------------------------------------------------------------------------
+@dataclass
+class ReplayResult:
+    name: str
+    counters: dict[str, int]
+    """The dataflow's own counters after the replay (``trajectories.*``, ``batches.<policy>.*``)."""
+    batches: int = 0
+    trajectories_batched: int = 0
+    received_by: dict[str, Counter] = field(default_factory=dict)
+    """``task_type`` / ``policy`` -> value -> trajectories received."""
+    batched_by: dict[str, Counter] = field(default_factory=dict)
+    reward_variance: list[float] = field(default_factory=list)
+    """Per batched group: variance of its rewards (0 = no learning signal under GRPO)."""
+    advantages: list[float] = field(default_factory=list)
+    """Per batched trajectory: reward - its group's mean."""
+    staleness: Counter = field(default_factory=Counter)
+    """Batched trajectories by (version at batching - oldest token version)."""
+    seconds: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        c = self.counters
+        received = c.get("trajectories.received", 0)
+        dropped = {k: c.get(f"trajectories.{k}", 0) for k in DROP_REASONS}
+        groups_dropped = {k.split(":", 1)[1]: v for k, v in c.items()
+                          if k.startswith("trajectories.groups_dropped:")}
+        adv = self.advantages
+        return {
+            "name": self.name,
+            "received": received,
+            "kept": c.get("trajectories.kept", 0),
+            "dropped": dropped,
+            "groups_dropped": groups_dropped,
+            "pending": c.get("trajectories.pending", 0),
+            "batches": self.batches,
+            "trajectories_batched": self.trajectories_batched,
+            "zero_variance_groups": sum(1 for v in self.reward_variance if v == 0.0),
+            "groups_batched": len(self.reward_variance),
+            "reward_variance_mean": _mean(self.reward_variance),
+            "advantage_abs_mean": _mean([abs(a) for a in adv]),
+            "advantage_std": round(statistics.pstdev(adv), 4) if len(adv) > 1 else None,
+            "staleness": {str(k): v for k, v in sorted(self.staleness.items())},
+            "by_task_type": _by(self.received_by.get("task_type"), self.batched_by.get("task_type")),
+            "by_policy": _by(self.received_by.get("policy"), self.batched_by.get("policy")),
+            "trajectories_per_s": round(received / self.seconds) if self.seconds else None,
+        }
+
+
+def _mean(xs: list[float]) -> float | None:
+    return round(statistics.fmean(xs), 4) if xs else None
+
+
+def _by(received: Counter | None, batched: Counter | None) -> dict[str, dict[str, int]]:
+    received, batched = received or Counter(), batched or Counter()
+    return {k: {"received": received[k], "batched": batched[k]} for k in sorted(received)}
+
+
+def replay(name: str, section: DataflowConfig, events: Iterable[Event], group_size: int) -> ReplayResult:
+    """Feed ``events`` to a fresh :class:`Dataflow` of ``section``; every batch it serves is measured."""
+    import time
+
+    from astraflow.dataflow.pipeline import Dataflow
+
+    t0 = time.perf_counter()
+    df = Dataflow(section, dataset=[])
+    tasks: dict[str, Task] = {}
+
+    def known_task(task_id: str) -> Task:  # every archived task was emitted by the run
+        task = tasks.get(task_id)
+        if task is None:
+            task = tasks[task_id] = Task(prompt_id=task_id, prompt="", samples=group_size)
+        return task
+
+    df.processor.task_lookup = known_task
+    result = ReplayResult(name, {}, received_by={"task_type": Counter(), "policy": Counter()},
+                          batched_by={"task_type": Counter(), "policy": Counter()})
+    for event in events:
+        if event.kind == R.WEIGHTS:
+            df.on_weights(event.policy, event.version)
+            continue
+        for t in event.trajectories:
+            result.received_by["task_type"][t.task_type] += 1
+            result.received_by["policy"][t.policy] += 1
+        df.ingest(event.trajectories)
+        for b in df.take_batches():
+            _measure(result, b)
+    result.counters = df.counters()
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _measure(result: ReplayResult, b: Batch) -> None:
+    result.batches += 1
+    groups: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in b.trajectories:
+        groups[t.group_id].append(t)
+        result.batched_by["task_type"][t.task_type] += 1
+        result.batched_by["policy"][t.policy] += 1
+        result.staleness[b.trainer_version - t.min_version] += 1
+    result.trajectories_batched += len(b.trajectories)
+    for trajs in groups.values():
+        rewards = [t.reward for t in trajs]
+        mean = statistics.fmean(rewards)
+        result.reward_variance.append(round(statistics.pvariance(rewards), 12))
+        result.advantages += [r - mean for r in rewards]
