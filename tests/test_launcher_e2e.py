@@ -133,28 +133,35 @@ class LauncherProcess:
             raise AssertionError(f"launcher still running after {timeout_s} s:\n{self.output[-3000:]}") from None
 
 
-@pytest.mark.parametrize("component", ["raas-default-0", "dataflow", "trainer-policy"])
-def test_killed_component_is_restarted_and_the_run_finishes(tmp_path: Path, test_cluster, component: str) -> None:
-    """SIGKILL at step 2 of 10: with ``max_staleness: 1`` the dataflow cannot run more than a batch
-    or two ahead, so the steps after the kill need the restarted component."""
+KILLS = ((2, "raas-default-0"), (4, "dataflow"), (6, "trainer-policy"))
+
+
+def test_killed_components_are_restarted_and_the_run_finishes(tmp_path: Path, test_cluster) -> None:
+    """One run, three SIGKILLs: the node at step 2, the dataflow at step 4, the trainer at step 6 of 12.
+    With ``max_staleness: 1`` the dataflow cannot run more than a batch or two ahead, so the steps after
+    each kill need the restarted component."""
     cluster_file = write_cluster_file(test_cluster, tmp_path / "cluster.yaml")
-    launcher = LauncherProcess(tmp_path, test_cluster.run, _env(cluster_file), 10, timeout_s=150)
-    launcher.wait_for_step(2)
-    victim = launcher.component_pid(component)
-    os.kill(victim, signal.SIGKILL)
-    rc = launcher.wait(170)
+    launcher = LauncherProcess(tmp_path, test_cluster.run, _env(cluster_file), 12, timeout_s=200)
+    victims = []
+    for step, component in KILLS:
+        launcher.wait_for_step(step, timeout_s=90)
+        victims.append(launcher.component_pid(component))
+        os.kill(victims[-1], signal.SIGKILL)
+    rc = launcher.wait(220)
     out = launcher.output
     assert rc == 0, out[-3000:]
     records = launcher.records()
     restarts = [r for r in records if r.get("kind") == "supervisor"]
     assert [(r["component"], r["event"], r["returncode"], r["restarts"]) for r in restarts] == [
-        (component, "restart", -signal.SIGKILL, 1)], restarts
+        (component, "restart", -signal.SIGKILL, 1) for _, component in KILLS], restarts
     steps = [r["step"] for r in records if r.get("component") == "trainer" and not r.get("event") and "step" in r]
-    assert max(steps) == 10 and any(r.get("event") == "done" for r in records)
-    assert f"restarts {component}=1" in out and "Traceback" not in out
-    log = (launcher.run_dir / "logs" / f"{component}.log").read_text()
-    assert f"supervisor: {component} was killed by signal 9 (SIGKILL); restart 1" in log
-    assert not pid_alive(victim) and _leftovers(str(launcher.run_dir)) == []
+    assert max(steps) == 12 and any(r.get("event") == "done" for r in records)
+    assert "Traceback" not in out
+    for _, component in KILLS:
+        assert "restarts" in out and f"{component}=1" in out, out[-2000:]
+        log = (launcher.run_dir / "logs" / f"{component}.log").read_text()
+        assert f"supervisor: {component} was killed by signal 9 (SIGKILL); restart 1" in log
+    assert not any(pid_alive(v) for v in victims) and _leftovers(str(launcher.run_dir)) == []
 
 
 def _embedded_env(state_dir: Path) -> dict[str, str]:
@@ -202,22 +209,24 @@ def test_sigterm_during_stack_start_up_leaves_nothing(tmp_path: Path) -> None:
     assert [p for p in pids if pid_alive(p)] == [] and _stack_pids(state_dir) == []
 
 
-@pytest.mark.parametrize("server", ["tansu", "seaweedfs"])
-def test_killed_embedded_server_is_restarted(tmp_path: Path, server: str) -> None:
-    """SIGKILL of the broker or the S3 server of the embedded stack the run started (durable log):
-    restarted on the same ports, and the run finishes."""
+def test_killed_embedded_servers_are_restarted(tmp_path: Path) -> None:
+    """SIGKILL of the broker (step 2) and then of the S3 server (step 5) of the embedded stack the run
+    started (durable log): each restarted on the same ports, and the run finishes."""
     state_dir = tmp_path / "state"
-    launcher = LauncherProcess(tmp_path, f"kill-{server}", _embedded_env(state_dir), 10, timeout_s=150)
-    launcher.wait_for_step(2, timeout_s=90)
-    victim = json.loads((state_dir / f"{server}.pid").read_text())["pid"]
-    os.kill(victim, signal.SIGKILL)
-    rc = launcher.wait(170)
+    launcher = LauncherProcess(tmp_path, "kill-servers", _embedded_env(state_dir), 10, timeout_s=200)
+    victims = []
+    for step, server in ((2, "tansu"), (5, "seaweedfs")):
+        launcher.wait_for_step(step, timeout_s=90)
+        victims.append(json.loads((state_dir / f"{server}.pid").read_text())["pid"])
+        os.kill(victims[-1], signal.SIGKILL)
+    rc = launcher.wait(220)
     out = launcher.output
     assert rc == 0, out[-3000:]
     records = launcher.records()
     restarts = [(r["component"], r["event"], r["restarts"]) for r in records if r.get("kind") == "supervisor"]
-    assert (server, "restart", 1) in restarts, restarts
     steps = [r["step"] for r in records if r.get("component") == "trainer" and not r.get("event") and "step" in r]
     assert max(steps) == 10 and "Traceback" not in out
-    assert f"supervisor: {server} died; restart 1" in (state_dir / "logs" / f"{server}.log").read_text()
-    assert not pid_alive(victim) and _stack_pids(state_dir) == []
+    for server in ("tansu", "seaweedfs"):
+        assert (server, "restart", 1) in restarts, restarts
+        assert f"supervisor: {server} died; restart 1" in (state_dir / "logs" / f"{server}.log").read_text()
+    assert not any(pid_alive(v) for v in victims) and _stack_pids(state_dir) == []
