@@ -39,10 +39,12 @@ class KafkaSettings(_Section):
     ssl_cafile: str | None = None
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
-    fetch_max_wait_ms: int = Field(default=500, ge=1, le=10_000)
-    """How long the broker may hold a consumer's fetch when it has no new record: the longest a record
-    can wait before its consumer sees it when the broker does not answer a held fetch early (Tansu's
-    storage engines do not). Lower is faster hand-offs for more idle fetches."""
+    fetch_max_wait_ms: int | None = Field(default=None, ge=1, le=10_000)
+    """How long the broker may hold a consumer's fetch that has no new record. Tansu does not answer a
+    held fetch early when a record arrives, so this bounds every hand-off's latency there; lower costs
+    more idle fetches (each one a bucket listing on Tansu's s3 log). ``None``: 20 ms on an embedded
+    in-memory log, 100 ms on the embedded s3 log (``benchmarks/pipeline_overhead.py``), else
+    kafka-python's 500 ms (a Kafka broker answers a held fetch as soon as a record arrives)."""
 
     def client_kwargs(self) -> dict[str, Any]:
         """Connection settings as kafka-python keyword arguments (bootstrap must be resolved)."""
@@ -62,6 +64,12 @@ class KafkaSettings(_Section):
         }
         kw.update({k: v for k, v in optional.items() if v is not None})
         return kw
+
+
+EMBEDDED_FETCH_MAX_WAIT_MS = {"memory": 20, "s3": 100}
+"""``kafka.fetch_max_wait_ms`` chosen for the embedded broker, per log storage (docs/running.md#latency)."""
+KAFKA_FETCH_MAX_WAIT_MS = 500
+"""kafka-python's default, kept for any other broker."""
 
 
 class S3Settings(_Section):
@@ -125,7 +133,10 @@ class ClusterConfig(_Section):
                 f"{self.state_dir} (no {STACK_FILE}): run `astraflow up`, or configure the endpoint"
             )
         stack = json.loads(stack_file.read_text())
-        kafka = self.kafka.model_copy(update={"bootstrap": self.kafka.bootstrap or stack["kafka_bootstrap"]})
+        kafka_update: dict[str, Any] = {"bootstrap": self.kafka.bootstrap or stack["kafka_bootstrap"]}
+        if self.kafka.bootstrap is None and self.kafka.fetch_max_wait_ms is None:
+            kafka_update["fetch_max_wait_ms"] = EMBEDDED_FETCH_MAX_WAIT_MS.get(stack.get("log_storage", "s3"))
+        kafka = self.kafka.model_copy(update=kafka_update)
         s3_update = {}
         if self.s3.endpoint is None:
             s3_update = {

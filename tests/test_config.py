@@ -110,9 +110,16 @@ def test_resolve_fills_unset_endpoints_from_stack_json(tmp_path):
     assert cfg.kafka.bootstrap == "127.0.0.1:19092"
     assert (cfg.s3.endpoint, cfg.s3.access_key, cfg.s3.secret_key) == ("http://127.0.0.1:18333", "AK", "SK")
     assert cfg.run == "r1"
-    # A configured endpoint is never overridden by the embedded stack.
+    assert cfg.kafka.fetch_max_wait_ms == 100  # no log_storage recorded: the durable s3 default
+    # A configured endpoint is never overridden by the embedded stack (nor its fetch wait chosen).
     mixed = ClusterConfig(state_dir=tmp_path, kafka={"bootstrap": "remote:9092"}).resolve()
     assert mixed.kafka.bootstrap == "remote:9092" and mixed.s3.endpoint == "http://127.0.0.1:18333"
+    assert mixed.kafka.fetch_max_wait_ms is None
+    stack = json.loads((tmp_path / STACK_FILE).read_text())
+    (tmp_path / STACK_FILE).write_text(json.dumps({**stack, "log_storage": "memory"}))
+    assert ClusterConfig(state_dir=tmp_path).resolve().kafka.fetch_max_wait_ms == 20
+    chosen = ClusterConfig(state_dir=tmp_path, kafka={"fetch_max_wait_ms": 250}).resolve()
+    assert chosen.kafka.fetch_max_wait_ms == 250
     # Fully external config: resolve() does not need a stack at all.
     external = ClusterConfig(state_dir=tmp_path / "none", kafka={"bootstrap": "k:1"}, s3={"endpoint": "http://s:1"})
     assert external.resolve() is external

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
+from astraflow.config import KAFKA_FETCH_MAX_WAIT_MS
 from astraflow.log.admin import open_kafka_client
 from astraflow.log.claim_check import ClaimCheck
 from astraflow.log.codec import (
@@ -85,7 +86,7 @@ class LogConsumer:
             "heartbeat_interval_ms": heartbeat_interval_ms,
             "max_poll_interval_ms": max_poll_interval_ms,
             "max_partition_fetch_bytes": max_record_bytes(cfg.inline_limit_bytes),
-            "fetch_max_wait_ms": cfg.kafka.fetch_max_wait_ms,
+            "fetch_max_wait_ms": cfg.kafka.fetch_max_wait_ms or KAFKA_FETCH_MAX_WAIT_MS,
         }
         kwargs.update(kafka_overrides)
         self._consumer = open_kafka_client(KafkaConsumer, f"consumer {group_id}", cfg, bootstrap_timeout_s,
