@@ -54,7 +54,8 @@ def test_run_leaves_an_archive_duckdb_and_polars_read(tmp_path: Path, test_clust
     df = lf.select(pl.len().alias("n"), pl.col("episode_id").n_unique().alias("ids")).collect()
     assert df.row(0) == (n_traj, n_ids)
 
-    # Offline replay through the dataflow's own code: the run's configuration gives the online counts
+    # Offline replay through the dataflow's own code, up to where the online dataflow read: the run's
+    # configuration gives the online counts
     replay = subprocess.run(
         [sys.executable, "-m", "astraflow.cli.main", "replay", cfg.run, "--recipe", str(run_dir / "recipe.yaml"),
          "--variant", "dapo={filters: [dynamic_sampling]}", "--variant", "fresh={max_staleness: 0}",
@@ -65,7 +66,6 @@ def test_run_leaves_an_archive_duckdb_and_polars_read(tmp_path: Path, test_clust
     own, dapo, fresh = report["configurations"]
     print(json.dumps({"online": {k: v for k, v in counters.items() if k.startswith("trajectories.")},
                       "replay": own}, indent=1))
-    assert own["received"] == n_traj
     for key in ("received", "kept", "stale", "in_dropped_group", "duplicate"):
         online_value = counters.get(f"trajectories.{key}", 0)
         replayed = own[key] if key in own else own["dropped"][key]

@@ -106,13 +106,33 @@ class ArchivedRun:
 
     store: ObjectStore
     run: str
+    until: dict[int, int] | None = None
+    """Per trajectories partition, the first offset not to replay (None: every archived record)."""
 
     def events(self) -> Iterator[Event]:
         weights = [e for stream in archive_parts(self.store, self.run, R.WEIGHTS)
                    for e in weight_events(read_row_groups(self.store, stream))]
         trajs = [trajectory_events(read_row_groups(self.store, stream))
                  for stream in archive_parts(self.store, self.run, R.TRAJECTORIES)]
-        return heapq.merge(sorted(weights), *trajs)
+        merged = heapq.merge(sorted(weights), *trajs)
+        if self.until is None:
+            return merged
+        until = self.until
+        return (e for e in merged if e.kind == R.WEIGHTS or e.offset < until.get(e.partition, 0))
+
+    def dataflow_consumed(self) -> dict[int, int] | None:
+        """Per trajectories partition, how far the online dataflow had read at its last state save (at
+        the end of a finished run: everything it counted). Records after it — episodes that finished
+        while the run stopped — never reached the online counters."""
+        from astraflow.dataflow.service import STATE_OBJECT
+        from astraflow.log import Topics
+        from astraflow.objstore import RunLayout
+
+        key = RunLayout(self.run).dataflow_key(STATE_OBJECT)
+        if not self.store.exists(key):
+            return None
+        topic = Topics(self.run).trajectories
+        return {int(p): int(o) for t, p, o in self.store.get_json(key).get("offsets", []) if t == topic}
 
     def online_counters(self) -> dict[str, int] | None:
         """The online dataflow's last counters (its last ``kind: dataflow`` metrics record), if archived."""

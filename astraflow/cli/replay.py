@@ -35,6 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--plot", default=None, metavar="PNG", help="where to draw the comparison (default replay-RUN.png)")
     p.add_argument("--no-plot", action="store_true", help="draw nothing")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+    p.add_argument("--all-records", action="store_true",
+                   help="replay every archived trajectory, also those the online dataflow never read (episodes "
+                        "that finished while the run stopped); default: up to its last saved position")
     p.set_defaults(func=cmd_replay)
 
 
@@ -88,6 +91,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise ConfigError(f"no archive for run {args.run_id!r} in s3://{cfg.s3.bucket}/"
                           f"{RunLayout(args.run_id).archive_prefix()} (was it run with --no-archive?)")
     archived = ArchivedRun(store, args.run_id)
+    if not args.all_records:
+        archived.until = archived.dataflow_consumed()
     summaries = []
     for name, section in configs:
         if not args.json:
@@ -102,6 +107,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         plot = write_replay_plot(summaries, args.plot or f"replay-{args.run_id}.png", title)
     if args.json:
         print(json.dumps({"run": args.run_id, "configurations": summaries, "online": online,
+                          "replayed_until": archived.until,
                           "plot": str(plot) if plot else None}))
         return 0
     from rich.console import Console

@@ -31,14 +31,7 @@ def replay_table(summaries: list[dict[str, Any]], online: dict[str, int] | None,
         table.add_column(s["name"], justify="right")
     if online is not None:
         table.add_column("online", justify="right", style="dim")
-    online_rows = {
-        "received": online.get("trajectories.received") if online else None,
-        "kept": online.get("trajectories.kept") if online else None,
-        "dropped: stale": online.get("trajectories.stale") if online else None,
-        "dropped: in dropped group": online.get("trajectories.in_dropped_group") if online else None,
-        "dropped: duplicate": online.get("trajectories.duplicate") if online else None,
-        "pending (group unfinished)": online.get("trajectories.pending") if online else None,
-    }
+    online_rows = _online_rows(online) if online is not None else {}
     for label, value in ROWS:
         cells = [_cell(value(s)) for s in summaries]
         if online is not None:
@@ -48,7 +41,7 @@ def replay_table(summaries: list[dict[str, Any]], online: dict[str, int] | None,
     for reason in reasons:
         cells = [_cell(s["groups_dropped"].get(reason, 0)) for s in summaries]
         if online is not None:
-            cells.append(_cell(online.get(f"trajectories.groups_dropped:{reason}")))
+            cells.append(_cell(online.get(f"trajectories.groups_dropped:{reason}", 0)))
         table.add_row(f"groups dropped: {reason}", *cells)
     for key in ("by_task_type", "by_policy"):
         for name in sorted({n for s in summaries for n in s[key]}):
@@ -59,6 +52,23 @@ def replay_table(summaries: list[dict[str, Any]], online: dict[str, int] | None,
             label = "task type" if key == "by_task_type" else "policy"
             table.add_row(f"batched/received, {label} {name or '(none)'}", *cells)
     return table
+
+
+def _online_rows(c: dict[str, int]) -> dict[str, int]:
+    """The online dataflow's counters under the table's row labels (a counter never hit is absent: 0)."""
+    def total(suffix: str) -> int:
+        return sum(v for k, v in c.items() if k.startswith("batches.") and k.endswith(suffix))
+
+    return {
+        "received": c.get("trajectories.received", 0),
+        "kept": c.get("trajectories.kept", 0),
+        "dropped: stale": c.get("trajectories.stale", 0),
+        "dropped: in dropped group": c.get("trajectories.in_dropped_group", 0),
+        "dropped: duplicate": c.get("trajectories.duplicate", 0),
+        "pending (group unfinished)": c.get("trajectories.pending", 0),
+        "batches": total(".batches"),
+        "groups batched": total(".groups_batched"),
+    }
 
 
 def _cell(value: Any) -> str:
