@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "astraflow.cli.run",        # run RECIPE, demo
     "astraflow.cli.archive",    # archive
     "astraflow.cli.replay",     # replay RUN
+    "astraflow.cli.runs",       # runs ls|show
 ]
 
 

@@ -358,14 +358,23 @@ class ObjectStore:
 
     def list(self, prefix: str = "", *, page_size: int = 1000) -> Iterator[str]:
         """Every key under ``prefix``, in lexicographic order (paginated, lazily)."""
+        for item in self.list_objects(prefix, page_size=page_size):
+            yield item["Key"]
+
+    def list_objects(self, prefix: str = "", *, page_size: int = 1000) -> Iterator[dict[str, Any]]:
+        """Every object under ``prefix`` as S3 lists it (``Key``, ``Size``, ``LastModified``, ...)."""
         paginator = self.client.get_paginator("list_objects_v2")
         pages = paginator.paginate(
             Bucket=self.bucket, Prefix=prefix, PaginationConfig={"PageSize": page_size}
         )
         with self._errors("list", prefix):
             for page in pages:
-                for item in page.get("Contents", []):
-                    yield item["Key"]
+                yield from page.get("Contents", [])
+
+    def get_tail(self, key: str, size: int) -> bytes:
+        """The last ``size`` bytes of ``key`` (a ranged GET: e.g. a Parquet footer)."""
+        with self._errors("get", key):
+            return self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes=-{size}")["Body"].read()
 
     def url(self, key: str) -> str:
         return f"s3://{self.bucket}/{key}"

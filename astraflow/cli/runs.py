@@ -1,0 +1,94 @@
+"""``astraflow runs ls | show RUN``: the runs a bucket holds, from its listing and Parquet footers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("runs", help="list the runs in the bucket, or show one",
+                              description="What the cluster's bucket holds per run (weights, checkpoints, "
+                              "dataflow state, claim checks, archive).")
+    sub = p.add_subparsers(dest="runs_command", metavar="ls|show", required=True)
+    ls = sub.add_parser("ls", help="one line per run: objects, size, policies, latest versions, archived parts")
+    ls.add_argument("--json", action="store_true", help="one JSON object per run instead of the table")
+    ls.set_defaults(func=cmd_ls)
+    show = sub.add_parser("show", help="one run: size per area, versions per policy, archived rows per kind")
+    show.add_argument("run_id", metavar="RUN")
+    show.add_argument("--json", action="store_true", help="one JSON document instead of the tables")
+    show.set_defaults(func=cmd_show)
+
+
+def _store(args: argparse.Namespace):
+    from astraflow.cli.cluster_args import load_cluster
+    from astraflow.objstore import ObjectStore
+
+    return ObjectStore.from_config(load_cluster(args).resolve())
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    from astraflow.objstore.runs import list_runs
+
+    summaries = list_runs(_store(args))
+    if args.json:
+        for s in summaries:
+            print(json.dumps(s.as_row()))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{len(summaries)} run(s)")
+    for col in ("run", "objects", "MB", "policies (latest version)", "archived parts", "last write"):
+        table.add_column(col, justify="right" if col in ("objects", "MB") else "left")
+    for s in summaries:
+        row = s.as_row()
+        table.add_row(s.run, str(row["objects"]), f"{row['mb']:.1f}",
+                      ", ".join(f"{p} (v{v})" for p, v in row["latest_version"].items()) or "-",
+                      ", ".join(f"{k} {n}" for k, n in row["archived_parts"].items()) or "-",
+                      row["last_modified"] or "-")
+    Console().print(table)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from astraflow.config import ConfigError
+    from astraflow.objstore.runs import archived_rows, list_runs
+
+    store = _store(args)
+    found = list_runs(store, args.run_id)
+    if not found:
+        raise ConfigError(f"no run {args.run_id!r} in s3://{store.bucket}/ (see `astraflow runs ls`)")
+    s = found[0]
+    rows = archived_rows(store, s)
+    doc = {**s.as_row(), "bytes_by_area": dict(s.area_bytes),
+           "versions": {p: {"count": len(v), "first": v[0], "last": v[-1]} for p, v in s.versions.items() if v},
+           "archived_rows": rows}
+    if args.json:
+        print(json.dumps(doc))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"[bold]{s.run}[/]: {s.objects} objects, {s.bytes / 1e6:.1f} MB, last write {doc['last_modified']}")
+    areas = Table(title="bytes by area")
+    areas.add_column("area")
+    areas.add_column("MB", justify="right")
+    for area, n in sorted(s.area_bytes.items()):
+        areas.add_row(area, f"{n / 1e6:.2f}")
+    console.print(areas)
+    versions = Table(title="weight versions")
+    for col in ("policy", "versions", "first", "last"):
+        versions.add_column(col)
+    for p, v in doc["versions"].items():
+        versions.add_row(p, str(v["count"]), str(v["first"]), str(v["last"]))
+    console.print(versions)
+    archive = Table(title="archive (rows from the Parquet footers)")
+    archive.add_column("kind")
+    archive.add_column("parts", justify="right")
+    archive.add_column("rows", justify="right")
+    for kind, n in rows.items():
+        archive.add_row(kind, str(len(s.archive_parts[kind])), str(n))
+    console.print(archive if rows else "archive: none (run with --no-archive, or not archived yet)")
+    return 0
