@@ -183,9 +183,13 @@ def codec_cost(value_bytes: int, n: int = 2000) -> dict:
     value = bytes(ipc_bytes(table))
     Rec = namedtuple("Rec", "topic partition offset key value headers timestamp")
     rec = Rec("bench.trajectories", 0, 1, b"k1", value, headers, 0)
+    from astraflow.config import ClusterConfig
+
     consumer = LogConsumer.__new__(LogConsumer)  # decode path only, no broker connection
     consumer.expected_schemas, consumer.codec, consumer._claims = {"trajectory": 1}, __import__(
         "astraflow.log.codec", fromlist=["ArrowCodec"]).ArrowCodec(), None
+    # The inline limit above the value: the oversized-record check passes, as for a conforming producer.
+    consumer.cfg = ClusterConfig(inline_limit_bytes=max(value_bytes * 2, 1024 * 1024))
     raw_enc = best(lambda: ipc_bytes(table))
     layer_enc = best(lambda: (ipc_bytes(table), RecordMeta("trajectory", 1, "bench", ARROW_STREAM, policy="pi").to_headers()))
     raw_dec = best(lambda: pa.ipc.open_stream(value).read_all())
