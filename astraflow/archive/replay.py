@@ -159,9 +159,9 @@ class ReplayResult:
     received_by: dict[str, Counter] = field(default_factory=dict)
     """``task_type`` / ``policy`` -> value -> trajectories received."""
     batched_by: dict[str, Counter] = field(default_factory=dict)
-    reward_variance: list[float] = field(default_factory=list)
+    groups: RunningStats = field(default_factory=lambda: RunningStats())
     """Per batched group: variance of its rewards (0 = no learning signal under GRPO)."""
-    advantages: list[float] = field(default_factory=list)
+    advantages: RunningStats = field(default_factory=lambda: RunningStats())
     """Per batched trajectory: reward - its group's mean."""
     staleness: Counter = field(default_factory=Counter)
     """Batched trajectories by (version at batching - oldest token version)."""
@@ -173,7 +173,6 @@ class ReplayResult:
         dropped = {k: c.get(f"trajectories.{k}", 0) for k in DROP_REASONS}
         groups_dropped = {k.split(":", 1)[1]: v for k, v in c.items()
                           if k.startswith("trajectories.groups_dropped:")}
-        adv = self.advantages
         return {
             "name": self.name,
             "received": received,
@@ -183,11 +182,11 @@ class ReplayResult:
             "pending": c.get("trajectories.pending", 0),
             "batches": self.batches,
             "trajectories_batched": self.trajectories_batched,
-            "zero_variance_groups": sum(1 for v in self.reward_variance if v == 0.0),
-            "groups_batched": len(self.reward_variance),
-            "reward_variance_mean": _mean(self.reward_variance),
-            "advantage_abs_mean": _mean([abs(a) for a in adv]),
-            "advantage_std": round(statistics.pstdev(adv), 4) if len(adv) > 1 else None,
+            "zero_variance_groups": self.groups.zeros,
+            "groups_batched": self.groups.n,
+            "reward_variance_mean": self.groups.mean(),
+            "advantage_abs_mean": self.advantages.abs_mean(),
+            "advantage_std": self.advantages.std(),
             "staleness": {str(k): v for k, v in sorted(self.staleness.items())},
             "by_task_type": _by(self.received_by.get("task_type"), self.batched_by.get("task_type")),
             "by_policy": _by(self.received_by.get("policy"), self.batched_by.get("policy")),
@@ -195,8 +194,33 @@ class ReplayResult:
         }
 
 
-def _mean(xs: list[float]) -> float | None:
-    return round(statistics.fmean(xs), 4) if xs else None
+@dataclass
+class RunningStats:
+    """Count, zeros, mean, |mean| and standard deviation of a stream, in constant memory."""
+
+    n: int = 0
+    zeros: int = 0
+    total: float = 0.0
+    total_abs: float = 0.0
+    total_sq: float = 0.0
+
+    def add(self, x: float) -> None:
+        self.n += 1
+        self.zeros += x == 0.0
+        self.total += x
+        self.total_abs += abs(x)
+        self.total_sq += x * x
+
+    def mean(self) -> float | None:
+        return round(self.total / self.n, 4) if self.n else None
+
+    def abs_mean(self) -> float | None:
+        return round(self.total_abs / self.n, 4) if self.n else None
+
+    def std(self) -> float | None:
+        if self.n < 2:
+            return None
+        return round(max(0.0, self.total_sq / self.n - (self.total / self.n) ** 2) ** 0.5, 4)
 
 
 def _by(received: Counter | None, batched: Counter | None) -> dict[str, dict[str, int]]:
@@ -212,13 +236,9 @@ def replay(name: str, section: DataflowConfig, events: Iterable[Event], group_si
 
     t0 = time.perf_counter()
     df = Dataflow(section, dataset=[])
-    tasks: dict[str, Task] = {}
 
-    def known_task(task_id: str) -> Task:  # every archived task was emitted by the run
-        task = tasks.get(task_id)
-        if task is None:
-            task = tasks[task_id] = Task(prompt_id=task_id, prompt="", samples=group_size)
-        return task
+    def known_task(task_id: str) -> Task:  # every archived task was emitted by the run (none kept: memory)
+        return Task(prompt_id=task_id, prompt="", samples=group_size)
 
     df.processor.task_lookup = known_task
     result = ReplayResult(name, {}, received_by={"task_type": Counter(), "policy": Counter()},
@@ -250,5 +270,6 @@ def _measure(result: ReplayResult, b: Batch) -> None:
     for trajs in groups.values():
         rewards = [t.reward for t in trajs]
         mean = statistics.fmean(rewards)
-        result.reward_variance.append(round(statistics.pvariance(rewards), 12))
-        result.advantages += [r - mean for r in rewards]
+        result.groups.add(round(statistics.pvariance(rewards), 12))
+        for r in rewards:
+            result.advantages.add(r - mean)
