@@ -1,0 +1,180 @@
+"""Weight refresh at real model sizes: a delta through the real S3 vs the full checkpoint, one run.
+
+Models with the layer shapes of Qwen2.5-0.5B and Qwen2.5-1.5B (random bf16 init; tied embeddings).
+The trainer side is :class:`astraflow.delta.WeightPublisher` (anchor v0, then v1 = the ~99%-sparse
+synthetic update: ``--changed`` of each tensor's entries moved by one bf16 step); the node side is
+:class:`astraflow.delta.WeightSubscriber`, which holds v0 and is brought to v1 in place in the
+tensors an engine would serve from (a state dict here: no generation runs, so "paused" is the time
+the serving tensors are being written).
+
+Per model: trainer blocked time in ``publish`` (the snapshot), publish time (encode + upload +
+manifest + announcement, on the publisher's thread), announcement -> applied (the announcement
+record's timestamp to the end of the in-place apply on the node, including its fetch of the
+announcement), bytes of the delta against the full bf16 size, and the same refresh through the full
+checkpoint (the anchor: upload, then download + load), measured side by side.
+Prints one JSON line last.
+
+    nice -n 10 python benchmarks/weight_refresh.py [--models 0.5b,1.5b] [--changed 0.01]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import torch
+
+SHAPES = {
+    # hidden, intermediate, layers, q heads, kv heads, head dim, vocab (config.json of each model)
+    "0.5b": (896, 4864, 24, 14, 2, 64, 151936),
+    "1.5b": (1536, 8960, 28, 12, 2, 128, 151936),
+    "tiny": (64, 128, 2, 4, 2, 16, 1000),  # a smoke test of the script
+}
+
+
+def qwen2_state(name: str, seed: int = 0) -> dict[str, torch.Tensor]:
+    hidden, inter, layers, heads, kv, hd, vocab = SHAPES[name]
+    g = torch.Generator().manual_seed(seed)
+
+    def w(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * 0.02).to(torch.bfloat16)
+
+    state = {"model.embed_tokens.weight": w(vocab, hidden), "model.norm.weight": torch.ones(hidden, dtype=torch.bfloat16)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        state.update({
+            p + "self_attn.q_proj.weight": w(heads * hd, hidden), p + "self_attn.q_proj.bias": w(heads * hd),
+            p + "self_attn.k_proj.weight": w(kv * hd, hidden), p + "self_attn.k_proj.bias": w(kv * hd),
+            p + "self_attn.v_proj.weight": w(kv * hd, hidden), p + "self_attn.v_proj.bias": w(kv * hd),
+            p + "self_attn.o_proj.weight": w(hidden, heads * hd),
+            p + "mlp.gate_proj.weight": w(inter, hidden), p + "mlp.up_proj.weight": w(inter, hidden),
+            p + "mlp.down_proj.weight": w(hidden, inter),
+            p + "input_layernorm.weight": torch.ones(hidden, dtype=torch.bfloat16),
+            p + "post_attention_layernorm.weight": torch.ones(hidden, dtype=torch.bfloat16),
+        })
+    return state
+
+
+def sparse_update(state: dict[str, torch.Tensor], changed: float, seed: int = 1) -> dict[str, torch.Tensor]:
+    """A copy with ``changed`` of each tensor's entries moved by one bf16 ulp (bit pattern + 1)."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, t in state.items():
+        bits = t.view(torch.int16).flatten().clone()
+        idx = torch.randperm(bits.numel(), generator=g)[: max(1, int(bits.numel() * changed))]
+        bits[idx] += 1
+        out[name] = bits.view(torch.bfloat16).view(t.shape)
+    return out
+
+
+def bench_model(cfg, name: str, changed: float) -> dict:
+    from astraflow.delta import WeightPublisher, WeightSubscriber
+    from astraflow.log import LogConsumer, Topics
+    from astraflow.log.codec import WEIGHT_ANNOUNCEMENT_SCHEMA
+
+    run_cfg = cfg.model_copy(update={"run": f"refresh-{name.replace('.', '')}-{uuid.uuid4().hex[:6]}"})
+    policy = "policy"
+    v0 = qwen2_state(name)
+    params = sum(t.numel() for t in v0.values())
+    v1 = sparse_update(v0, changed)
+    out: dict = {"params": params, "full_bf16_mb": round(params * 2 / 1e6, 1)}
+    print(f"{name}: {params / 1e9:.2f} B parameters", file=sys.stderr, flush=True)
+
+    publisher = WeightPublisher(run_cfg, policy, anchor_every=1000, max_lag_versions=2)
+    topic = Topics(run_cfg.run).weights(policy)
+    announcements = LogConsumer(run_cfg, topic, f"{run_cfg.run}.bench", {topic: WEIGHT_ANNOUNCEMENT_SCHEMA},
+                                auto_offset_reset="earliest")
+    subscriber = WeightSubscriber(run_cfg, policy, "bench-node")
+    try:
+        # v0: the full checkpoint path (anchor upload by the publisher, download + load by the node)
+        t0 = time.perf_counter()
+        publisher.publish(v0, 0)
+        publisher.flush()
+        anchor_publish_s = time.perf_counter() - t0
+        serving = {k: torch.empty_like(v) for k, v in v0.items()}  # the engine's own tensors
+        t0 = time.perf_counter()
+        _, anchor_bytes = subscriber.apply_to(serving, 0)  # no copy kept by the subscriber
+        anchor_pull_s = time.perf_counter() - t0
+        out["full_checkpoint"] = {"publish_s": round(anchor_publish_s, 2), "pull_and_load_s": round(anchor_pull_s, 2),
+                                  "mb": round(anchor_bytes / 1e6, 1),
+                                  "refresh_s": round(anchor_publish_s + anchor_pull_s, 2)}
+        print(f"  full checkpoint: {out['full_checkpoint']}", file=sys.stderr, flush=True)
+        while not any(m.obj.get("version") == 0 for m in announcements.poll(1.0) if isinstance(m.obj, dict)):
+            pass
+
+        # v1: the delta path
+        t0 = time.perf_counter()
+        publisher.publish(v1, 1)
+        blocked_s = time.perf_counter() - t0
+        publisher.flush()
+        publish_s = time.perf_counter() - t0
+        announced = None
+        while announced is None:
+            for m in announcements.poll(1.0):
+                if isinstance(m.obj, dict) and m.obj.get("version") == 1:
+                    announced = m
+        t_apply = time.perf_counter()
+        version, delta_bytes = subscriber.apply_to(serving, 1)
+        apply_s = time.perf_counter() - t_apply
+        announce_to_serving_s = time.time() - announced.timestamp_ms / 1000.0
+        exact = all(torch.equal(serving[k].view(torch.int16), v1[k].view(torch.int16)) for k in v1)
+        manifest = subscriber.store.manifest(1)
+        out["delta"] = {
+            "trainer_blocked_s": round(blocked_s, 3),
+            "publish_s": round(publish_s, 2),
+            "mb": round(delta_bytes / 1e6, 1),
+            "share_of_full": round(delta_bytes / (params * 2), 4),
+            "sparsity": manifest.sparsity,
+            "apply_in_place_s": round(apply_s, 2),
+            "announce_to_serving_s": round(announce_to_serving_s, 2),
+            "engine_paused_s": round(apply_s, 2),
+            "bit_exact": exact,
+            "version": version,
+        }
+        out["speedup_vs_full_checkpoint"] = round(out["full_checkpoint"]["refresh_s"]
+                                                  / (publish_s + apply_s), 1)
+        print(f"  delta: {out['delta']}", file=sys.stderr, flush=True)
+    finally:
+        announcements.close()
+        subscriber.close()
+        publisher.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="0.5b,1.5b", help=f"comma-separated, of {sorted(SHAPES)}")
+    ap.add_argument("--changed", type=float, default=0.01, help="share of entries changed per version (0.01)")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    from astraflow.config import ClusterConfig
+    from astraflow.embedded import EmbeddedStack
+
+    result: dict = {"benchmark": "weight_refresh", "changed": args.changed, "threads": args.threads}
+    with tempfile.TemporaryDirectory(prefix="af-refresh-") as tmp:
+        stack, _ = EmbeddedStack.start_private(Path(tmp) / "stack")
+        try:
+            cfg = ClusterConfig(state_dir=Path(tmp) / "stack").resolve()
+            for name in [m.strip() for m in args.models.split(",") if m.strip()]:
+                if name not in SHAPES:
+                    ap.error(f"unknown model {name!r}; choose from {sorted(SHAPES)}")
+                result[name] = bench_model(cfg, name, args.changed)
+        finally:
+            stack.down()
+    last = result[[m for m in SHAPES if m in result][-1]]
+    result["announce_to_serving_s"] = last["delta"]["announce_to_serving_s"]
+    result["engine_paused_s"] = last["delta"]["engine_paused_s"]
+    result["speedup_vs_full_checkpoint"] = last["speedup_vs_full_checkpoint"]
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
