@@ -77,10 +77,12 @@ def handoff_figures(metrics: list[dict], run: str, since: float) -> dict[str, di
     return {name: {**quantiles(xs), "n": len(xs)} if xs else {"n": 0} for name, xs in samples.items()}
 
 
-def distributed(cfg, fetch_wait_ms: int, steps: int, warmup: int, runs_dir: Path, timeout_s: float) -> dict:
+def distributed(cfg, fetch_wait_ms: int, steps: int, warmup: int, runs_dir: Path, timeout_s: float,
+                threads: int = 1) -> dict:
     recipe = load_recipe(RECIPE, trainer={"steps": steps})
     run_cfg = cfg.model_copy(update={"kafka": cfg.kafka.model_copy(update={"fetch_max_wait_ms": fetch_wait_ms})})
-    rec = run_recipe(recipe, run_cfg, runs_dir=runs_dir, label=f"overhead-{fetch_wait_ms}", timeout_s=timeout_s)
+    rec = run_recipe(recipe, run_cfg, runs_dir=runs_dir, label=f"overhead-{fetch_wait_ms}", timeout_s=timeout_s,
+                     threads=threads)
     figures = summarize(rec, warmup_steps=warmup)
     policy = figures["policies"][recipe.policies[0].name]
     trainer_steps = sorted((r for r in rec.metrics if r.get("component") == "trainer" and "step_s" in r),
@@ -89,6 +91,7 @@ def distributed(cfg, fetch_wait_ms: int, steps: int, warmup: int, runs_dir: Path
     spans = episode_spans(rec.trajectories)
     return {
         "fetch_max_wait_ms": fetch_wait_ms,
+        "threads": threads,
         "s_per_step": figures["iteration_s"],
         "s_per_step_p50": policy["iteration_s_p50"],
         "trainer_busy_fraction": round(1.0 - figures["trainer_idle_fraction"], 3),
@@ -113,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                          "(default 500 = kafka-python's default, and 20)")
     ap.add_argument("--log-storage", choices=["memory", "s3"], default="memory",
                     help="the embedded broker's log storage (default memory; s3 is the durable default of runs)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per component (astraflow run's default 1)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per distributed run")
     args = ap.parse_args(argv)
@@ -135,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             result["distributed"] = []
             for wait in waits:
                 print(f"distributed, fetch_max_wait_ms={wait} ...", file=sys.stderr, flush=True)
-                d = distributed(cfg, wait, args.steps, args.warmup, Path(tmp) / "runs", args.timeout)
+                d = distributed(cfg, wait, args.steps, args.warmup, Path(tmp) / "runs", args.timeout, args.threads)
                 d["ratio_to_one_process"] = round(d["s_per_step"] / result["one_process"]["s_per_step"], 2)
                 result["distributed"].append(d)
                 p50s = {k: v.get("p50") for k, v in d["handoff_ms"].items()}
