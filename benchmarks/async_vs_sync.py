@@ -63,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--real-model", action="store_true",
                     help="the CPU demo model (math.yaml, HF engine, torch backend) instead of the simulation")
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds per run before it is abandoned")
+    ap.add_argument("--sampler", default=None,
+                    help="batch sampler plug-in for every run (e.g. oldest_first); default: the recipe's")
+    ap.add_argument("--batch-lookahead", type=int, default=None,
+                    help="dataflow.batch_lookahead for every run (batches served ahead of the trainer)")
     args = ap.parse_args(argv)
 
     t0 = time.monotonic()
@@ -80,12 +84,26 @@ def main(argv: list[str] | None = None) -> int:
             for name in [w.strip() for w in args.workloads.split(",") if w.strip()]:
                 if name not in WORKLOADS:
                     ap.error(f"unknown workload {name!r}; choose from {sorted(WORKLOADS)}")
+                flow: dict = {"sampler": {"type": args.sampler}} if args.sampler else {}
+                if args.batch_lookahead:
+                    flow["batch_lookahead"] = args.batch_lookahead
+                updates = {"dataflow": flow} if flow else None
                 result[name] = compare(cfg, WORKLOADS[name], name, steps=args.steps, warmup=args.warmup,
-                                       runs_dir=runs_dir, timeout_s=args.timeout)
+                                       runs_dir=runs_dir, timeout_s=args.timeout, updates=updates)
     result["wall_s"] = round(time.monotonic() - t0, 1)
     headline = result.get("solver_verifier") or result.get("single") or result.get("real_model")
     result["ratio_sync_over_async"] = headline["ratio_sync_over_async"]
     result["async_trainer_idle_fraction"] = headline["async"]["trainer_idle_fraction"]
+    result["sampler"] = args.sampler or "recipe's"
+    result["batch_lookahead"] = args.batch_lookahead
+    for name in WORKLOADS:
+        if name in result:  # trained / produced / dropped of the async run
+            a = result[name]["async"]
+            result[name]["async_waste"] = {
+                "produced": a["trajectories_produced"], "trained": a["trajectories_trained"],
+                "dropped": a["trajectories_dropped"],
+                "stale_share_of_produced": round(a["trajectories_dropped"].get("stale", 0)
+                                                 / max(1, a["trajectories_produced"]), 4)}
     print(json.dumps(result))
     return 0
 

@@ -304,3 +304,41 @@ def test_checkpoint_restore_loses_nothing():
     assert b.finished and not a.emitter.in_flight
     c = b.counters()
     assert c["tasks.emitted"] == c["tasks.finished"] == 12 - c["tasks.selector_skipped"]
+
+
+def test_batch_lookahead_serves_batches_as_the_trainer_advances():
+    df = Dataflow(cfg(groups_per_batch=1, max_in_flight=3, batch_lookahead=1), dataset(3, samples=2))
+    for t in df.next_tasks(0.0):
+        df.ingest(rollout(t, "solver", [0.0, 1.0]))
+    assert len(df.take_batches()) == 1  # one untrained batch ahead of the trainer, two groups wait
+    assert df.take_batches() == [] and df.counters()["batches.solver.groups_buffered"] == 2
+    df.on_weights("solver", 1)  # the trainer trained batch 0
+    assert [b.batch_id for b in df.take_batches()] == ["solver-00000001"]
+    assert Dataflow(cfg(groups_per_batch=1, max_in_flight=3), dataset(1)).cfg.batch_lookahead is None
+
+
+def test_oldest_first_serves_the_oldest_tokens_first_and_the_staleness_rule_knows_it():
+    df = Dataflow(cfg(groups_per_batch=1, max_staleness=1, max_in_flight=4, batch_lookahead=1,
+                      sampler="oldest_first"), dataset(4, samples=2))
+    tasks = df.next_tasks(0.0)
+    df.on_weights("solver", 2)
+    for t, v in zip(tasks[:3], (2, 3, 2), strict=True):
+        df.ingest(rollout(t, "solver", [0.0, 1.0], version=v))
+    first = df.take_batches()  # lookahead 1: one batch now, the other two wait in the sampler
+    assert [b.trajectories[0].versions[0] for b in first] == [2]
+    # a group of version 1 finishing late goes before the version-3 group
+    sampler = df.batchers["solver"].sampler
+    assert sampler.ahead_of(1) == 0 and sampler.ahead_of(2) == 1 and sampler.ahead_of(3) == 2
+    fifo = Dataflow(cfg(groups_per_batch=1), dataset(1)).batchers["solver"].sampler
+    assert fifo.ahead_of(0) == fifo.buffered()
+    df.ingest(rollout(tasks[3], "solver", [1.0, 0.0], version=1))
+    again = Dataflow(df.cfg, dataset(4, samples=2))  # the waiting groups and their order survive a restart
+    again.load_state_dict(json.loads(json.dumps(df.state_dict())))
+    assert again.batchers["solver"].sampler.buffered() == sampler.buffered() == 3
+    assert [g.min_version for g in again.batchers["solver"].sampler.drain()] == [1, 2, 3]
+    versions = []
+    for v in (3, 4, 5):
+        df.on_weights("solver", v)
+        versions += [b.trajectories[0].versions[0] for b in df.take_batches()]
+    assert versions == [1, 2, 3]
+    assert df.processor.unaccounted() == 0

@@ -25,11 +25,12 @@ class BatchAssembler:
         self.sampler.add(group)
         self.counters["groups_in"] += 1
 
-    def take(self, trainer_version: int) -> list[Batch]:
-        """Every batch that can be assembled now. Batch ids are sequential per policy and part of the
-        checkpoint, so a batch re-produced after a crash carries the id the trainer already saw."""
-        out = []
-        while (groups := self.sampler.sample(self.groups_per_batch)) is not None:
+    def take(self, trainer_version: int, limit: int | None = None) -> list[Batch]:
+        """Every batch that can be assembled now (at most ``limit``). Batch ids are sequential per
+        policy and part of the checkpoint, so a batch re-produced after a crash carries the id the
+        trainer already saw."""
+        out: list[Batch] = []
+        while (limit is None or len(out) < limit) and (groups := self.sampler.sample(self.groups_per_batch)) is not None:
             batch_id = f"{self.policy}-{self.seq:08d}"
             self.seq += 1
             trajs = [t for g in groups for t in g.trajectories]

@@ -29,6 +29,11 @@ class DataflowConfig(BaseModel):
     (``Dataflow.staleness_room``), and staleness is measured against the version that will train
     the group (``Dataflow.train_version``). An explicit value is a plain cap and staleness is
     measured against the announced version: batches queued at a slow trainer may be trained staler."""
+    batch_lookahead: int | None = Field(default=None, ge=1)
+    """Batches served ahead of the trainer: a full batch waits in the sampler until fewer than this
+    many are untrained (judged from the announced versions, which lag by the trainer's publish lag).
+    ``None`` serves every full batch at once. With ``sampler: oldest_first`` the waiting groups are
+    served oldest token version first (earliest deadline first)."""
     candidate_pool: int = Field(default=64, ge=1)
     """Dataset tasks drawn ahead so that the task selector has a choice."""
     epochs: int | None = Field(default=None, ge=1)

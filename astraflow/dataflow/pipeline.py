@@ -50,7 +50,7 @@ class Dataflow:
         self._base_version: dict[str, int] = {}
         """Per policy, the announced version when this dataflow served its first batch."""
 
-    def train_version(self, policy: str) -> int:
+    def train_version(self, policy: str, version: int | None = None) -> int:
         """The version that will train a group finishing now (staleness is measured against it).
 
         Batches are trained in order, one version each, so a group that joins the FIFO queue
@@ -58,13 +58,16 @@ class Dataflow:
         ``base + batches + buffered // B`` — later than the latest announced version whenever
         batches queue at a slow trainer. Measuring against the announced version alone would let a
         long-tail episode that finishes late, behind a queue, be trained beyond ``max_staleness``.
+        ``version`` (the oldest token version of the trajectory being judged) lets a sampler that does
+        not serve in arrival order say how many buffered groups go first (``BatchSampler.ahead_of``).
         """
         announced = self.emitter.versions.get(policy, 0)
         b = self.batchers.get(policy)
         if b is None or self.cfg.max_in_flight is not None:
             return announced  # an explicit in-flight cap keeps the plain rule (see DataflowConfig)
         base = self._base_version.get(policy, announced)
-        return max(announced, base + b.counters["batches"] + b.sampler.buffered() // self.cfg.groups_per_batch)
+        ahead = b.sampler.buffered() if version is None else b.sampler.ahead_of(version)
+        return max(announced, base + b.counters["batches"] + ahead // self.cfg.groups_per_batch)
 
     @property
     def versions(self) -> dict[str, int]:
@@ -167,11 +170,21 @@ class Dataflow:
         for p, b in self.batchers.items():
             if b.sampler.buffered() >= self.cfg.groups_per_batch:
                 self._base_version.setdefault(p, self.versions[p] - b.counters["batches"])
-            batches = b.take(self.versions[p])
+            batches = b.take(self.versions[p], limit=self._batches_wanted(p))
             if batches:
                 self._batched_this_wave.add(p)
             out += batches
         return out
+
+    def _batches_wanted(self, policy: str) -> int | None:
+        """How many batches of ``policy`` may be served now: all that are full (``None``), or, with
+        ``batch_lookahead``, only enough to keep that many untrained ahead of the trainer (the
+        announced version tells how many it trained). Groups wait in the sampler meanwhile, where
+        a sampler such as ``oldest_first`` can still put a late old group before newer ones."""
+        if self.cfg.batch_lookahead is None or policy not in self._base_version:
+            return None
+        untrained = self.batchers[policy].counters["batches"] - (self.versions[policy] - self._base_version[policy])
+        return max(0, self.cfg.batch_lookahead - untrained)
 
     @property
     def finished(self) -> bool:

@@ -36,7 +36,7 @@ class TrajectoryProcessor:
         max_staleness: int,
         filters: list[TrajectoryFilter],
         task_lookup: Callable[[str], Task | None],
-        version_of: Callable[[str], int],
+        version_of: Callable[[str, int], int],
         dedup_capacity: int = 200_000,
         min_group_samples: int = 2,
     ) -> None:
@@ -82,7 +82,7 @@ class TrajectoryProcessor:
         if group is None:
             group = Group(traj.group_id, traj.task_id, traj.policy, traj.task_type or task.task_type, task.samples)
             self.pending[traj.group_id] = group
-        if self.version_of(traj.policy) - traj.min_version > self.max_staleness:
+        if self.version_of(traj.policy, traj.min_version) - traj.min_version > self.max_staleness:
             c["stale"] += 1
             group.dropped += 1
         else:

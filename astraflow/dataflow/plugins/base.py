@@ -98,6 +98,11 @@ class BatchSampler(Plugin):
     def sample(self, n_groups: int) -> list[Group] | None:
         """``n_groups`` groups for the next batch, or ``None`` when not enough are buffered."""
 
+    def ahead_of(self, version: int) -> int:
+        """Buffered groups that will be served before a group whose oldest token is at ``version``
+        (the dataflow's staleness rule reads it). Arrival order: every buffered group."""
+        return self.buffered()
+
     @abstractmethod
     def buffered(self) -> int:
         """Fresh groups waiting (not yet trained on)."""

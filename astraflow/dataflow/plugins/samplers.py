@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import random
 from collections import deque
 from typing import Any
@@ -42,6 +43,50 @@ class Fifo(BatchSampler):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.fresh = deque(Group.from_state(g) for g in state["fresh"])
+
+
+@register_plugin("oldest_first")
+class OldestFirst(BatchSampler):
+    """Earliest deadline first: the groups whose oldest token version is lowest go first (arrival order
+    among equals). A long-tail episode that finishes behind newer ones is then not overtaken by them;
+    with the dataflow's emission pacing, a group of oldest version v is trained by version
+    v + max_staleness at the latest, whatever the order episodes finish in, so fewer are dropped as
+    stale (``benchmarks/async_vs_sync.py --sampler oldest_first``)."""
+
+    def __init__(self, options: PluginOptions | None = None) -> None:
+        super().__init__(options)
+        self.heap: list[tuple[int, int, Group]] = []
+        self.seq = 0
+
+    def add(self, group: Group) -> None:
+        heapq.heappush(self.heap, (group.min_version, self.seq, group))
+        self.seq += 1
+
+    def sample(self, n_groups: int) -> list[Group] | None:
+        if len(self.heap) < n_groups:
+            return None
+        return [heapq.heappop(self.heap)[2] for _ in range(n_groups)]
+
+    def ahead_of(self, version: int) -> int:
+        return sum(1 for v, _, _ in self.heap if v <= version)
+
+    def buffered(self) -> int:
+        return len(self.heap)
+
+    def drain(self) -> list[Group]:
+        out = [g for _, _, g in sorted(self.heap, key=lambda e: e[:2])]
+        self.heap.clear()
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seq": self.seq, "groups": [[seq, g.to_state()] for _, seq, g in sorted(self.heap, key=lambda e: e[:2])]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.seq = state["seq"]
+        self.heap = []
+        for seq, g in state["groups"]:
+            group = Group.from_state(g)
+            heapq.heappush(self.heap, (group.min_version, seq, group))
 
 
 class ReplayOptions(PluginOptions):
