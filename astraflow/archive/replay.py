@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +28,7 @@ from astraflow.archive import rows as R
 from astraflow.records import Batch, Task, Trajectory, trajectory
 
 if TYPE_CHECKING:
+    from astraflow.config import ClusterConfig
     from astraflow.dataflow.config import DataflowConfig
     from astraflow.objstore import ObjectStore
 
@@ -98,6 +99,17 @@ def weight_events(tables: Iterable[pa.Table]) -> list[Event]:
                 out.append(Event(row["log_timestamp_ms"] or 0, -1, row["log_offset"], R.WEIGHTS,
                                  policy=row["policy"], version=int(row["version"])))
     return sorted(out)
+
+
+def require_archive(store: ObjectStore, cfg: ClusterConfig, run: str) -> None:
+    """:class:`ConfigError` naming the bucket prefix when ``run`` has no archived trajectories."""
+    from astraflow.config import ConfigError
+    from astraflow.objstore import RunLayout
+
+    prefix = RunLayout(run).archive_prefix(R.TRAJECTORIES)
+    if not any(True for _ in store.list(prefix)):
+        raise ConfigError(f"no archive for run {run!r} in s3://{cfg.s3.bucket}/{prefix} "
+                          "(was it run with --no-archive, or in another bucket?)")
 
 
 @dataclass
@@ -228,32 +240,56 @@ def _by(received: Counter | None, batched: Counter | None) -> dict[str, dict[str
     return {k: {"received": received[k], "batched": batched[k]} for k in sorted(received)}
 
 
+class ServedBatches:
+    """The batches a fresh :class:`Dataflow` of ``section`` serves from ``events``, in order; after the
+    last one, :attr:`counters` holds the dataflow's own counters. ``on_trajectories`` sees every
+    trajectory record's rows before the dataflow does. Both ``astraflow replay`` and the archive feed
+    (``--from-archive``) iterate this: one path from the archive to batches."""
+
+    def __init__(self, section: DataflowConfig, events: Iterable[Event], group_size: int,
+                 on_trajectories: Callable[[list[Trajectory]], None] | None = None) -> None:
+        self.section, self.events, self.group_size = section, events, group_size
+        self.on_trajectories = on_trajectories
+        self.counters: dict[str, int] = {}
+
+    def __iter__(self) -> Iterator[Batch]:
+        from astraflow.dataflow.pipeline import Dataflow
+
+        df = Dataflow(self.section, dataset=[])
+        group_size = self.group_size
+
+        def known_task(task_id: str) -> Task:  # every archived task was emitted by the run (none kept: memory)
+            return Task(prompt_id=task_id, prompt="", samples=group_size)
+
+        df.processor.task_lookup = known_task
+        for event in self.events:
+            if event.kind == R.WEIGHTS:
+                df.on_weights(event.policy, event.version)
+                continue
+            if self.on_trajectories is not None:
+                self.on_trajectories(event.trajectories)
+            df.ingest(event.trajectories)
+            yield from df.take_batches()
+        self.counters = df.counters()
+
+
 def replay(name: str, section: DataflowConfig, events: Iterable[Event], group_size: int) -> ReplayResult:
     """Feed ``events`` to a fresh :class:`Dataflow` of ``section``; every batch it serves is measured."""
     import time
 
-    from astraflow.dataflow.pipeline import Dataflow
-
     t0 = time.perf_counter()
-    df = Dataflow(section, dataset=[])
-
-    def known_task(task_id: str) -> Task:  # every archived task was emitted by the run (none kept: memory)
-        return Task(prompt_id=task_id, prompt="", samples=group_size)
-
-    df.processor.task_lookup = known_task
     result = ReplayResult(name, {}, received_by={"task_type": Counter(), "policy": Counter()},
                           batched_by={"task_type": Counter(), "policy": Counter()})
-    for event in events:
-        if event.kind == R.WEIGHTS:
-            df.on_weights(event.policy, event.version)
-            continue
-        for t in event.trajectories:
+
+    def count_received(trajectories: list[Trajectory]) -> None:
+        for t in trajectories:
             result.received_by["task_type"][t.task_type] += 1
             result.received_by["policy"][t.policy] += 1
-        df.ingest(event.trajectories)
-        for b in df.take_batches():
-            _measure(result, b)
-    result.counters = df.counters()
+
+    batches = ServedBatches(section, events, group_size, count_received)
+    for b in batches:
+        _measure(result, b)
+    result.counters = batches.counters
     result.seconds = time.perf_counter() - t0
     return result
 

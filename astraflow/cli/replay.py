@@ -22,7 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "  astraflow replay math-1a2b --recipe examples/recipes/math.yaml\n"
         "  astraflow replay math-1a2b --recipe examples/recipes/math.yaml \\\n"
         "      --variant dapo='{filters: [dynamic_sampling]}' --variant fresh='{max_staleness: 0}'\n"
-        "  astraflow replay math-1a2b --recipe r.yaml --variant mine=my_dataflow.yaml --json",
+        "  astraflow replay math-1a2b --recipe r.yaml --variant mine=my_dataflow.yaml --json\n"
+        "to train on what a configuration keeps (no rollouts): astraflow run RECIPE --from-archive RUN",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_id", metavar="RUN", help="the archived run's id")
     p.add_argument("--recipe", required=True,
@@ -69,10 +70,10 @@ def parse_variant(text: str, base: Any) -> tuple[str, Any]:
 def cmd_replay(args: argparse.Namespace) -> int:
     import importlib
 
-    from astraflow.archive.replay import ArchivedRun, replay
+    from astraflow.archive.replay import ArchivedRun, replay, require_archive
     from astraflow.cli.cluster_args import load_cluster
     from astraflow.config import ConfigError
-    from astraflow.objstore import ObjectStore, RunLayout
+    from astraflow.objstore import ObjectStore
     from astraflow.recipe import Recipe
 
     for module in args.imports:
@@ -87,9 +88,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise ConfigError(f"--variant names must differ (and not be 'recipe'): {names}")
     cfg = load_cluster(args).model_copy(update={"run": args.run_id}).resolve()
     store = ObjectStore.from_config(cfg)
-    if not any(True for _ in store.list(RunLayout(args.run_id).archive_prefix("trajectories"))):
-        raise ConfigError(f"no archive for run {args.run_id!r} in s3://{cfg.s3.bucket}/"
-                          f"{RunLayout(args.run_id).archive_prefix()} (was it run with --no-archive?)")
+    require_archive(store, cfg, args.run_id)
     archived = ArchivedRun(store, args.run_id)
     if not args.all_records:
         archived.until = archived.dataflow_consumed()

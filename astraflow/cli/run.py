@@ -41,6 +41,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--no-live", action="store_true", help="print progress lines instead of a live table")
     run.add_argument("--no-archive", action="store_true",
                      help="do not start the archiver (Parquet of the run's log under <run>/archive/)")
+    run.add_argument("--from-archive", metavar="RUN",
+                     help="train from an archived run instead of rolling out: the batches the recipe's dataflow "
+                     "section serves from RUN's archive (as `astraflow replay` judges them) go to this run's "
+                     "trainers; no dataflow, no RaaS node (off-policy: docs/archive.md)")
     run.set_defaults(func=cmd_run)
 
     demo = subparsers.add_parser(
@@ -93,6 +97,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             opts = RunOptions(run_id=args.run_id, steps=args.steps, nodes=parse_nodes(args.nodes),
                               runs_dir=args.runs_dir, grace_s=args.grace, timeout_s=args.timeout,
                               live=False if args.no_live else None, archive=not args.no_archive,
+                              from_archive=args.from_archive,
                               restart=RestartPolicy(max_restarts=args.max_restarts))
             with open_run_cluster(load_cluster(args), log_storage=args.log_storage,
                                   announce=lambda m: console.print(m, highlight=False)) as cluster:

@@ -80,20 +80,23 @@ def child_env(cluster_file: Path, run_id: str, threads: int = 1) -> dict[str, st
 
 
 def component_specs(recipe: Recipe, recipe_file: Path, cluster_file: Path, run_dir: Path,
-                    *, threads: int = 1, archive: bool = True) -> list[ChildSpec]:
+                    *, threads: int = 1, archive: bool = True, rollouts: bool = True) -> list[ChildSpec]:
     """Dataflow first, then one trainer per policy, then ``nodes`` RaaS nodes per pool, then (with
     ``archive``) the archiver, which runs until the stop: on SIGTERM it reads what is left on the
-    topics, flushes its last Parquet parts and exits 0 within the launcher's grace period."""
+    topics, flushes its last Parquet parts and exits 0 within the launcher's grace period. Without
+    ``rollouts`` (trainers fed from an archive) no dataflow and no node."""
     base = [sys.executable, "-m", "astraflow.cli.main", "--config", str(cluster_file)]
     env = child_env(cluster_file, recipe.run, threads)
     logs = run_dir / "logs"
-    specs = [ChildSpec("dataflow", [*base, "dataflow", "--recipe", str(recipe_file)], env,
-                       logs / "dataflow.log")]
+    specs = []
+    if rollouts:
+        specs.append(ChildSpec("dataflow", [*base, "dataflow", "--recipe", str(recipe_file)], env,
+                               logs / "dataflow.log"))
     for policy in recipe.policies:
         name = f"trainer-{policy.name}"
         specs.append(ChildSpec(name, [*base, "trainer", "--recipe", str(recipe_file), "--policy", policy.name],
                                env, logs / f"{name}.log", may_exit=True))
-    for pool in recipe.pools:
+    for pool in recipe.pools if rollouts else []:
         for i in range(pool.nodes):
             name = f"raas-{pool.name}-{i}"
             specs.append(ChildSpec(name, [*base, "raas", "--recipe", str(recipe_file), "--pool", pool.name,

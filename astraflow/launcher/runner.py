@@ -57,6 +57,9 @@ class RunOptions:
     """Torch threads per component process."""
     archive: bool = True
     """Start the archiver (``astraflow archive``): the run's log as Parquet under ``<run>/archive/``."""
+    from_archive: str | None = None
+    """Train on the batches the recipe's dataflow section serves from this archived run
+    (:mod:`astraflow.archive.feed`): only trainers (and the archiver) start, no dataflow, no node."""
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     """Backoff and budget for restarting a component (or a server of ``stack``) that dies."""
     stack: EmbeddedStack | None = None
@@ -211,15 +214,17 @@ def _launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console, guard
 
     run_id = recipe.run
     run_dir = (opts.runs_dir / run_id).absolute()
+    ensure_topics(cfg, run_topics(recipe, run_id))
+    if opts.from_archive:
+        recipe = _feed_from_archive(recipe, cfg, opts.from_archive, console)
     recipe_file = write_recipe(recipe, run_dir / "recipe.yaml")
     cluster_file = write_cluster_file(cfg, run_dir / "cluster.yaml")
-    ensure_topics(cfg, run_topics(recipe, run_id))
 
     policies = [p.name for p in recipe.policies]
     progress = RunProgress(run=run_id, steps=recipe.trainer.steps, policies=policies)
     metrics_path = run_dir / "metrics.jsonl"
-    specs = [s for s in component_specs(recipe, recipe_file, cluster_file, run_dir, threads=opts.threads)
-             if opts.archive or s.name != "archive"]
+    specs = component_specs(recipe, recipe_file, cluster_file, run_dir, threads=opts.threads,
+                            archive=opts.archive, rollouts=not opts.from_archive)
     group = ProcessGroup(grace_s=opts.grace_s, restart=opts.restart)
     watched: list[_Supervised] = [group]
     if opts.stack is not None:
@@ -267,6 +272,27 @@ def _launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console, guard
     with guard.shielded():
         restarts = {k: v for w in watched for k, v in w.restarts().items()}
         return _finish(run_id, run_dir, progress, monitor, restarts, codes, reason, rc, t0, console)
+
+
+def _feed_from_archive(recipe: Recipe, cfg: ClusterConfig, source: str, console) -> Recipe:
+    """Put the batches of ``source``'s archive on the run's batch topics; the recipe's steps capped at
+    the batches there are for its least-fed policy."""
+    from astraflow.archive.feed import feed_archive
+
+    console.print(f"replaying the archive of {source} through the recipe's dataflow section ...", highlight=False)
+    fed = feed_archive(cfg, recipe, source)
+    kept, received = fed.counters.get("trajectories.kept", 0), fed.counters.get("trajectories.received", 0)
+    console.print(f"{'fed' if fed.produced else 'already fed (earlier life of this run)'}: batches per policy "
+                  f"{fed.batches} from {source} ({kept} of {received} archived trajectories kept)", highlight=False)
+    steps = min(fed.batches.values())
+    if steps == 0:
+        empty = [p for p, n in fed.batches.items() if n == 0]
+        raise ValueError(f"the archive of {source} gives no batch for policies {empty} under this recipe's "
+                         f"dataflow section (check the policy names and groups_per_batch)")
+    if steps >= recipe.trainer.steps:
+        return recipe
+    console.print(f"[yellow]trainer steps capped at {steps}: the archive holds no more batches[/yellow]")
+    return recipe.model_copy(update={"trainer": recipe.trainer.model_copy(update={"steps": steps})})
 
 
 def _finish(run_id: str, run_dir: Path, progress: RunProgress, monitor, restarts: dict[str, int],
