@@ -3,7 +3,9 @@
 Per (topic, partition) it buffers the decoded rows of a contiguous run of offsets and flushes them
 when the buffer holds ``max_records`` records or ``max_bytes`` bytes, is ``flush_s`` old, or the
 archiver stops. A flush uploads one part per (kind, policy) named after the topic, partition and
-first offset of the buffer (:meth:`RunLayout.archive_part_key`), then commits the offsets.
+first offset of the buffer (:meth:`RunLayout.archive_part_key`), then commits the offsets. Encoding
+and upload run on one background thread while the consumer reads on; commits stay on the consumer's
+thread and in offset order, each after its part is in the bucket.
 
 Recovery: a part that was uploaded but not committed is found again by its name when the buffer
 restarts at the same first offset; its footer says its last offset, and the buffer then flushes at
@@ -16,7 +18,8 @@ import logging
 import re
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +34,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 PARQUET = "application/vnd.apache.parquet"
+MAX_PENDING_UPLOADS = 4
+"""Buffers handed to the upload thread and not yet committed, at most (memory bound)."""
 _PART_RE = re.compile(r"/part-(?P<topic>.+)-(?P<partition>\d+)-(?P<first>\d{20})\.parquet$")
 
 
@@ -49,6 +54,14 @@ class _Buffer:
 
 
 @dataclass
+class _Uploaded:
+    keys: list[str] = field(default_factory=list)
+    rows: Counter = field(default_factory=Counter)
+    bytes: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
 class ArchiveStats:
     records: int = 0
     rows: Counter = field(default_factory=Counter)
@@ -58,6 +71,7 @@ class ArchiveStats:
     skipped: int = 0
     """Records that broke their schema (counted, not archived; the dataflow refuses them too)."""
     flush_s: float = 0.0
+    """Seconds the upload thread spent encoding and uploading parts."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"records": self.records, "rows": dict(self.rows), "parts": self.parts, "bytes": self.bytes,
@@ -91,6 +105,9 @@ class Archiver:
         self.row_group_bytes = row_group_bytes
         self.stats = ArchiveStats()
         self._buffers: dict[tuple[str, int], _Buffer] = {}
+        # One upload thread: parts of a partition reach the bucket in offset order.
+        self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="archive-upload")
+        self._uploads: deque[tuple[Future[_Uploaded], list[Message]]] = deque()
         self._existing = self._list_parts()
 
     # -- recovery ----------------------------------------------------------------------------------
@@ -164,34 +181,52 @@ class Archiver:
 
     # -- flushing ----------------------------------------------------------------------------------
     def flush(self) -> None:
-        """Flush every buffer (a buffer that must end at an earlier life's boundary waits for it)."""
-        self._flush([b for b in self._buffers.values() if b.until is None or b.last >= b.until])
+        """Flush every buffer (a buffer that must end at an earlier life's boundary waits for it) and
+        wait until everything handed to the upload thread is uploaded and committed."""
+        self._flush([b for b in self._buffers.values() if b.until is None or b.last >= b.until], wait=True)
 
-    def _flush(self, buffers: list[_Buffer]) -> None:
-        if not buffers:
-            return
-        t0 = time.monotonic()
+    def _flush(self, buffers: list[_Buffer], *, wait: bool = False) -> None:
+        """Hand ``buffers`` to the upload thread; commit every upload that has finished, in order
+        (all of them with ``wait``)."""
         assigned = self.consumer.assignment
-        done: list[Message] = []
-        uploaded: list[str] = []
         for buf in buffers:
             self._buffers.pop((buf.topic, buf.partition), None)
             if (buf.topic, buf.partition) not in assigned:
                 continue  # revoked: the new owner re-reads it from the committed offset
-            for (kind, policy), tables in sorted(buf.tables.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
-                data = R.to_parquet(kind, tables, topic=buf.topic, partition=buf.partition, first_offset=buf.first,
-                                    last_offset=buf.last, row_group_bytes=self.row_group_bytes)
-                key = self.layout.archive_part_key(kind, policy, buf.topic, buf.partition, buf.first)
-                wait_out_outage(lambda: self.store.put_bytes(key, data, content_type=PARQUET), self._s3)  # noqa: B023
-                uploaded.append(key)
-                self.stats.rows[kind] += sum(t.num_rows for t in tables)
-                self.stats.parts += 1
-                self.stats.bytes += len(data)
             self._existing.pop((buf.topic, buf.partition, buf.first), None)
-            done.extend(buf.messages)
-        self.before_commit(uploaded)
-        self.consumer.commit(done)
-        self.stats.flush_s += time.monotonic() - t0
+            while len(self._uploads) >= MAX_PENDING_UPLOADS:  # bounded memory: wait for the oldest
+                self._commit_uploaded(block=True)
+            self._uploads.append((self._uploader.submit(self._upload, buf), buf.messages))
+        self._commit_uploaded(block=wait)
+
+    def _upload(self, buf: _Buffer) -> _Uploaded:
+        """On the upload thread: one Parquet part per (kind, policy) of ``buf``, uploaded. Parquet
+        encoding and the HTTP request release the GIL, so this overlaps with consuming."""
+        t0 = time.monotonic()
+        out = _Uploaded()
+        for (kind, policy), tables in sorted(buf.tables.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+            data = R.to_parquet(kind, tables, topic=buf.topic, partition=buf.partition, first_offset=buf.first,
+                                last_offset=buf.last, row_group_bytes=self.row_group_bytes)
+            key = self.layout.archive_part_key(kind, policy, buf.topic, buf.partition, buf.first)
+            wait_out_outage(lambda: self.store.put_bytes(key, data, content_type=PARQUET), self._s3)  # noqa: B023
+            out.keys.append(key)
+            out.rows[kind] += sum(t.num_rows for t in tables)
+            out.bytes += len(data)
+        out.seconds = time.monotonic() - t0
+        return out
+
+    def _commit_uploaded(self, *, block: bool) -> None:
+        """Commit the offsets of finished uploads, oldest first: a later buffer's offsets are never
+        committed before an earlier one's part is in the bucket (an upload error raises here)."""
+        while self._uploads and (block or self._uploads[0][0].done()):
+            future, messages = self._uploads.popleft()
+            done = future.result()
+            self.before_commit(done.keys)
+            self.consumer.commit(messages)
+            self.stats.rows.update(done.rows)
+            self.stats.parts += len(done.keys)
+            self.stats.bytes += done.bytes
+            self.stats.flush_s += done.seconds
 
     def before_commit(self, uploaded: list[str]) -> None:
         """Hook between upload and commit, with the keys just uploaded (tests crash here)."""
@@ -213,4 +248,6 @@ class Archiver:
         return self.stats
 
     def close(self) -> None:
+        """Stop without committing what is still uploading (a crash's state: the next life rewrites it)."""
+        self._uploader.shutdown(wait=True, cancel_futures=True)
         self.consumer.close()

@@ -44,11 +44,16 @@ def conform(table: pa.Table, schema: pa.Schema, name: str, version: int) -> pa.T
             raise RecordSchemaError(
                 f"{name} schema version {got_version} is newer than this reader's {version}; upgrade astraflow"
             )
-    missing = [f.name for f in schema if f.name not in table.column_names]
+    present = set(table.column_names)
+    missing = [f.name for f in schema if f.name not in present]
     if missing:
         raise RecordSchemaError(f"{name} table lacks column(s) {missing}; has {table.column_names}")
     try:
-        return table.select(schema.names).cast(schema)
+        selected = table.select(schema.names)
+        if selected.schema.equals(schema, check_metadata=False):
+            # What our own writers produce: a cast would only copy the columns (~100 us a record).
+            return selected.replace_schema_metadata(schema.metadata)
+        return selected.cast(schema)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
         raise RecordSchemaError(f"{name} table columns do not cast to schema v{version}: {exc}") from None
 
