@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from astraflow.records.schema import RecordSchemaError, conform, map_to_dict, with_identity
+from astraflow.records.schema import RecordSchemaError, conform, with_identity
 
 SCHEMA_NAME = "astraflow.trajectory"
 SCHEMA_VERSION = 1
@@ -126,17 +126,18 @@ def to_table(trajectories: list[Trajectory]) -> pa.Table:
 
 
 def _from_conformed(table: pa.Table) -> list[Trajectory]:
-    cols = table.to_pydict()
-    out = []
-    for i in range(table.num_rows):
-        kw = {f.name: cols[f.name][i] for f in FIELDS}
-        kw["rewards"] = map_to_dict(kw["rewards"])
-        t = Trajectory(**kw)
-        t.validate()
-        out.append(t)
-    return out
+    from astraflow.records.columnar import eager_from_conformed  # imports this module
+
+    return eager_from_conformed(table)
 
 
-def from_table(table: pa.Table) -> list[Trajectory]:
-    """Trajectories from a table written by :func:`to_table` (extra columns ignored)."""
-    return _from_conformed(conform(table, SCHEMA, SCHEMA_NAME, SCHEMA_VERSION))
+def from_table(table: pa.Table, *, lazy: bool = False) -> list[Trajectory]:
+    """Trajectories from a table written by :func:`to_table` (extra columns ignored), validated.
+
+    ``lazy``: the per-token lists and the reward map stay in Arrow until read
+    (:class:`~astraflow.records.columnar.LazyTrajectory`), for readers that mostly judge trajectories
+    by their ids, reward and ``min_version`` (offline replay)."""
+    from astraflow.records.columnar import lazy_from_conformed
+
+    conformed = conform(table, SCHEMA, SCHEMA_NAME, SCHEMA_VERSION)
+    return lazy_from_conformed(conformed) if lazy else _from_conformed(conformed)
