@@ -49,7 +49,7 @@ class _Buffer:
     until: int | None = None
     """Flush exactly at this offset: an earlier life uploaded a part ending there."""
     messages: list[Message] = field(default_factory=list)
-    tables: dict[tuple[str, str | None], list[Any]] = field(default_factory=dict)
+    rows: dict[tuple[str, str | None], list[R.Rows]] = field(default_factory=dict)
     nbytes: int = 0
 
 
@@ -76,6 +76,17 @@ class ArchiveStats:
     def as_dict(self) -> dict[str, Any]:
         return {"records": self.records, "rows": dict(self.rows), "parts": self.parts, "bytes": self.bytes,
                 "skipped": self.skipped, "flush_s": round(self.flush_s, 3)}
+
+
+def _by_kind_and_policy(rows: dict[tuple[str, str | None], list[R.Rows]]) -> list[tuple[str, str | None, list]]:
+    """(kind, policy, tables) per part to write, trajectory rows split by policy here (off the consuming
+    thread)."""
+    out: dict[tuple[str, str | None], list] = {}
+    for (kind, policy), items in rows.items():
+        finished = R.trajectory_parts(items) if kind == R.TRAJECTORIES and policy is None else items
+        for r in finished:
+            out.setdefault((r.kind, r.policy), []).append(r.table)
+    return [(k, p, tables) for (k, p), tables in sorted(out.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))]
 
 
 class Archiver:
@@ -145,8 +156,9 @@ class Archiver:
             self._buffers[tp] = buf
         try:
             for r in self._rows(kind, policy, m):
-                buf.tables.setdefault((r.kind, r.policy), []).append(r.table)
-                buf.nbytes += r.table.nbytes
+                buf.rows.setdefault((r.kind, r.policy), []).append(r)
+            # The record's size on the log: Table.nbytes walks every buffer (~200 us a record).
+            buf.nbytes += m.value_bytes
         except RecordSchemaError as exc:
             self.stats.skipped += 1
             log.warning("%s@%d/%d not archived: %s", m.topic, m.partition, m.offset, exc)
@@ -204,7 +216,7 @@ class Archiver:
         encoding and the HTTP request release the GIL, so this overlaps with consuming."""
         t0 = time.monotonic()
         out = _Uploaded()
-        for (kind, policy), tables in sorted(buf.tables.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+        for kind, policy, tables in _by_kind_and_policy(buf.rows):
             data = R.to_parquet(kind, tables, topic=buf.topic, partition=buf.partition, first_offset=buf.first,
                                 last_offset=buf.last, row_group_bytes=self.row_group_bytes)
             key = self.layout.archive_part_key(kind, policy, buf.topic, buf.partition, buf.first)
@@ -232,9 +244,15 @@ class Archiver:
         """Hook between upload and commit, with the keys just uploaded (tests crash here)."""
 
     # -- running -----------------------------------------------------------------------------------
-    def run(self, stop: threading.Event, *, drain_s: float = 3.0, idle_exit_s: float | None = None) -> ArchiveStats:
+    def run(self, stop: threading.Event, *, drain_s: float = 10.0, idle_exit_s: float | None = None) -> ArchiveStats:
         """Archive until ``stop`` is set (or, with ``idle_exit_s``, until nothing came for that long);
-        then read on until a poll brings nothing (at most ``drain_s``), flush everything and return."""
+        then read on until a poll brings nothing and every partition is read to its end (at most
+        ``drain_s``), flush everything and return.
+
+        The drain waits for the group's assignment: an archiver restarted shortly before the stop
+        (after a crash) is often still joining (its dead predecessor holds the partitions until its
+        session times out); stopping at its first, empty poll would leave everything the predecessor
+        had not committed out of the archive."""
         idle_since = time.monotonic()
         while not stop.is_set():
             if self.poll(0.5):
@@ -242,8 +260,9 @@ class Archiver:
             elif idle_exit_s is not None and time.monotonic() - idle_since >= idle_exit_s:
                 break
         deadline = time.monotonic() + drain_s
-        while time.monotonic() < deadline and self.poll(0.3):
-            pass
+        while time.monotonic() < deadline:
+            if not self.poll(0.3) and self.consumer.caught_up():
+                break
         self.flush()
         return self.stats
 

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -91,11 +92,14 @@ SCHEMAS = {TRAJECTORIES: TRAJECTORY_SCHEMA, BATCHES: BATCH_SCHEMA, WEIGHTS: WEIG
 
 @dataclass
 class Rows:
-    """Rows of one kind and policy (``None``: a kind not split by policy) from one record."""
+    """Rows of one kind and policy (``None``: a kind not split by policy, or not split yet) from one
+    record. ``position`` is set when the log columns are still to be added (:func:`trajectory_parts`)."""
 
     kind: str
     policy: str | None
     table: pa.Table
+    position: tuple[int, int, int | None] | None = None
+    """(partition, offset, timestamp ms) of the record the rows came from."""
 
 
 def _log_columns(m: Message, n: int) -> dict[str, pa.Array]:
@@ -106,14 +110,6 @@ def _log_columns(m: Message, n: int) -> dict[str, pa.Array]:
     }
 
 
-def _with_log(table: pa.Table, m: Message, schema: pa.Schema) -> pa.Table:
-    columns = [*table.columns, *_log_columns(m, table.num_rows).values()]
-    head = schema.names[:table.num_columns]
-    if table.column_names == head and all(table.field(i).type == schema.field(i).type for i in range(len(head))):
-        return pa.Table.from_arrays(columns, schema=schema)  # types already right: no copy (a cast costs ~100 us)
-    return pa.Table.from_arrays(columns, names=schema.names).cast(schema)
-
-
 def _split_by_policy(kind: str, table: pa.Table) -> list[Rows]:
     policies = table.column("policy").unique().to_pylist()
     if len(policies) == 1:
@@ -122,9 +118,28 @@ def _split_by_policy(kind: str, table: pa.Table) -> list[Rows]:
 
 
 def trajectory_rows(m: Message) -> list[Rows]:
+    """The record's trajectories, schema checked (:class:`RecordSchemaError`), log columns and the split
+    by policy left to :func:`trajectory_parts`: the archiver's consuming thread does only the check."""
     table = conform(_table(m), trajectory.SCHEMA, trajectory.SCHEMA_NAME, trajectory.SCHEMA_VERSION)
-    table = _with_log(table.replace_schema_metadata(None), m, TRAJECTORY_SCHEMA)
-    return _split_by_policy(TRAJECTORIES, table) if table.num_rows else []
+    if not table.num_rows:
+        return []
+    return [Rows(TRAJECTORIES, None, table.replace_schema_metadata(None), (m.partition, m.offset, m.timestamp_ms))]
+
+
+def trajectory_parts(rows: list[Rows]) -> list[Rows]:
+    """Consecutive records' trajectory rows -> one table per policy with the log columns, built once
+    for all of them (per record this cost ~100 us; vectorised, a few us)."""
+    table = pa.concat_tables([r.table for r in rows])
+    counts = [r.table.num_rows for r in rows]
+    stamps = [r.position[2] for r in rows]
+    log_columns = [
+        pa.array(np.repeat([r.position[0] for r in rows], counts), pa.int32()),
+        pa.array(np.repeat([r.position[1] for r in rows], counts), pa.int64()),
+        pa.array(np.repeat([-1 if ts is None else ts for ts in stamps], counts), pa.int64(),
+                 mask=np.repeat([ts is None for ts in stamps], counts)),
+    ]
+    full = pa.Table.from_arrays([*table.columns, *log_columns], schema=TRAJECTORY_SCHEMA)
+    return _split_by_policy(TRAJECTORIES, full)
 
 
 def batch_rows(m: Message) -> list[Rows]:
@@ -221,7 +236,10 @@ def to_parquet(kind: str, tables: list[pa.Table], *, topic: str, partition: int,
     table = table.replace_schema_metadata(meta)
     row_bytes = max(1, table.nbytes // max(1, table.num_rows))
     buf = io.BytesIO()
-    pq.write_table(table, buf, compression=compression,
+    # Dictionaries only for the string columns: on token/log-prob lists they cost a third of the
+    # encoding time and make the file larger (measured: 0.25 s -> 0.17 s, 57 -> 26 kB for 16k rows).
+    strings = [f.name for f in table.schema if pa.types.is_string(f.type)]
+    pq.write_table(table, buf, compression=compression, use_dictionary=strings,
                    row_group_size=max(1024, row_group_bytes // row_bytes))
     return buf.getvalue()
 

@@ -44,6 +44,9 @@ def conform(table: pa.Table, schema: pa.Schema, name: str, version: int) -> pa.T
             raise RecordSchemaError(
                 f"{name} schema version {got_version} is newer than this reader's {version}; upgrade astraflow"
             )
+    if table.schema.equals(schema, check_metadata=False):
+        # What our own writers produce, column for column (the common case): no select, no cast.
+        return table.replace_schema_metadata(schema.metadata)
     present = set(table.column_names)
     missing = [f.name for f in schema if f.name not in present]
     if missing:
