@@ -89,12 +89,13 @@ class LauncherProcess:
     """``astraflow run`` as a subprocess (output to a file: a full pipe would block it), with the
     probes the supervision tests need."""
 
-    def __init__(self, tmp_path: Path, run_id: str, env: dict[str, str], steps: int, timeout_s: float = 100) -> None:
+    def __init__(self, tmp_path: Path, run_id: str, env: dict[str, str], steps: int, timeout_s: float = 100,
+                 grace_s: float = 5) -> None:
         self.run_dir = tmp_path / "runs" / run_id
         self.out_path = tmp_path / "launcher.out"
         cmd = [sys.executable, "-m", "astraflow.cli.main", "run", str(tiny_recipe(tmp_path, steps=steps)),
                "--run-id", run_id, "--runs-dir", str(tmp_path / "runs"), "--no-live", "--timeout", str(timeout_s),
-               "--grace", "5"]
+               "--grace", str(grace_s)]
         with open(self.out_path, "w") as out:
             self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
 

@@ -257,6 +257,27 @@ class LogConsumer:
     def assignment(self) -> set[Partition]:
         return {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
 
+    def caught_up(self) -> bool:
+        """Whether this member holds partitions and has read each of them to its end as of the
+        latest fetch response (position >= high watermark). False while it is still joining the
+        group, while a position is being looked up, and before a partition's first fetch came back."""
+        from kafka.errors import IllegalStateError
+
+        assigned = self._consumer.assignment()
+        if not assigned:
+            return False
+        try:
+            for tp in assigned:
+                high = self._consumer.highwater(tp)
+                if high is None:
+                    return False
+                position = self._consumer.position(tp, timeout_ms=100)
+                if position is None or position < high:
+                    return False
+        except IllegalStateError:  # revoked meanwhile
+            return False
+        return True
+
     def wait_for_assignment(self, timeout_s: float = 15.0) -> set[Partition]:
         """Poll (handing nothing out) until the group assigned partitions; returns them.
 
