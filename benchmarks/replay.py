@@ -8,8 +8,9 @@ DAPO filter, through :class:`astraflow.archive.replay.ArchivedRun` — the same 
 the command uses. Reports trajectories/s of each replay, the bytes archived, and the peak memory
 the replay allocated (``tracemalloc``, in a second, traced pass) over a quarter of the run and over all
 of it: streaming by row group keeps them close (what grows is the dataflow's dedup memory, capped at
-``dedup_capacity`` episode ids). Baseline in the same run: reading the same parts into Arrow and decoding them into
-Trajectory objects without the dataflow (the floor of any replay through Python objects).
+``dedup_capacity`` episode ids). Baselines in the same run, without the dataflow: reading the same parts and
+decoding them as the replay does (lazy Trajectory objects grouped into log records: its floor), and
+decoding every field eagerly (``trajectory.from_table``, as the online dataflow does).
 
     nice -n 10 python benchmarks/replay.py [--trajectories 1000000]
 
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lag", type=int, default=1, help="versions the tokens lag the announced version")
     args = ap.parse_args(argv)
 
-    from astraflow.archive.replay import ArchivedRun, read_row_groups, replay
+    from astraflow.archive.replay import ArchivedRun, read_row_groups, replay, trajectory_events
     from astraflow.archive.replay import archive_parts as parts_of
     from astraflow.config import ClusterConfig
     from astraflow.dataflow.config import DataflowConfig
@@ -121,21 +122,30 @@ def main(argv: list[str] | None = None) -> int:
                                  "write_s": round(time.perf_counter() - t0, 1)}
             print(f"archive: {result['archive']}", file=sys.stderr, flush=True)
 
-            def decode_only() -> int:
-                keys = [k for stream in parts_of(store, run, "trajectories") for k in stream]
+            keys = [k for stream in parts_of(store, run, "trajectories") for k in stream]
+
+            def decode_only() -> int:  # what a replay decodes: lazy trajectories grouped into records
+                return sum(len(e.trajectories) for e in trajectory_events(read_row_groups(store, keys)))
+
+            def decode_eager() -> int:  # every field as Python objects (what the online dataflow decodes)
                 return sum(len(trajectory.from_table(t)) for t in read_row_groups(store, keys))
 
-            t0 = time.perf_counter()
-            n = decode_only()
-            result["baseline_decode_only"] = {"trajectories_per_s": round(n / (time.perf_counter() - t0))}
-            print(f"decode only: {result['baseline_decode_only']}", file=sys.stderr, flush=True)
+            for label, fn in (("baseline_decode_only", decode_only), ("decode_eager", decode_eager)):
+                t0, c0 = time.perf_counter(), time.process_time()
+                n = fn()
+                result[label] = {"trajectories_per_s": round(n / (time.perf_counter() - t0)),
+                                 "cpu_s": round(time.process_time() - c0, 2)}
+                print(f"{label}: {result[label]}", file=sys.stderr, flush=True)
             base = DataflowConfig(policies=["policy"], groups_per_batch=args.groups_per_batch, max_staleness=1)
             configs = {"fifo": base, "dapo": base.model_copy(update={"filters": [{"type": "dynamic_sampling"}]})}
             for name, section in configs.items():
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 summary = replay(name, section, ArchivedRun(store, run).events(), args.group_size).summary()
                 secs = time.perf_counter() - t0
+                # cpu_s: this process's CPU time (both threads), less sensitive than the wall time to
+                # other load on the machine.
                 result[name] = {"trajectories_per_s": round(summary["received"] / secs), "seconds": round(secs, 1),
+                                "cpu_s": round(time.process_time() - c0, 2),
                                 "received": summary["received"], "kept": summary["kept"],
                                 "stale": summary["dropped"]["stale"], "batches": summary["batches"]}
                 print(f"{name}: {result[name]}", file=sys.stderr, flush=True)

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import heapq
 import math
+import queue
 import statistics
+import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
     from astraflow.dataflow.config import DataflowConfig
     from astraflow.objstore import ObjectStore
 
+T = TypeVar("T")
 DROP_REASONS = ("stale", "duplicate", "unknown_policy", "in_dropped_group", "expired")
 
 
@@ -54,12 +57,65 @@ def archive_parts(store: ObjectStore, run: str, kind: str) -> list[list[str]]:
     return [[key for _, key in sorted(parts)] for _, parts in sorted(streams.items())]
 
 
-def read_row_groups(store: ObjectStore, keys: Iterable[str]) -> Iterator[pa.Table]:
-    """Each row group of each part in turn: memory holds one part's bytes and one row group."""
-    for key in keys:
-        part = pq.ParquetFile(pa.BufferReader(store.get_bytes(key)))
-        for i in range(part.num_row_groups):
-            yield part.read_row_group(i)
+DECODE_ROWS = 8192
+"""Rows read and decoded at a time: a slice's Arrow columns stay alive while any of its trajectories is
+in the dataflow (lazy fields are read from them), so smaller slices bound memory, larger ones save calls."""
+READ_AHEAD = 2
+"""Slices read ahead of the replay, per stream, on a background thread."""
+
+
+def read_row_groups(store: ObjectStore, keys: Iterable[str], rows: int = DECODE_ROWS) -> Iterator[pa.Table]:
+    """The rows of each part in turn, at most ``rows`` at a time, read ahead on a background thread: the
+    GET and the Parquet decoding release the GIL, so they overlap the dataflow's Python on another
+    core. Memory holds one part's bytes and ``READ_AHEAD + 2`` slices (never a whole run or part)."""
+
+    def slices() -> Iterator[pa.Table]:
+        for key in keys:
+            part = pq.ParquetFile(pa.BufferReader(store.get_bytes(key)))
+            for batch in part.iter_batches(batch_size=rows):
+                yield pa.Table.from_batches([batch])
+
+    return read_ahead(slices(), READ_AHEAD)
+
+
+def read_ahead(items: Iterator[T], depth: int) -> Iterator[T]:
+    """``items``, produced on a daemon thread up to ``depth`` ahead of the consumer; its error is raised
+    here, and the thread stops soon after the consumer does (the generator closed or collected)."""
+    q: queue.Queue[tuple[bool, Any]] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(entry: tuple[bool, Any]) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(entry, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def work() -> None:
+        try:
+            for item in items:
+                if not put((True, item)):
+                    return
+            put((False, None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
+            put((False, exc))
+
+    def consume() -> Iterator[T]:
+        threading.Thread(target=work, name="archive-read-ahead", daemon=True).start()
+        try:
+            while True:
+                more, item = q.get()
+                if not more:
+                    if item is not None:
+                        raise item
+                    return
+                yield item
+        finally:
+            stop.set()
+
+    return consume()
 
 
 @dataclass(order=True)
@@ -73,11 +129,6 @@ class Event:
     trajectories: list[Trajectory] = field(default_factory=list, compare=False)
     policy: str = field(default="", compare=False)
     version: int = field(default=0, compare=False)
-
-
-DECODE_ROWS = 8192
-"""Rows decoded at a time: a chunk's Arrow columns stay alive while any of its trajectories is in the
-dataflow (lazy fields are read from them), so smaller chunks bound memory, larger ones save calls."""
 
 
 def trajectory_events(tables: Iterable[pa.Table]) -> Iterator[Event]:

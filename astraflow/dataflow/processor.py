@@ -82,7 +82,8 @@ class TrajectoryProcessor:
         if group is None:
             group = Group(traj.group_id, traj.task_id, traj.policy, traj.task_type or task.task_type, task.samples)
             self.pending[traj.group_id] = group
-        if self.version_of(traj.policy, traj.min_version) - traj.min_version > self.max_staleness:
+        oldest = traj.min_version  # a property over the token lists: read once
+        if self.version_of(traj.policy, oldest) - oldest > self.max_staleness:
             c["stale"] += 1
             group.dropped += 1
         else:
