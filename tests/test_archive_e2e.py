@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from process_helpers import children, pid_alive
-from test_launcher_e2e import LauncherProcess, _env
+from test_launcher_e2e import LauncherProcess, _env, _leftovers
 
 from astraflow.archive.readers import archive_url, duckdb_connect, polars_storage_options
 from astraflow.archive.replay import ArchivedRun
@@ -74,8 +74,15 @@ def test_run_leaves_an_archive_duckdb_and_polars_read(tmp_path: Path, test_clust
     restarts = [(r["component"], r["event"], r["returncode"], r["restarts"]) for r in records
                 if r.get("kind") == "supervisor"]
     assert restarts == [("archive", "restart", -signal.SIGKILL, 1)], restarts
-    steps = [r["step"] for r in records if r.get("component") == "trainer" and not r.get("event") and "step" in r]
-    assert max(steps) == STEPS
+    step_records = [r for r in records if r.get("component") == "trainer" and not r.get("event") and "step" in r]
+    assert max(r["step"] for r in step_records) == STEPS
+    # What any run leaves (this test is also the plain `astraflow run` end-to-end check).
+    assert all("reward_mean" in r and "publish_bytes" in r for r in step_records)
+    assert any(r.get("event") == "done" for r in records) and any(r.get("component") == "raas" for r in records)
+    assert (run_dir / "report.png").read_bytes()[:4] == b"\x89PNG"
+    for name in ("dataflow", "trainer-policy", "raas-default-0"):
+        assert (run_dir / "logs" / f"{name}.log").exists()
+    assert _leftovers(str(run_dir)) == []
     counters = [r for r in records if r.get("component") == "dataflow" and r.get("kind") == "dataflow"][-1]["counters"]
     batched = sum(v for k, v in counters.items() if k.endswith(".trajectories_batched"))
     assert batched > 0
