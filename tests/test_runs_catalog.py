@@ -12,7 +12,7 @@ import pytest
 from astraflow.archive import rows as R
 from astraflow.launcher.cluster import write_cluster_file
 from astraflow.objstore import ObjectStore, RunLayout
-from astraflow.objstore.runs import archived_rows, list_runs, parquet_rows
+from astraflow.objstore.runs import archived_rows, checkpointed_steps, list_runs, parquet_rows
 
 pytestmark = pytest.mark.integration
 
@@ -32,12 +32,14 @@ def test_runs_ls_and_show_from_listing_and_footers(test_cluster, tmp_path) -> No
     for v in (0, 1, 2):
         store.put_json(lay.manifest_key("solver", v), {"version": v})
     store.put_json(lay.dataflow_key("state.json"), {"offsets": []})
+    store.put_json(lay.trainer_key("solver", "latest.json"), {"step": 7, "version": 7})
     big = _metrics_part(3000)
     store.put_bytes(lay.archive_part_key(R.METRICS, None, "t", 0, 0), big)
     store.put_bytes(lay.archive_part_key(R.METRICS, None, "t", 0, 3000), _metrics_part(5))
     (summary,) = list_runs(store, cfg.run)
-    assert summary.versions == {"solver": [0, 1, 2]} and summary.objects == 6
+    assert summary.versions == {"solver": [0, 1, 2]} and summary.objects == 7
     assert summary.area_bytes["archive"] > 0 and summary.area_bytes["dataflow"] > 0
+    assert checkpointed_steps(store, summary) == {"solver": 7}
     assert archived_rows(store, summary) == {"metrics": 3005}
     assert parquet_rows(store, lay.archive_part_key(R.METRICS, None, "t", 0, 0)) == 3000
 
@@ -46,9 +48,11 @@ def test_runs_ls_and_show_from_listing_and_footers(test_cluster, tmp_path) -> No
                          env=env, capture_output=True, text=True, check=True, timeout=60).stdout
     doc = json.loads(out)
     assert doc["archived_rows"] == {"metrics": 3005} and doc["versions"]["solver"] == {"count": 3, "first": 0, "last": 2}
+    assert doc["checkpointed_step"] == {"solver": 7}
     ls = subprocess.run([sys.executable, "-m", "astraflow.cli.main", "runs", "ls", "--json"],
                         env=env, capture_output=True, text=True, check=True, timeout=60).stdout
-    assert any(json.loads(line)["run"] == cfg.run for line in ls.splitlines())
+    (row,) = [json.loads(line) for line in ls.splitlines() if json.loads(line)["run"] == cfg.run]
+    assert row["checkpointed_step"] == {"solver": 7}
     missing = subprocess.run([sys.executable, "-m", "astraflow.cli.main", "runs", "show", "no-such-run"],
                              check=False, env=env, capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "no run 'no-such-run'" in missing.stderr

@@ -11,7 +11,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description="What the cluster's bucket holds per run (weights, checkpoints, "
                               "dataflow state, claim checks, archive).")
     sub = p.add_subparsers(dest="runs_command", metavar="ls|show", required=True)
-    ls = sub.add_parser("ls", help="one line per run: objects, size, policies, latest versions, archived parts")
+    ls = sub.add_parser("ls", help="one line per run: objects, size, policies, latest versions, checkpointed "
+                        "steps, archived parts")
     ls.add_argument("--json", action="store_true", help="one JSON object per run instead of the table")
     ls.set_defaults(func=cmd_ls)
     show = sub.add_parser("show", help="one run: size per area, versions per policy, archived rows per kind")
@@ -28,23 +29,27 @@ def _store(args: argparse.Namespace):
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from astraflow.objstore.runs import list_runs
+    from astraflow.objstore.runs import checkpointed_steps, list_runs
 
-    summaries = list_runs(_store(args))
+    store = _store(args)
+    summaries = list_runs(store)
+    steps = {s.run: checkpointed_steps(store, s) for s in summaries}
     if args.json:
         for s in summaries:
-            print(json.dumps(s.as_row()))
+            print(json.dumps({**s.as_row(), "checkpointed_step": steps[s.run]}))
         return 0
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"{len(summaries)} run(s)")
-    for col in ("run", "objects", "MB", "policies (latest version)", "archived parts", "last write"):
+    for col in ("run", "objects", "MB", "policies (latest version)", "checkpointed step", "archived parts",
+                "last write"):
         table.add_column(col, justify="right" if col in ("objects", "MB") else "left")
     for s in summaries:
         row = s.as_row()
         table.add_row(s.run, str(row["objects"]), f"{row['mb']:.1f}",
                       ", ".join(f"{p} (v{v})" for p, v in row["latest_version"].items()) or "-",
+                      ", ".join(f"{p} {n}" for p, n in steps[s.run].items()) or "-",
                       ", ".join(f"{k} {n}" for k, n in row["archived_parts"].items()) or "-",
                       row["last_modified"] or "-")
     Console().print(table)
@@ -53,7 +58,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     from astraflow.config import ConfigError
-    from astraflow.objstore.runs import archived_rows, list_runs
+    from astraflow.objstore.runs import archived_rows, checkpointed_steps, list_runs
 
     store = _store(args)
     found = list_runs(store, args.run_id)
@@ -63,7 +68,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     rows = archived_rows(store, s)
     doc = {**s.as_row(), "bytes_by_area": dict(s.area_bytes),
            "versions": {p: {"count": len(v), "first": v[0], "last": v[-1]} for p, v in s.versions.items() if v},
-           "archived_rows": rows}
+           "archived_rows": rows, "checkpointed_step": checkpointed_steps(store, s)}
     if args.json:
         print(json.dumps(doc))
         return 0
@@ -78,11 +83,12 @@ def cmd_show(args: argparse.Namespace) -> int:
     for area, n in sorted(s.area_bytes.items()):
         areas.add_row(area, f"{n / 1e6:.2f}")
     console.print(areas)
-    versions = Table(title="weight versions")
-    for col in ("policy", "versions", "first", "last"):
+    versions = Table(title="weight versions and trainer checkpoints")
+    for col in ("policy", "versions", "first", "last", "checkpointed step"):
         versions.add_column(col)
     for p, v in doc["versions"].items():
-        versions.add_row(p, str(v["count"]), str(v["first"]), str(v["last"]))
+        versions.add_row(p, str(v["count"]), str(v["first"]), str(v["last"]),
+                         str(doc["checkpointed_step"].get(p, "-")))
     console.print(versions)
     archive = Table(title="archive (rows from the Parquet footers)")
     archive.add_column("kind")

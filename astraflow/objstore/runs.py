@@ -6,6 +6,7 @@ A run is a top-level prefix ``<run>/`` (docs/record-format.md, bucket layout): i
 
 from __future__ import annotations
 
+import logging
 import struct
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -15,6 +16,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from astraflow.objstore import ObjectStore
 
+log = logging.getLogger(__name__)
+CHECKPOINT_POINTER = "latest.json"
+"""A trainer checkpoint's pointer object (``astraflow.trainer.checkpoint.POINTER``)."""
 FOOTER_READ = 64 * 1024
 """Bytes fetched from a Parquet part's end: its footer, whose length is in the last 8 bytes."""
 
@@ -31,6 +35,8 @@ class RunSummary:
     """Policy -> weight versions published (sorted)."""
     archive_parts: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     """Archive kind -> keys of its Parquet parts."""
+    checkpoint_pointers: dict[str, str] = field(default_factory=dict)
+    """Policy -> key of its trainer's checkpoint pointer (its step: :func:`checkpointed_steps`)."""
 
     @property
     def policies(self) -> list[str]:
@@ -70,12 +76,27 @@ def list_runs(store: ObjectStore, run: str | None = None) -> list[RunSummary]:
         parts = rest.split("/")
         if area == "weights" and len(parts) >= 4 and rest.endswith("manifest.json"):
             summary.versions[parts[1]].append(parse_version(key))
+        elif area == "trainer" and len(parts) == 3 and parts[2] == CHECKPOINT_POINTER:
+            summary.checkpoint_pointers[parts[1]] = key
         elif area == "archive" and key.endswith(".parquet") and parts[1].startswith("kind="):
             summary.archive_parts[parts[1][len("kind="):]].append(key)
     for summary in runs.values():
         for versions in summary.versions.values():
             versions.sort()
     return [runs[name] for name in sorted(runs)]
+
+
+def checkpointed_steps(store: ObjectStore, summary: RunSummary) -> dict[str, int]:
+    """Policy -> trainer step of its latest checkpoint (one small GET per policy)."""
+    from astraflow.objstore import ObjectStoreError
+
+    steps = {}
+    for policy, key in sorted(summary.checkpoint_pointers.items()):
+        try:
+            steps[policy] = int(store.get_json(key)["step"])
+        except (KeyError, TypeError, ValueError, ObjectStoreError) as exc:  # unreadable pointer: say so, go on
+            log.warning("%s: no step (%s)", key, exc)
+    return steps
 
 
 def parquet_rows(store: ObjectStore, key: str) -> int:
