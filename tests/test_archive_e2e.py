@@ -147,3 +147,15 @@ def test_run_leaves_an_archive_duckdb_and_polars_read(tmp_path: Path, test_clust
     assert dapo["zero_variance_groups"] == 0 and dapo["kept"] <= own["kept"]
     assert fresh["dropped"]["stale"] >= own["dropped"]["stale"]
     assert (tmp_path / "replay.png").stat().st_size > 0
+
+    # The same replay from the run's topics instead of its archive: the same counts.
+    live = subprocess.run(
+        [sys.executable, "-m", "astraflow.cli.main", "replay", cfg.run, "--recipe", str(run_dir / "recipe.yaml"),
+         "--from-log", "--no-plot", "--json"],
+        check=False, env=_env(cluster_file), capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert live.returncode == 0, live.stderr[-3000:]
+    live_report = json.loads(live.stdout.splitlines()[-1])
+    (live_own,) = live_report["configurations"]
+    for key in ("received", "kept", "dropped", "batches", "trajectories_batched", "groups_dropped"):
+        assert live_own[key] == own[key], (key, live_own[key], own[key])
+    assert live_report["online"] == report["online"]

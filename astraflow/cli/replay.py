@@ -36,6 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--plot", default=None, metavar="PNG", help="where to draw the comparison (default replay-RUN.png)")
     p.add_argument("--no-plot", action="store_true", help="draw nothing")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+    p.add_argument("--from-log", action="store_true",
+                   help="read the run's topics instead of its archive (a live run, or one run with --no-archive, "
+                        "while the log still holds its records; held in memory)")
     p.add_argument("--all-records", action="store_true",
                    help="replay every archived trajectory, also those the online dataflow never read (episodes "
                         "that finished while the run stopped); default: up to its last saved position")
@@ -88,8 +91,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise ConfigError(f"--variant names must differ (and not be 'recipe'): {names}")
     cfg = load_cluster(args).model_copy(update={"run": args.run_id}).resolve()
     store = ObjectStore.from_config(cfg)
-    require_archive(store, cfg, args.run_id)
-    archived = ArchivedRun(store, args.run_id)
+    if args.from_log:
+        from astraflow.archive.live import LiveRun
+
+        archived = LiveRun.open(cfg, store, args.run_id, [p.name for p in recipe.policies])
+    else:
+        require_archive(store, cfg, args.run_id)
+        archived = ArchivedRun(store, args.run_id)
     if not args.all_records:
         archived.until = archived.dataflow_consumed()
     summaries = []

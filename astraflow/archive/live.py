@@ -1,0 +1,106 @@
+"""A run's own topics as the replay's input (``astraflow replay RUN --from-log``): for a run that is
+still going, or one that ran with ``--no-archive``, while its log still holds the records.
+
+Same interface as :class:`~astraflow.archive.replay.ArchivedRun`, so the replay path is the same one.
+The trajectories, weight announcements and metrics are read from the start of the run's topics with a
+throwaway consumer group (nothing committed; the run's own groups are untouched) until every partition
+is read to its end. The events are held in memory (the archive replay streams them): use it for a
+run's worth of records, not for a long history.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from astraflow.archive import rows as R
+from astraflow.archive.replay import ArchivedRun, Event
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from astraflow.config import ClusterConfig
+    from astraflow.objstore import ObjectStore
+
+log = logging.getLogger(__name__)
+QUIET_S = 1.0
+"""Stop reading once every partition is read to its end and nothing came for this long."""
+
+
+@dataclass
+class LiveRun(ArchivedRun):
+    """The events of run ``run`` read from its topics (see the module docstring)."""
+
+    cfg: ClusterConfig | None = None
+    policies: list[str] = field(default_factory=list)
+    timeout_s: float = 120.0
+    _events: list[Event] | None = None
+    _counters: dict[str, int] | None = None
+
+    @classmethod
+    def open(cls, cfg: ClusterConfig, store: ObjectStore, run: str, policies: list[str],
+             timeout_s: float = 120.0) -> LiveRun:
+        return cls(store=store, run=run, cfg=cfg, policies=policies, timeout_s=timeout_s)
+
+    def events(self) -> Iterator[Event]:
+        if self._events is None:
+            self._read()
+        events = iter(self._events or [])
+        if self.until is None:
+            return events
+        until = self.until
+        return (e for e in events if e.kind == R.WEIGHTS or e.offset < until.get(e.partition, 0))
+
+    def online_counters(self) -> dict[str, int] | None:
+        if self._events is None:
+            self._read()
+        return self._counters
+
+    def _read(self) -> None:
+        from astraflow.config import ConfigError
+        from astraflow.log import LogConsumer, Topics
+        from astraflow.log.codec import METRICS_SCHEMA, WEIGHT_ANNOUNCEMENT_SCHEMA
+        from astraflow.records import trajectory
+
+        topics = Topics(self.run)
+        weights = {topics.weights(p): p for p in self.policies}
+        # The online dataflow's schemas per topic: a record it would refuse is refused here too (and,
+        # like every group that reads it, dead-lettered once more with this group's name).
+        expected = {topics.trajectories: (trajectory.SCHEMA_NAME, trajectory.SCHEMA_VERSION),
+                    topics.metrics: METRICS_SCHEMA, **dict.fromkeys(weights, WEIGHT_ANNOUNCEMENT_SCHEMA)}
+        consumer = LogConsumer(self.cfg, [topics.trajectories, topics.metrics, *weights],
+                               f"{self.run}.replay-{uuid.uuid4().hex[:8]}", expected, client_id=f"replay-{self.run}")
+        events: list[Event] = []
+        counters, counters_offset = None, -1
+        deadline = time.monotonic() + self.timeout_s
+        quiet_since = time.monotonic()
+        try:
+            while True:
+                msgs = consumer.poll(timeout_s=0.3, max_records=2000)
+                now = time.monotonic()
+                if msgs:
+                    quiet_since = now
+                elif now - quiet_since >= QUIET_S and consumer.caught_up():
+                    break
+                if now > deadline:
+                    raise ConfigError(f"replay --from-log: the topics of run {self.run!r} were not read to their "
+                                      f"end within {self.timeout_s:.0f} s (is the broker up, does the run exist?)")
+                for m in msgs:
+                    stamp = m.timestamp_ms or 0
+                    if m.topic == topics.trajectories and m.table is not None:
+                        events.append(Event(stamp, m.partition, m.offset, R.TRAJECTORIES,
+                                            trajectory.from_table(m.table)))
+                    elif m.topic in weights and isinstance(m.obj, dict) and m.obj.get("version") is not None:
+                        events.append(Event(stamp, -1, m.offset, R.WEIGHTS, policy=weights[m.topic],
+                                            version=int(m.obj["version"])))
+                    elif (m.topic == topics.metrics and isinstance(m.obj, dict) and m.offset > counters_offset
+                          and m.obj.get("component") == "dataflow" and m.obj.get("kind") == "dataflow"):
+                        counters, counters_offset = m.obj.get("counters"), m.offset
+        finally:
+            consumer.close()  # leaves the throwaway group, commits nothing
+        log.info("replay --from-log: %d events of run %s", len(events), self.run)
+        self._events, self._counters = sorted(events), counters
+
