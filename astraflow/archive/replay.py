@@ -1,7 +1,7 @@
 """Offline replay: an archived run's trajectories through the dataflow's own code, once per configuration.
 
 No engine, no trainer, no broker: the archive's trajectory records and weight timeline (read from the
-bucket, one Parquet row group at a time) are merged in log-timestamp order and fed to a
+bucket, 8192 rows at a time) are merged in log-timestamp order and fed to a
 :class:`~astraflow.dataflow.pipeline.Dataflow` built from a ``dataflow`` recipe section — the class the
 online dataflow runs, so its staleness rule, filters and batch sampler (a user's plug-ins included,
 by name) decide exactly as they would online. The task emitter is not replayed (prompt selection
