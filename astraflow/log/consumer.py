@@ -199,6 +199,20 @@ class LogConsumer:
             self._offsets.processed((m.topic, m.partition), m.offset)
         return self._commit_prefix(self._offsets.to_commit())
 
+    def commit_pending(self, timeout_s: float = 5.0) -> bool:
+        """Commit what is processed and not yet committed, retrying until ``timeout_s``: a component's
+        last commit before it exits, when a failed commit has no next one to cover it (a rebalance
+        still settling after a restart). Polls between tries so the group can settle; records those
+        polls fetch are not handed out (the next life reads them from the committed offset)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            offsets = self._offsets.to_commit()
+            if not offsets or self._commit_prefix(offsets):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            self._consumer.poll(timeout_ms=200, max_records=1, update_offsets=False)
+
     def _commit_prefix(self, offsets: dict[Partition, int]) -> dict[Partition, int]:
         from kafka import TopicPartition
         from kafka.errors import CommitFailedError, KafkaError
