@@ -92,7 +92,7 @@ class LiveRun(ArchivedRun):
                     stamp = m.timestamp_ms or 0
                     if m.topic == topics.trajectories and m.table is not None:
                         events.append(Event(stamp, m.partition, m.offset, R.TRAJECTORIES,
-                                            trajectory.from_table(m.table)))
+                                            trajectory.from_table(m.table, lazy=True)))
                     elif m.topic in weights and isinstance(m.obj, dict) and m.obj.get("version") is not None:
                         events.append(Event(stamp, -1, m.offset, R.WEIGHTS, policy=weights[m.topic],
                                             version=int(m.obj["version"])))
