@@ -99,6 +99,26 @@ def test_vllm_logprobs_agree_with_the_hf_engine(engines):
         vllm.generate(PROMPTS, SamplingParams(top_p=0.9))
 
 
+def test_concurrent_agenerate_calls_share_the_batch(engines):
+    import asyncio
+
+    from astraflow.engines import SamplingParams
+
+    vllm, _ = engines
+    greedy = SamplingParams(max_new_tokens=4, temperature=0.0)
+    alone = vllm.generate(PROMPTS, greedy)
+
+    async def episodes():
+        return await asyncio.gather(*(vllm.agenerate([p], greedy) for p in PROMPTS * 2))
+
+    together = [g for (g,) in asyncio.run(episodes())]
+    assert [g.token_ids for g in together] == [g.token_ids for g in alone * 2]
+    assert max(_max_diff(a.logprobs, b.logprobs) for a, b in zip(together, alone * 2, strict=True)) < LOGPROB_TOL
+    with pytest.raises(ValueError, match="empty prompt"):
+        vllm.generate([[]], greedy)
+    assert not vllm._requests  # nothing left in the shared batch
+
+
 def test_after_load_weights_vllm_follows_the_new_weights_and_tags_the_new_version(engines):
     import torch
 

@@ -22,6 +22,7 @@ the reload; the prefix cache is reset.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import os
@@ -153,12 +154,32 @@ class VLLMEngine(Engine):
 
     # -- generation --------------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        ids = self._submit(prompts, params)
+        try:
+            while self._advance(ids):
+                pass
+        finally:
+            mine = self._collect(ids)
+        return mine
+
+    async def agenerate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """``generate`` without blocking the event loop: the requests join the running batch at once
+        and each decoding step runs on a worker thread, so concurrent episodes are not limited by
+        the size of the default thread pool (a thread is held for one step, not one whole call)."""
+        ids = self._submit(prompts, params)
+        try:
+            while await asyncio.to_thread(self._advance, ids):
+                pass
+        finally:
+            mine = self._collect(ids)
+        return mine
+
+    def _submit(self, prompts: list[list[int]], params: SamplingParams) -> list[str]:
+        """Adds one request per prompt to the shared batch; their ids."""
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        if not prompts:
-            return []
         if any(len(p) == 0 for p in prompts):
             raise ValueError("empty prompt: every prompt needs at least one token (e.g. BOS)")
         if params.top_p < 1.0:
@@ -173,24 +194,37 @@ class VLLMEngine(Engine):
         )
         ids: list[str] = []
         with self._lock:
-            for p in prompts:
-                rid = f"af-{next(self._ids)}"
-                self._requests[rid] = _Request(stops=set(stops))
-                self._engine.add_request(rid, TokensPrompt(prompt_token_ids=list(p)), sp)
-                ids.append(rid)
-        try:
-            while True:
-                self._no_swap.wait()
-                with self._lock:
-                    if all(self._requests[r].finished for r in ids):
-                        break
-                    self._step()
-        finally:
-            with self._lock:
-                mine = [self._requests.pop(r) for r in ids]
-                unfinished = [r for r, q in zip(ids, mine, strict=True) if not q.finished]
-                if unfinished:  # an error (or an interrupt) in a step: free the engine's slots
-                    self._engine.abort_request(unfinished)
+            try:
+                for p in prompts:
+                    rid = f"af-{next(self._ids)}"
+                    self._requests[rid] = _Request(stops=set(stops))
+                    ids.append(rid)
+                    self._engine.add_request(rid, TokensPrompt(prompt_token_ids=list(p)), sp)
+            except BaseException:  # e.g. a prompt longer than max_model_len: none of them runs
+                for r in ids:
+                    self._requests.pop(r, None)
+                self._engine.abort_request(ids)
+                raise
+        return ids
+
+    def _advance(self, ids: list[str]) -> bool:
+        """One step of the shared batch unless the requests ``ids`` are all finished; whether they
+        were not (a pending weight swap goes first)."""
+        self._no_swap.wait()
+        with self._lock:
+            if all(self._requests[r].finished for r in ids):
+                return False
+            self._step()
+            return True
+
+    def _collect(self, ids: list[str]) -> list[Generation]:
+        """The requests' continuations, removed from the engine (aborted if unfinished: an error or
+        a cancelled call frees its slots)."""
+        with self._lock:
+            mine = [self._requests.pop(r) for r in ids]
+            unfinished = [r for r, q in zip(ids, mine, strict=True) if not q.finished]
+            if unfinished:
+                self._engine.abort_request(unfinished)
         return [
             Generation(token_ids=q.tokens, logprobs=q.logprobs, versions=q.versions,
                        finish_reason="stop" if q.tokens and q.tokens[-1] in q.stops else "length")
