@@ -29,9 +29,10 @@ class VLLMEngineConfig(BaseEngineConfig):
 
     type: Literal["vllm"] = "vllm"
     """The vLLM connector (``connectors/vllm``)."""
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
-    """Weights/activations dtype ("auto": the checkpoint's, e.g. bf16). float32 matches the ``hf``
-    engine (and the trainer's fp32 recomputation) most closely; bf16 is vLLM-CPU's fast path."""
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "float32"
+    """Weights/activations dtype. float32 (the default) matches the ``hf`` engine and the trainer's
+    fp32 recomputation (log-probs within ~1e-4); bf16 ("auto" for a bf16 checkpoint) is vLLM-CPU's
+    fast path but moves log-probs by up to ~1 nat on SmolLM2-135M (see connectors/vllm/README.md)."""
     max_model_len: int | None = Field(default=4096, ge=16)
     """Longest prompt + continuation served (sizes the KV cache); None: the checkpoint's maximum."""
     max_num_seqs: int = Field(default=256, ge=1)
