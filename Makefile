@@ -20,8 +20,11 @@ $(VENV)/.installed: pyproject.toml
 demo: install
 	$(VENV)/bin/astraflow demo
 
-# The whole suite: the main tests, then the vLLM engine's tests in their own virtualenv.
-test: test-main test-vllm
+# The whole suite: the main tests, then the vLLM engine's tests in their own virtualenv. That virtualenv
+# is built while the main tests run (its install is mostly download and unpacking), which keeps CI short.
+test: install
+	$(MAKE) -j2 test-main venv-vllm
+	$(MAKE) test-vllm
 
 # -ra: list the reason of every skip (e.g. no `docker compose` plugin) at the end; --durations: the slowest
 # tests, to keep the suite well under CI's time budget. (Here the vLLM tests skip: no vllm in this venv.)
