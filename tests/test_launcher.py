@@ -272,7 +272,7 @@ def test_done_of_an_earlier_life_does_not_end_a_resumed_run() -> None:
 
 # -- launch() against the real broker, with stand-in components -------------------------------
 def _fake_specs(tmp_path: Path, crash: bool):
-    def specs(recipe, recipe_file, cluster_file, run_dir, *, threads=1):
+    def specs(recipe, recipe_file, cluster_file, run_dir, **_options):
         out = [_spec(run_dir, "dataflow", SLEEPER), _spec(run_dir, "raas-default-0", SLEEPER)]
         if crash:
             out.append(_spec(run_dir, "trainer-policy",
@@ -344,7 +344,7 @@ def test_second_sigterm_during_the_stop_is_ignored(tmp_path: Path, test_cluster,
 
     from astraflow.launcher import RunOptions, launch, runner
 
-    def specs(recipe, recipe_file, cluster_file, run_dir, *, threads=1):
+    def specs(recipe, recipe_file, cluster_file, run_dir, **_options):
         return [_spec(run_dir, "dataflow", SLEEPER, "--ignore-term"), _spec(run_dir, "raas-default-0", SLEEPER)]
 
     monkeypatch.setattr(runner, "component_specs", specs)

@@ -97,6 +97,33 @@ def terminate_groups(
     for pid in leaders:
         if kill_leaderless or alive(pid):
             signal_group(pid, signal.SIGKILL, foreign_ok=kill_leaderless)
+    if kill_leaderless:
+        wait_groups_gone(leaders)
+
+
+def wait_groups_gone(groups: Sequence[int], timeout_s: float = 2.0) -> bool:
+    """Wait until no live process (zombies aside) is left in the process ``groups``: a signal is
+    delivered when its target next runs, so on a loaded machine a helper SIGKILLed a moment ago may
+    still show up. True when they are gone within ``timeout_s``."""
+    wanted = {str(g) for g in groups}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = False
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # gone meanwhile
+            if fields[2] in wanted and fields[0] != "Z":  # fields: state, ppid, pgrp, ...
+                left = True
+                break
+        if not left:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
 
 
 def log_tail(path: Path, lines: int = 15) -> str:
