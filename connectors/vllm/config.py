@@ -34,7 +34,8 @@ class VLLMEngineConfig(BaseEngineConfig):
     fp32 recomputation (log-probs within ~1e-4); bf16 ("auto" for a bf16 checkpoint) is vLLM-CPU's
     fast path but moves log-probs by up to ~1 nat on SmolLM2-135M (see connectors/vllm/README.md)."""
     max_model_len: int | None = Field(default=4096, ge=16)
-    """Longest prompt + continuation served (sizes the KV cache); None: the checkpoint's maximum."""
+    """Longest prompt + continuation served (sizes the KV cache), capped at the checkpoint's
+    ``max_position_embeddings``; None: the checkpoint's maximum."""
     max_num_seqs: int = Field(default=256, ge=1)
     """Most sequences decoded in one step (vLLM's continuous batch)."""
     enforce_eager: bool = True

@@ -119,6 +119,12 @@ class VLLMEngine(Engine):
             model.save_pretrained(path)
         eos = model.config.eos_token_id
         eos = eos[0] if isinstance(eos, (list, tuple)) else eos
+        positions = getattr(model.config, "max_position_embeddings", None)
+        if config.max_model_len is not None and positions and config.max_model_len > positions:
+            # vLLM refuses a length above the checkpoint's positions (the tiny demo model has 256).
+            log.info("vllm engine: max_model_len %d capped at the checkpoint's %d positions",
+                     config.max_model_len, positions)
+            config = config.model_copy(update={"max_model_len": positions})
         return cls(path, config, eos_token_id=eos, version=version, state_dict=model.state_dict())
 
     # -- weights -----------------------------------------------------------------------------------
