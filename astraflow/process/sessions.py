@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 # Set PR_SET_PDEATHSIG, then exec the real command (the setting survives execve). Done in a tiny
@@ -107,23 +107,11 @@ def wait_groups_gone(groups: Sequence[int], timeout_s: float = 2.0) -> bool:
     still show up. True when they are gone within ``timeout_s``."""
     wanted = {str(g) for g in groups}
     deadline = time.monotonic() + timeout_s
-    while True:
-        left = False
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue  # gone meanwhile
-            if fields[2] in wanted and fields[0] != "Z":  # fields: state, ppid, pgrp, ...
-                left = True
-                break
-        if not left:
-            return True
+    while any(fields[2] in wanted for _, fields in _live_processes()):  # fields: state, ppid, pgrp, ...
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.02)
+    return True
 
 
 def log_tail(path: Path, lines: int = 15) -> str:
@@ -138,14 +126,26 @@ def log_tail(path: Path, lines: int = 15) -> str:
 def child_processes(pid: int) -> dict[int, list[str]]:
     """The live child processes of ``pid``: pid -> argv (scans ``/proc``; no psutil here)."""
     out = {}
+    for entry, fields in _live_processes():
+        if int(fields[1]) != pid:
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # gone meanwhile
+        out[int(entry.name)] = [a.decode(errors="replace") for a in argv if a]
+    return out
+
+
+def _live_processes() -> Iterator[tuple[Path, list[str]]]:
+    """(``/proc/<pid>``, its ``stat`` fields after the command name) of every process but zombies."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
+            # The command name may itself contain ") ": split after the last one.
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            out[int(entry.name)] = [a.decode(errors="replace") for a in argv if a]
-    return out
+            continue  # gone meanwhile
+        if fields[0] != "Z":
+            yield entry, fields
