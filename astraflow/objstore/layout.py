@@ -27,6 +27,8 @@ MAX_VERSION = 99_999_999
 ANCHOR_FILE = "anchor.safetensors"
 DELTA_FILE = "delta.zst"
 MANIFEST_FILE = "manifest.json"
+TRAINER_POINTER_FILE = "latest.json"
+"""A trainer checkpoint's pointer, under ``<run>/trainer/<policy>/`` (it names the step's parts)."""
 
 
 def _check_name(kind: str, value: str) -> str:

@@ -17,8 +17,6 @@ if TYPE_CHECKING:
     from astraflow.objstore import ObjectStore
 
 log = logging.getLogger(__name__)
-CHECKPOINT_POINTER = "latest.json"
-"""A trainer checkpoint's pointer object (``astraflow.trainer.checkpoint.POINTER``)."""
 FOOTER_READ = 64 * 1024
 """Bytes fetched from a Parquet part's end: its footer, whose length is in the last 8 bytes."""
 
@@ -56,7 +54,7 @@ class RunSummary:
 
 def list_runs(store: ObjectStore, run: str | None = None) -> list[RunSummary]:
     """One summary per run in the bucket (or only ``run``), from one listing."""
-    from astraflow.objstore.layout import parse_version
+    from astraflow.objstore.layout import TRAINER_POINTER_FILE, parse_version
 
     runs: dict[str, RunSummary] = {}
     for obj in store.list_objects(f"{run}/" if run else ""):
@@ -76,7 +74,7 @@ def list_runs(store: ObjectStore, run: str | None = None) -> list[RunSummary]:
         parts = rest.split("/")
         if area == "weights" and len(parts) >= 4 and rest.endswith("manifest.json"):
             summary.versions[parts[1]].append(parse_version(key))
-        elif area == "trainer" and len(parts) == 3 and parts[2] == CHECKPOINT_POINTER:
+        elif area == "trainer" and len(parts) == 3 and parts[2] == TRAINER_POINTER_FILE:
             summary.checkpoint_pointers[parts[1]] = key
         elif area == "archive" and key.endswith(".parquet") and parts[1].startswith("kind="):
             summary.archive_parts[parts[1][len("kind="):]].append(key)

@@ -25,12 +25,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from astraflow.objstore import ChecksumError, ObjectNotFoundError, ObjectStoreError, RunLayout
+from astraflow.objstore.layout import TRAINER_POINTER_FILE
 from astraflow.trainer.state_codec import StateFormatError, decode_state, encode_state
 
 if TYPE_CHECKING:
     from astraflow.objstore import ObjectStore
 
-POINTER = "latest.json"
+POINTER = TRAINER_POINTER_FILE
 FORMAT = 2
 """2: optimizer state as safetensors + JSON; 1 (refused): optimizer state pickled by torch.save."""
 
