@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from astraflow.config import ClusterConfig
-    from astraflow.objstore import ObjectStore
 
 log = logging.getLogger(__name__)
 QUIET_S = 1.0
@@ -40,19 +39,10 @@ class LiveRun(ArchivedRun):
     _events: list[Event] | None = None
     _counters: dict[str, int] | None = None
 
-    @classmethod
-    def open(cls, cfg: ClusterConfig, store: ObjectStore, run: str, policies: list[str],
-             timeout_s: float = 120.0) -> LiveRun:
-        return cls(store=store, run=run, cfg=cfg, policies=policies, timeout_s=timeout_s)
-
-    def events(self) -> Iterator[Event]:
+    def log_order(self) -> Iterator[Event]:
         if self._events is None:
             self._read()
-        events = iter(self._events or [])
-        if self.until is None:
-            return events
-        until = self.until
-        return (e for e in events if e.kind == R.WEIGHTS or e.offset < until.get(e.partition, 0))
+        return iter(self._events or [])
 
     def online_counters(self) -> dict[str, int] | None:
         if self._events is None:

@@ -191,15 +191,20 @@ class ArchivedRun:
     """Per trajectories partition, the first offset not to replay (None: every archived record)."""
 
     def events(self) -> Iterator[Event]:
+        """Every event in log order, trajectory records only up to :attr:`until`."""
+        events = self.log_order()
+        if self.until is None:
+            return events
+        until = self.until
+        return (e for e in events if e.kind == R.WEIGHTS or e.offset < until.get(e.partition, 0))
+
+    def log_order(self) -> Iterator[Event]:
+        """The weight timeline and the trajectory records, merged in log-timestamp order."""
         weights = [e for stream in archive_parts(self.store, self.run, R.WEIGHTS)
                    for e in weight_events(read_row_groups(self.store, stream))]
         trajs = [trajectory_events(read_row_groups(self.store, stream))
                  for stream in archive_parts(self.store, self.run, R.TRAJECTORIES)]
-        merged = heapq.merge(sorted(weights), *trajs)
-        if self.until is None:
-            return merged
-        until = self.until
-        return (e for e in merged if e.kind == R.WEIGHTS or e.offset < until.get(e.partition, 0))
+        return heapq.merge(sorted(weights), *trajs)
 
     def dataflow_consumed(self) -> dict[int, int] | None:
         """Per trajectories partition, how far the online dataflow had read at its last state save (at

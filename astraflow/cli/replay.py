@@ -94,7 +94,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.from_log:
         from astraflow.archive.live import LiveRun
 
-        archived = LiveRun.open(cfg, store, args.run_id, [p.name for p in recipe.policies])
+        archived = LiveRun(store, args.run_id, cfg=cfg, policies=[p.name for p in recipe.policies])
     else:
         require_archive(store, cfg, args.run_id)
         archived = ArchivedRun(store, args.run_id)
