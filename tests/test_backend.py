@@ -112,7 +112,8 @@ def test_build_backend_switches_on_type(tiny_model):
     ({"lr": 1e-3, "clip_eps_hi": 0.28}, "trainer backend 'torch': clip_eps_hi: Extra inputs are not permitted"),
     ({"lr": "fast"}, "trainer backend 'torch': lr: Input should be a valid number"),
     ({"type": "torch", "minibatches": 0}, "trainer backend 'torch': minibatches: Input should be greater than"),
-    ({"type": "megatron"}, "unknown trainer backend 'megatron'; registered: ['simulated', 'torch']"),
+    ({"type": "deepspeed"}, "unknown trainer backend 'deepspeed'; registered: ["),
+    ({"type": "megatron", "lr_warmup": 10}, "trainer backend 'megatron': lr_warmup: Extra inputs are not permitted"),
     ({"type": "simulated", "lr": 1e-3}, "trainer backend 'simulated': lr: Extra inputs are not permitted"),
 ])
 def test_a_backend_option_typo_is_refused_at_recipe_load(tmp_path, tiny_checkpoint, section, expected):
@@ -132,8 +133,9 @@ def test_a_recipe_without_backend_type_gets_torch_options():
 
 
 def test_validating_a_backend_section_imports_no_backend_runtime():
-    code = ("import sys; from astraflow.trainer.backend import parse_backend; "
+    code = ("import importlib.util, sys; from astraflow.trainer.backend import parse_backend; "
             "parse_backend({'type': 'simulated'}); parse_backend({'lr': 1e-3}); "
-            "print(sorted(m for m in ('torch', 'astraflow.trainer.simulated') if m in sys.modules))")
+            "parse_backend({'type': 'megatron'}) if importlib.util.find_spec('megatron') else None; "
+            "print(sorted(m for m in ('torch', 'megatron', 'astraflow.trainer.simulated') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from run_records import read_trajectories, teacher_forced
 from test_launcher_e2e import _env, tiny_recipe
 
 from astraflow.launcher.cluster import write_cluster_file
@@ -55,38 +56,6 @@ def _vllm_recipe(tmp_path: Path) -> Path:
     data["pools"][0]["engine"] = {"type": "vllm", "dtype": "float32", "max_model_len": 128, "max_num_seqs": 16}
     path.write_text(yaml.safe_dump(data))
     return path
-
-
-def _read_trajectories(cfg, timeout_s: float = 60.0) -> list:
-    """Every trajectory of the run's topic, read from its start to its end with a throwaway group."""
-    from astraflow.log import LogConsumer, Topics
-    from astraflow.records import trajectory
-
-    consumer = LogConsumer(cfg, Topics(cfg.run).trajectories, f"test-reader-{uuid.uuid4().hex[:8]}")
-    out: list = []
-    deadline = time.monotonic() + timeout_s
-    quiet_since = time.monotonic()
-    try:
-        while True:
-            msgs = consumer.poll(timeout_s=0.3, max_records=500)
-            for m in msgs:
-                out.extend(trajectory.from_table(m.table))
-            if msgs:
-                quiet_since = time.monotonic()
-            elif time.monotonic() - quiet_since > 1.0 and consumer.caught_up():
-                return out
-            assert time.monotonic() < deadline, f"trajectories topic not read to its end in {timeout_s} s"
-    finally:
-        consumer.close()
-
-
-def _teacher_forced(model, prompt: list[int], response: list[int]) -> list[float]:
-    """log-probs of ``response`` after ``prompt`` under ``model``'s full softmax (temperature 1)."""
-    import torch
-
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + response])).logits[0, len(prompt) - 1:-1].float()
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response)[:, None]).squeeze(-1).tolist()
 
 
 def test_a_vllm_node_serves_a_run_and_follows_the_published_weights(tmp_path: Path, test_cluster) -> None:
@@ -123,7 +92,7 @@ def test_a_vllm_node_serves_a_run_and_follows_the_published_weights(tmp_path: Pa
     assert raas[-1]["episodes"] > 0 and raas[-1]["rejected"] == 0, raas[-1]
 
     # The node's trajectories: a behaviour log-prob and a weight version per response token.
-    trajs = _read_trajectories(test_cluster)
+    trajs = read_trajectories(test_cluster)
     assert trajs and {t.node_id for t in trajs} == {"raas-default-0"}
     for t in trajs:
         n = len(t.response_ids)
@@ -147,7 +116,7 @@ def test_a_vllm_node_serves_a_run_and_follows_the_published_weights(tmp_path: Pa
     sub = WeightSubscriber(test_cluster, "policy", f"test-{uuid.uuid4().hex[:8]}", register=False)
 
     def max_diff(ts: list) -> float:
-        return max(max(abs(a - b) for a, b in zip(t.logprobs, _teacher_forced(model, t.prompt_ids, t.response_ids),
+        return max(max(abs(a - b) for a, b in zip(t.logprobs, teacher_forced(model, t.prompt_ids, t.response_ids),
                                                    strict=True)) for t in ts)
 
     worst: dict[int, float] = {}

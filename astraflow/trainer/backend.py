@@ -17,6 +17,7 @@ implementations are ``torch_backend`` and ``simulated``.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -102,6 +103,10 @@ class BackendEntry:
 
 BACKENDS: Registry[BackendEntry] = Registry("trainer backend")
 
+CONNECTOR_BACKENDS = {"megatron": "connectors.megatron"}
+"""Backends shipped as connectors, by name: the module that registers each, imported when a recipe
+names the backend (it imports no backend runtime; the backend's options check that it is installed)."""
+
 
 def register_backend(name: str, config: type[BaseBackendConfig]) -> Callable[[BackendBuilder], BackendBuilder]:
     """Decorator: register ``builder(config, model) -> TrainerBackend`` as backend ``name`` with
@@ -125,6 +130,13 @@ def parse_backend(data: Any) -> BaseBackendConfig:
         data = {}
     if isinstance(data, dict) and "type" not in data:
         data = {"type": BaseBackendConfig.model_fields["type"].default, **data}
+    name = data if isinstance(data, str) else data.get("type") if isinstance(data, dict) else None
+    if isinstance(name, str) and name not in BACKENDS and name in CONNECTOR_BACKENDS:
+        try:
+            importlib.import_module(CONNECTOR_BACKENDS[name])
+        except ImportError as exc:
+            raise ValueError(f"trainer backend {name!r}: cannot import its connector "
+                             f"{CONNECTOR_BACKENDS[name]!r}: {exc}") from None
     return BACKENDS.parse(data)  # type: ignore[return-value]  # every entry's Config is a BaseBackendConfig
 
 

@@ -119,7 +119,7 @@ class TrainerService:
             return f"weight store version {latest}"
         self.version = 0
         origin = "seeded model"
-        if self.spec.sft is not None and self.spec.backend.type == "torch":
+        if self.spec.sft is not None and self.spec.backend.type != "simulated":
             self.warm_start = self._warm_start()
             origin += (f" + SFT warm start ({self.warm_start['sft_steps']} steps, final loss "
                        f"{self.warm_start['sft_final_loss']:.3f})")
@@ -142,7 +142,9 @@ class TrainerService:
                         self.policy, sorted(gone), self.step)
 
     def _warm_start(self) -> dict[str, Any]:
-        """The policy's ``sft`` warm start on the fresh model, as ``astraflow demo`` does it."""
+        """The policy's ``sft`` warm start on the fresh model, as ``astraflow demo`` does it. It runs
+        on the HF model: the built-in backend's own, or for another backend (Megatron) a fresh one
+        whose weights the backend then loads by their HF names."""
         import torch
 
         from astraflow.sft import warm_start
@@ -151,7 +153,11 @@ class TrainerService:
                  self.policy)
         torch.manual_seed(self.recipe.seed)
         tokenizer = self.recipe.build_policy_tokenizer(self.policy)
-        figures = warm_start(self.backend.model, tokenizer, self.recipe, self.policy, progress=False)
+        in_place = self.spec.backend.type == "torch"
+        model = self.backend.model if in_place else self.recipe.build_policy_model(self.policy)
+        figures = warm_start(model, tokenizer, self.recipe, self.policy, progress=False)
+        if not in_place:
+            self.backend.load_state(model.state_dict(), None)
         log.info("trainer %s: SFT warm start done: %d steps in %.1fs, final loss %.3f", self.policy,
                  figures["sft_steps"], figures["sft_seconds"], figures["sft_final_loss"])
         return figures

@@ -63,12 +63,16 @@ class TorchBackend(TrainerBackend):
         return (ids.to(self.device), attn.to(self.device), gather_pos.to(self.device),
                 behav.to(self.device), mask.to(self.device))
 
+    def logits(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Next-token logits ``[B, T, V]`` of the trained model (a backend on another model class,
+        e.g. Megatron's ``GPTModel``, overrides only this)."""
+        return self.model(input_ids=ids, attention_mask=attn).logits
+
     def token_logprobs(self, ids: torch.Tensor, attn: torch.Tensor, gather_pos: torch.Tensor) -> torch.Tensor:
         """log pi(response token) under the current weights, ``[B, T_resp]``."""
         import torch
 
-        logits = self.model(input_ids=ids, attention_mask=attn).logits.float()
-        logits = logits / self.config.temperature
+        logits = self.logits(ids, attn).float() / self.config.temperature
         rows = logits.gather(1, gather_pos[:, :, None].expand(-1, -1, logits.shape[-1]))
         targets = ids.gather(1, (gather_pos + 1).clamp(max=ids.shape[1] - 1))
         return torch.log_softmax(rows, dim=-1).gather(-1, targets[:, :, None]).squeeze(-1)

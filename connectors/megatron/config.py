@@ -1,0 +1,42 @@
+"""Options of the Megatron-core trainer backend (``backend: {type: megatron, ...}`` in a recipe).
+
+This module imports neither Megatron nor torch: validating a recipe that names ``megatron`` only
+checks that ``megatron.core`` can be found and refuses the recipe, naming the package to install,
+when it cannot.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Literal
+
+from pydantic import model_validator
+
+from astraflow.trainer.backend import TorchBackendConfig
+
+INSTALL_HINT = ("the 'megatron' trainer backend needs megatron-core, which this Python does not have: "
+                "install it with `pip install 'astraflow[megatron]'` (or `pip install megatron-core`)")
+
+
+def megatron_available() -> bool:
+    """Whether ``import megatron.core`` would find the package. Nothing is imported: ``find_spec``
+    of a submodule would import its parent package, so the ``core`` folder is looked up instead."""
+    spec = importlib.util.find_spec("megatron")
+    return spec is not None and any((Path(p) / "core").is_dir() for p in spec.submodule_search_locations or [])
+
+
+class MegatronBackendConfig(TorchBackendConfig):
+    """GRPO/PPO on a Megatron-core ``GPTModel`` converted from the policy's HF checkpoint
+    (``type: megatron``). The objective and optimiser options are the built-in backend's (same
+    names, same meaning); the published weights carry HF names, so engines never know which backend
+    trained them. One rank (tensor / pipeline parallel size 1), see connectors/megatron/README.md."""
+
+    type: Literal["megatron"] = "megatron"  # type: ignore[assignment]  # narrows the parent's "torch"
+    """The Megatron-core connector (``connectors/megatron``)."""
+
+    @model_validator(mode="after")
+    def _megatron_installed(self) -> MegatronBackendConfig:
+        if not megatron_available():
+            raise ValueError(INSTALL_HINT)
+        return self
