@@ -140,6 +140,53 @@ def test_apply_to_model_in_place_with_tied_weights(published):
         assert_bits_equal(model.state_dict(), truth[LAST])
 
 
+def test_prepare_write_patches_an_engines_tensors_bit_exact(published):
+    """The engine-side split of a refresh: decode off to the side (nothing written), write the changed
+    entries only (tied weights once), verify after; the subscriber keeps no copy of its own."""
+    cfg, truth = published
+    model = make_model(seed=123)
+    with WeightSubscriber(cfg, POLICY, "patch-sub") as sub:
+        sub.apply_to(model, 17)
+        live = model.state_dict()
+        before = snapshot(live)
+        patch = sub.prepare_patch(live, 23)  # 17 -> 23: six deltas, no anchor (the next is 24)
+        assert patch is not None and (patch.base_version, patch.version) == (17, 23) and patch.changed == sorted(live)
+        assert_bits_equal(model.state_dict(), before)  # preparing wrote nothing
+        assert sub.version == 17
+        patch.write(live, threads=2)
+        sub.patched(patch)
+        assert sub.version == 23 and patch.verify(live) == []
+        assert_bits_equal(model.state_dict(), truth[23])
+        assert model.head.weight is model.embed.weight  # still tied, and written once
+        assert sub.prepare_patch(model.state_dict(), 23) is None  # nothing to do
+    with WeightSubscriber(cfg, POLICY, "patch-fresh") as fresh:
+        assert fresh.prepare_patch(model.state_dict(), 23) is None  # holds no version: a full load
+    with WeightSubscriber(cfg, POLICY, "patch-sub-2") as sub:
+        # Bits changed behind the subscriber's back are caught by verify (then: a full load).
+        sub.apply_to(model, 25)
+        live = model.state_dict()
+        with torch.no_grad():
+            model.proj.weight.view(torch.int16)[0, 0] ^= 1
+        patch = sub.prepare_patch(live, 27)
+        patch.write(live)
+        assert patch.verify(live) == ["proj.weight"]
+
+
+def test_a_corrupt_delta_is_refused_before_any_write(published):
+    cfg, truth = published
+    store = WeightStore.from_config(cfg, POLICY)
+    model = make_model(seed=1)
+    with WeightSubscriber(cfg, POLICY, "patch-victim") as sub:
+        sub.apply_to(model, 8)
+        key = store.manifest(9).delta.key
+        blob = bytearray(store.objects.get_bytes(key))
+        blob[len(blob) // 2] ^= 0x40
+        store.objects.put_bytes(key, bytes(blob))
+        assert sub.prepare_patch(model.state_dict(), 10) is None
+        assert sub.refused == {key: "corrupt"} and sub.version == 8
+        assert_bits_equal(model.state_dict(), truth[8])
+
+
 def test_announcements_on_the_log(published):
     from astraflow.log import LogConsumer, Topics
 

@@ -27,6 +27,9 @@ class FakeEngine:
         self.state = {k: v.clone() for k, v in state.items()}
         self.weight_version = version
 
+    def live_weights(self) -> None:
+        return None  # refreshes by full loads only (test_weights_patch.py covers in-place patches)
+
 
 def bits(sd) -> dict:
     return {k: v.contiguous().view(torch.int16 if v.element_size() == 2 else torch.int32).clone()

@@ -187,7 +187,7 @@ def apply(
     base). ``device``: where tensors that the delta stores in full and the base lacks are placed
     (default CPU); all others stay on their base tensor's device.
     """
-    header, payload = _validate(base, delta, base_version, verify_base)
+    header, payload = validate_delta(base, delta, base_version, verify_base)
     dec = PlaneDecompressor()
     out: dict[str, torch.Tensor] = {}
     for entry in header.tensors:
@@ -216,7 +216,7 @@ def apply_inplace(
     """Turn ``base`` into the delta's target in place (tensors written in place; entries of new,
     reshaped or removed tensors replaced in the mapping). Returns ``base``. On refusal ``base`` is
     as it was."""
-    header, payload = _validate(base, delta, base_version, verify_base)
+    header, payload = validate_delta(base, delta, base_version, verify_base)
     dec = PlaneDecompressor()
     undo: list[tuple[str, TensorEntry | torch.Tensor | None]] = []
     try:
@@ -255,7 +255,10 @@ def _full_device(base: StateDict, entry: TensorEntry, device) -> torch.device:
     return old.device if old is not None else torch.device("cpu")
 
 
-def _validate(base: StateDict, delta, base_version: int | None, verify_base: bool) -> tuple[DeltaHeader, memoryview]:
+def validate_delta(base: StateDict, delta, base_version: int | None, verify_base: bool) -> tuple[DeltaHeader, memoryview]:
+    """The delta's header and payload, once everything checkable without writing is checked: format,
+    checksums of header and payload, ``base_version``, the base's names/dtypes/shapes and
+    (``verify_base``) the base's bits. Raises a :class:`DeltaError` otherwise."""
     header, payload = parse(delta)
     if base_version is not None and int(base_version) != header.base_version:
         raise BaseVersionError(
@@ -311,7 +314,14 @@ def _planes(entry: TensorEntry, payload: memoryview, dec: PlaneDecompressor) -> 
 
 def _xor_into(t: torch.Tensor, entry: TensorEntry, payload: memoryview, dec: PlaneDecompressor) -> None:
     """XOR the entry's change into ``t``'s bits, in place, on ``t``'s device."""
-    size = itemsize(t.dtype)
+    idx, vals = decode_change(entry, payload, dec, itemsize(t.dtype))
+    scatter_xor(t, idx, vals)
+
+
+def decode_change(entry: TensorEntry, payload: memoryview, dec: PlaneDecompressor,
+                  size: int) -> tuple[np.ndarray | None, np.ndarray]:
+    """A sparse or dense entry's change as (flat positions, or None for every element; XOR bits),
+    checked against the entry's own shape. ``size``: the tensor's item size in bytes."""
     planes = _planes(entry, payload, dec)
     n = entry.numel
     if entry.op == "sparse":
@@ -326,6 +336,11 @@ def _xor_into(t: torch.Tensor, entry: TensorEntry, payload: memoryview, dec: Pla
         if len(planes) != size or any(p.size != n for p in planes):
             raise DeltaCorruptError(f"dense streams of {entry.name!r} are inconsistent")
         idx, vals = None, join_planes(planes, np_int(size), n)
+    return idx, vals
+
+
+def scatter_xor(t: torch.Tensor, idx: np.ndarray | None, vals: np.ndarray) -> None:
+    """XOR ``vals`` into ``t``'s bits at flat positions ``idx`` (every element when None), in place."""
     target = t if t.is_contiguous() else t.contiguous()
     if _on_host(target):
         arr = bits(target).numpy()

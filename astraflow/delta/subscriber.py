@@ -13,6 +13,10 @@ refused: one log line names it and the reason, :attr:`refused` keeps it, and the
 again without it (another anchor, or :class:`NoPathError` until a later anchor is published). The
 state it holds stays the last version it reached. A refused object is not fetched again.
 
+A serving engine is brought forward by ``prepare_patch`` (fetch and decode the deltas, nothing
+written), the engine writing the patch between two decoding steps, and ``patched``; see
+:mod:`astraflow.delta.patch`.
+
 A subscriber follows one state: call either ``pull`` or ``apply_to`` (always on the same target).
 ``latest_version()`` asks the bucket (the source of truth); ``wait_for_version`` blocks on the
 ``<run>.weights.<policy>`` announcements and confirms in the bucket.
@@ -37,6 +41,7 @@ from astraflow.delta.errors import (
     NoPathError,
 )
 from astraflow.delta.format import read_header
+from astraflow.delta.patch import WeightPatch, prepare_patch
 from astraflow.delta.planner import Plan, Step
 from astraflow.delta.store import WeightStore
 from astraflow.objstore.errors import ChecksumError, ObjectNotFoundError
@@ -138,6 +143,49 @@ class WeightSubscriber:
         by this call)``."""
         pulled = self._advance(_writable_state(target), to_version)
         return self.version, pulled
+
+    def prepare_patch(self, live: StateDict, to_version: int | None = None) -> WeightPatch | None:
+        """The deltas from :attr:`version` (the version ``live``, an engine's tensors, holds) to
+        ``to_version`` (default: latest), fetched and decoded without touching ``live``
+        (:mod:`astraflow.delta.patch`): the engine pauses only for :meth:`WeightPatch.write`, then
+        :meth:`patched` records the new version. None when there is nothing to do, or the way there
+        needs a full load (an anchor, a refused or non-patchable delta): use ``pull`` / ``apply_to``."""
+        if self.version is None:
+            return None
+        want = self.store.latest_version() if to_version is None else to_version
+        if want is None or want <= self.version:
+            return None
+        plan = self.store.plan(self.version, want, avoid=self.refused)
+        if not plan.steps or any(step.kind != "delta" for step in plan.steps):
+            return None
+        blobs = []
+        for step in plan.steps:
+            try:
+                blobs.append((step.version, self.store.get_delta(step.version)))
+            except (ChecksumError, DeltaError) as exc:
+                self.refused[step.key] = refusal_reason(exc)
+                log.warning("%s: refused %s v%d object %s (%s): %s", self.subscriber_id, self.policy,
+                            step.version, step.key, self.refused[step.key], exc)
+                return None
+        try:
+            patch = prepare_patch(live, blobs, self.version)
+        except BaseMismatchError:  # the engine's tensors do not fit the deltas (names, dtypes, shapes)
+            raise
+        except DeltaError as exc:  # corrupt, or a tensor added / reshaped: the full path refuses or loads it
+            log.info("%s: %s v%d -> v%d cannot be patched in place: %s", self.subscriber_id, self.policy,
+                     self.version, want, exc)
+            return None
+        patch.bytes = plan.bytes
+        return patch
+
+    def patched(self, patch: WeightPatch) -> None:
+        """``patch`` was written into the engine's tensors: they hold ``patch.version`` now. The
+        subscriber keeps no copy of its own from here on (the engine's tensors are the state)."""
+        self._state = None
+        self.version = patch.version
+        self.bytes_pulled += patch.bytes
+        if self.register:
+            self.store.register_subscriber(self.subscriber_id, self.version)
 
     def _advance(self, into: StateDict | None, to_version: int | None) -> int:
         before = self.bytes_pulled

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -61,6 +62,17 @@ class Engine(ABC):
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
         """The current weights (for delta application and checks)."""
+
+    def live_weights(self) -> dict[str, Any] | None:
+        """The tensors the engine serves from, by their published names, when the weight plane may
+        patch them in place (:meth:`patch_weights`); None (this default): every refresh is a
+        :meth:`load_weights` of a whole state dict."""
+        return None
+
+    def patch_weights(self, write: Callable[[dict[str, Any]], None], version: int) -> None:
+        """Run ``write(live_weights())`` between two decoding steps (the only time the engine
+        pauses for a delta refresh); tokens generated after this returns carry ``version``."""
+        raise NotImplementedError(f"{type(self).__name__} does not patch its weights in place")
 
     async def agenerate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """``generate`` without blocking the event loop (Kafka I/O, other episodes keep running).

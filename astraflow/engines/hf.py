@@ -16,6 +16,7 @@ sequence's tokens can carry several versions, which is exactly what the per-toke
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from astraflow.engines.base import Engine, Generation, SamplingParams
@@ -56,6 +57,18 @@ class HFEngine(Engine):
         with self._lock, torch.no_grad():
             # strict: a delta chain that misses a tensor must fail loudly, not serve stale weights
             self.model.load_state_dict(state_dict, strict=True)
+            self._version = version
+
+    def live_weights(self) -> dict[str, Any]:
+        """The model's own parameters and buffers (a delta patches them only if the model runs in
+        the published dtype, e.g. a bf16 model fed bf16 weights; otherwise refreshes load in full)."""
+        return self.model.state_dict()
+
+    def patch_weights(self, write: Callable[[dict[str, Any]], None], version: int) -> None:
+        import torch
+
+        with self._lock, torch.no_grad():
+            write(self.model.state_dict())
             self._version = version
 
     async def agenerate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:

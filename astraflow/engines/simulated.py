@@ -20,6 +20,7 @@ import math
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +76,15 @@ class SimulatedEngine(Engine):
             self._weights = dict(state_dict)
             self._version = version
             self.stats["loads"] += 1
+
+    def live_weights(self) -> dict[str, Any] | None:
+        return self._weights or None
+
+    def patch_weights(self, write: Callable[[dict[str, Any]], None], version: int) -> None:
+        with self._lock:  # lands between two simulation ticks
+            write(self._weights)
+            self._version = version
+            self.stats["patches"] = self.stats.get("patches", 0) + 1
 
     # -- one tick of decoding ----------------------------------------------------------------------
     def _admit(self) -> None:

@@ -4,7 +4,11 @@
 ``<run>.weights.<policy>``. An announcement is only a wake-up: the follower asks the subscriber for
 the latest published version, pulls it (the nearest anchor plus deltas, decided by the subscriber)
 and swaps it into the policy's engine with ``load_weights``, which lands between two decoding
-steps. Pulling and decoding happen on this thread, so generation never waits for the bucket.
+steps. Pulling and decoding happen on this thread, so generation never waits for the bucket. An
+engine that exposes its tensors (``live_weights``: the simulated engine, an HF model in the
+published dtype) is patched in place instead: the deltas are fetched and decoded here, the engine
+pauses only while the changed entries are written, checksums are verified after, and the follower
+keeps no copy of the weights of its own (:mod:`astraflow.delta.patch`).
 A periodic check of the store covers announcements published before the follower joined.
 When the bucket or the broker does not answer, the follower waits for it (one log line per backoff
 step, :class:`~astraflow.outage.OutageReport`) and the node keeps serving the weights it has.
@@ -48,6 +52,9 @@ class WeightFollower:
         self.refreshes = 0
         self.refresh_s = 0.0
         """Seconds the last refresh took (pull + decode + swap)."""
+        self.paused_s = 0.0
+        """Seconds the engine was paused by the last in-place patch (the writes only)."""
+        self._full_loads_only: set[str] = set()  # policies whose engine cannot take deltas in place
         self.unreachable = 0
         """Versions skipped because no path to them avoids the refused objects."""
         self._unreachable: dict[str, int] = {}  # policy -> the last version skipped (logged once)
@@ -86,6 +93,12 @@ class WeightFollower:
         if latest is None or (policy in self._loaded and latest <= engine.weight_version):
             return False
         t0 = time.perf_counter()
+        if policy in self._loaded and self._patch(policy, latest):
+            self.refresh_s = time.perf_counter() - t0
+            self.refreshes += 1
+            log.info("node %s: %s -> v%d in %.2fs (patched in place, paused %.3fs)", self.node_id, policy, latest,
+                     self.refresh_s, self.paused_s)
+            return True
         try:
             state, _, _ = sub.pull(latest)  # the subscriber's own copy: load it, do not keep it
         except NoPathError as exc:  # e.g. only through a refused object: wait for a newer version
@@ -100,6 +113,37 @@ class WeightFollower:
         self.refreshes += 1
         self._loaded.add(policy)
         log.info("node %s: %s -> v%d in %.2fs", self.node_id, policy, latest, self.refresh_s)
+        return True
+
+    def _patch(self, policy: str, latest: int) -> bool:
+        """Bring an engine that exposes its tensors to ``latest`` by patching them in place
+        (:mod:`astraflow.delta.patch`): fetch and decode here, pause the engine only for the writes,
+        verify after. False when the engine cannot be patched or the way there needs a full load."""
+        from astraflow.delta import BaseMismatchError
+
+        sub, engine = self.subscribers[policy], self.engines[policy]
+        live = None if policy in self._full_loads_only else engine.live_weights()
+        if live is None:
+            return False
+        try:
+            patch = sub.prepare_patch(live, latest)
+        except BaseMismatchError as exc:  # e.g. an fp32 model fed bf16 weights: full loads from now on
+            self._full_loads_only.add(policy)
+            log.info("node %s: %s refreshes by full load (the engine's tensors cannot take the deltas: %s)",
+                     self.node_id, policy, exc)
+            return False
+        if patch is None:
+            return False
+        t0 = time.perf_counter()
+        engine.patch_weights(patch.write, patch.version)
+        self.paused_s = time.perf_counter() - t0
+        sub.patched(patch)
+        mismatched = patch.verify(live)
+        if mismatched:  # the engine's bits were not the version we held: reload from an anchor
+            log.error("node %s: %s v%d tensors %s differ from the trainer's after patching; reloading in full",
+                      self.node_id, policy, patch.version, mismatched[:5])
+            sub.version = None
+            return False
         return True
 
     def catch_up(self, timeout_s: float = 600.0, stop_event: threading.Event | None = None) -> dict[str, int]:
