@@ -112,7 +112,7 @@ def bench_model(cfg, name: str, changed: float) -> dict:
 
         # v1: the delta path
         t0 = time.perf_counter()
-        publisher.publish(v1, 1)
+        publisher.publish(v1, 1, owned=True)  # as the trainer does: a backend's state_dict is its own copy
         blocked_s = time.perf_counter() - t0
         publisher.flush()
         publish_s = time.perf_counter() - t0
@@ -147,7 +147,7 @@ def bench_model(cfg, name: str, changed: float) -> dict:
         # entries, verify after), against v1's in-place apply above.
         del v0
         v2 = sparse_update(v1, changed, seed=2)
-        publisher.publish(v2, 2)
+        publisher.publish(v2, 2, owned=True)
         del v1
         publisher.flush()
         announced = None

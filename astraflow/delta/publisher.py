@@ -82,15 +82,18 @@ class WeightPublisher:
         self._thread.start()
 
     # -- caller side -----------------------------------------------------------------------------
-    def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """Snapshot ``state_dict`` as ``version`` and queue it (blocks only when the queue is full)."""
+    def publish(self, state_dict: dict[str, torch.Tensor], version: int, *, owned: bool = False) -> None:
+        """Snapshot ``state_dict`` as ``version`` and queue it (blocks only when the queue is full).
+        ``owned``: the caller hands the tensors over (nothing writes them after this call, e.g. the
+        fresh copies a trainer backend's ``state_dict`` returns), so host tensors are not copied again."""
         self._raise_if_failed()
         if self._closed:
             raise PublisherError("publisher is closed")
         if self._last_version is not None and version <= self._last_version:
             raise ValueError(f"versions must increase: {version} after {self._last_version}")
         snapshot = {
-            name: t.detach().to("cpu", copy=True).contiguous() for name, t in state_dict.items()
+            name: t.detach() if owned and t.device.type == "cpu" and t.is_contiguous()
+            else t.detach().to("cpu", copy=True).contiguous() for name, t in state_dict.items()
         }
         while True:  # a bounded wait, so a failure of the thread is noticed while blocked
             try:

@@ -23,7 +23,8 @@ class TrainerBackend(ABC):
 
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
-        """Model weights to publish / checkpoint."""
+        """Model weights to publish / checkpoint: tensors the caller owns (copies; the next step
+        must not write them), which the trainer hands to the publisher without copying again."""
 
     @abstractmethod
     def optimizer_state_dict(self) -> dict[str, Any]:

@@ -303,15 +303,18 @@ class TrainerService:
             "handoff_ms": handoff.drain(),
         }
         t1 = time.perf_counter()
-        self.publisher.publish(self._served_state(), self.version)
-        record["publish_blocked_s"] = time.perf_counter() - t1
+        served = self._served_state()
+        t2 = time.perf_counter()
+        self.publisher.publish(served, self.version, owned=True)
+        record["state_copy_s"] = t2 - t1  # the backend's copy + cast of the weights (the trainer waits)
+        record["publish_blocked_s"] = time.perf_counter() - t2
         self._pending_records[self.version] = record
 
     def _served_state(self) -> dict[str, Any]:
         return publishable(self.backend.state_dict(), self.tspec.publish_dtype)
 
     def _publish_now(self, state: dict[str, Any], version: int) -> None:
-        self.publisher.publish(state, version)
+        self.publisher.publish(state, version, owned=True)  # _served_state's tensors are fresh copies
         self.publisher.flush()
         self._seen_published = len(self.publisher.published)
 
