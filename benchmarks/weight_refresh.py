@@ -26,6 +26,7 @@ import argparse
 import json
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -75,6 +76,35 @@ def sparse_update(state: dict[str, torch.Tensor], changed: float, seed: int = 1)
     return out
 
 
+class AnnouncementWatch:
+    """Polls the weights topic on a thread of its own, as a node's weight follower does: a consumer
+    left unpolled through a minute-long anchor upload would be dropped from its group and rejoin,
+    which a node never does."""
+
+    def __init__(self, consumer) -> None:
+        self.consumer = consumer
+        self.seen: dict[int, int] = {}  # version -> announcement timestamp (ms)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            for m in self.consumer.poll(0.2):
+                if isinstance(m.obj, dict) and "version" in m.obj:
+                    self.seen[int(m.obj["version"])] = m.timestamp_ms
+
+    def wait(self, version: int) -> int:
+        while version not in self.seen:
+            time.sleep(0.005)
+        return self.seen[version]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.consumer.close()
+
+
 def bench_model(cfg, name: str, changed: float) -> dict:
     from astraflow.delta import WeightPublisher, WeightSubscriber
     from astraflow.log import LogConsumer, Topics
@@ -90,8 +120,8 @@ def bench_model(cfg, name: str, changed: float) -> dict:
 
     publisher = WeightPublisher(run_cfg, policy, anchor_every=1000, max_lag_versions=2)
     topic = Topics(run_cfg.run).weights(policy)
-    announcements = LogConsumer(run_cfg, topic, f"{run_cfg.run}.bench", {topic: WEIGHT_ANNOUNCEMENT_SCHEMA},
-                                auto_offset_reset="earliest")
+    announcements = AnnouncementWatch(LogConsumer(run_cfg, topic, f"{run_cfg.run}.bench",
+                                                  {topic: WEIGHT_ANNOUNCEMENT_SCHEMA}, auto_offset_reset="earliest"))
     subscriber = WeightSubscriber(run_cfg, policy, "bench-node")
     try:
         # v0: the full checkpoint path (anchor upload by the publisher, download + load by the node)
@@ -107,8 +137,7 @@ def bench_model(cfg, name: str, changed: float) -> dict:
                                   "mb": round(anchor_bytes / 1e6, 1),
                                   "refresh_s": round(anchor_publish_s + anchor_pull_s, 2)}
         print(f"  full checkpoint: {out['full_checkpoint']}", file=sys.stderr, flush=True)
-        while not any(m.obj.get("version") == 0 for m in announcements.poll(1.0) if isinstance(m.obj, dict)):
-            pass
+        announcements.wait(0)
 
         # v1: the delta path
         t0 = time.perf_counter()
@@ -116,15 +145,11 @@ def bench_model(cfg, name: str, changed: float) -> dict:
         blocked_s = time.perf_counter() - t0
         publisher.flush()
         publish_s = time.perf_counter() - t0
-        announced = None
-        while announced is None:
-            for m in announcements.poll(1.0):
-                if isinstance(m.obj, dict) and m.obj.get("version") == 1:
-                    announced = m
+        announced_ms = announcements.wait(1)
         t_apply = time.perf_counter()
         version, delta_bytes = subscriber.apply_to(serving, 1)
         apply_s = time.perf_counter() - t_apply
-        announce_to_serving_s = time.time() - announced.timestamp_ms / 1000.0
+        announce_to_serving_s = time.time() - announced_ms / 1000.0
         exact = all(torch.equal(serving[k].view(torch.int16), v1[k].view(torch.int16)) for k in v1)
         manifest = subscriber.store.manifest(1)
         out["delta"] = {
@@ -150,18 +175,14 @@ def bench_model(cfg, name: str, changed: float) -> dict:
         publisher.publish(v2, 2, owned=True)
         del v1
         publisher.flush()
-        announced = None
-        while announced is None:
-            for m in announcements.poll(1.0):
-                if isinstance(m.obj, dict) and m.obj.get("version") == 2:
-                    announced = m
+        announced_ms = announcements.wait(2)
         t0 = time.perf_counter()
         patch = subscriber.prepare_patch(serving, 2)
         prepare_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         patch.write(serving)  # an engine runs this between two decoding steps (HFEngine.patch_weights)
         paused_s = time.perf_counter() - t0
-        announce_to_serving_s = time.time() - announced.timestamp_ms / 1000.0
+        announce_to_serving_s = time.time() - announced_ms / 1000.0
         subscriber.patched(patch)
         t0 = time.perf_counter()
         mismatched = patch.verify(serving)

@@ -111,7 +111,8 @@ def prepare_patch(live: StateDict, deltas: list[tuple[int, bytes | memoryview]],
                     decode_change(entry, payload, dec, itemsize(live[entry.name].dtype)))
         patch.crc_target = {e.name: e.crc_target for e in header.tensors}
         patch.version = version
-    patch.changes = [_fold(name, live[name], changes) for name, changes in parts.items()]
+    # Folding reads the engine's current bits at the changed positions: tensor by tensor, in parallel.
+    patch.changes = _run(lambda item: _fold(item[0], live[item[0]], item[1]), list(parts.items()), None)
     return patch
 
 
