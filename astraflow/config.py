@@ -83,6 +83,41 @@ class S3Settings(_Section):
     """The bucket holding every run's weights, checkpoints, claims and archives."""
 
 
+class RegionSettings(_Section):
+    """A regional replica of the run's bucket that this node reads immutable objects from.
+
+    Weights (manifests, deltas, anchors) and claim-checked payloads are written once and never
+    changed, so a copy kept by the object store's own replication (SeaweedFS ``weed filer.sync``, S3
+    bucket replication, a mirror tool) serves them as well as the origin does, without crossing the
+    region boundary. Everything else stays on the origin (``s3``): writes, listings (the origin says
+    what is published) and mutable objects (checkpoint pointers, subscriber registrations). Kafka is
+    shared. See docs/scale.md#regions.
+    """
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    """Region name, reported with the node's metrics (``eu-west``, ``b``, ...)."""
+    s3_endpoint: str
+    """``http(s)://host:port`` of the S3 endpoint holding the replica."""
+    bucket: str | None = None
+    """The replica bucket; ``None``: the origin's name (``s3.bucket``)."""
+    access_key: str | None = None
+    """Credentials of the replica endpoint; ``None``: the origin's (``s3.access_key``)."""
+    secret_key: str | None = None
+    s3_region: str | None = None
+    """Signing region of the replica endpoint; ``None``: the origin's (``s3.region``)."""
+    on_missing: Literal["wait", "origin"] = "wait"
+    """An object the origin has but the replica does not yet (an announcement that arrived before
+    replication): ``wait`` polls the replica with backoff up to ``max_wait_s``, then the read fails
+    as unavailable (the node keeps serving what it has and retries later); ``origin`` reads it from
+    the origin bucket at once (bytes crossing the region boundary, counted)."""
+    max_wait_s: float = Field(default=30.0, ge=0)
+    """Bound of a ``wait`` for one object."""
+    backoff_initial_s: float = Field(default=0.05, gt=0)
+    """First pause between two looks at the replica while waiting; doubled after each look."""
+    backoff_max_s: float = Field(default=1.0, gt=0)
+    """Longest pause between two looks at the replica."""
+
+
 class ClusterConfig(_Section):
     run: str = Field(default="default", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     """Run id: prefixes every topic (``<run>.tasks.<pool>``) and every bucket key (``<run>/...``)."""
@@ -90,6 +125,9 @@ class ClusterConfig(_Section):
     """Where the embedded stack keeps its data, pids and ``stack.json``."""
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     s3: S3Settings = Field(default_factory=S3Settings)
+    region: RegionSettings | None = None
+    """A regional replica of the bucket to read weights and claim-checked payloads from (``None``:
+    everything from ``s3``)."""
     inline_limit_bytes: int = Field(default=900 * 1024, gt=0)
     """Record values above this size go to the bucket and the record carries a pointer (claim
     check). The default stays under the broker's 1 MiB message limit."""
@@ -163,7 +201,7 @@ def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
 
 def _overlay_env(data: dict[str, Any], env: Mapping[str, str]) -> None:
     """``ASTRAFLOW_RUN`` -> run, ``ASTRAFLOW_KAFKA_BOOTSTRAP`` -> kafka.bootstrap, and so on."""
-    sections = {"kafka": KafkaSettings, "s3": S3Settings}
+    sections = {"kafka": KafkaSettings, "s3": S3Settings, "region": RegionSettings}
     for field in ClusterConfig.model_fields:
         if field in sections:
             for sub in sections[field].model_fields:

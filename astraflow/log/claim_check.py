@@ -28,9 +28,10 @@ class ClaimCheck:
 
     def _open(self) -> tuple[ObjectStore, object]:
         if self._store is None:
-            from astraflow.objstore import ObjectStore
+            from astraflow.objstore.regional import open_reader
 
-            self._store = ObjectStore.from_config(self._cfg)
+            # Claims are immutable (content-addressed): a node with a regional replica reads them there.
+            self._store = open_reader(self._cfg)
         if self._layout is None:
             from astraflow.objstore import RunLayout
 

@@ -27,11 +27,13 @@ class NodeCounters:
     def record(self, concurrency: int, versions: dict[str, int], refresh_s: float, in_flight: int,
                workflow_counters: Mapping[str, int] | None = None,
                weight_counters: Mapping[str, int] | None = None,
-               handoff_ms: Mapping[str, dict] | None = None) -> dict:
+               handoff_ms: Mapping[str, dict] | None = None, region: Mapping | None = None) -> dict:
         """The metrics record; ``workflow_counters`` (tool calls, tool timeouts, environment
         failures, ...) are cumulative since the node started, under ``workflow``; so are
         ``weight_counters`` (``weights.refused.<reason>``, ``weights.unreachable``), under ``counters``.
-        ``handoff_ms``: send -> poll latency per topic since the last record (astraflow.log.handoff)."""
+        ``handoff_ms``: send -> poll latency per topic since the last record (astraflow.log.handoff).
+        ``region``: a node reading a regional replica, its reader's figures
+        (:meth:`astraflow.objstore.regional.ReplicaStats.record`)."""
         now = time.monotonic()
         dt = max(now - self._last_t, 1e-9)
         rec = {
@@ -53,5 +55,7 @@ class NodeCounters:
             "counters": dict(weight_counters or {}),
             "handoff_ms": dict(handoff_ms or {}),
         }
+        if region is not None:
+            rec["region"] = dict(region)
         self._last_t, self._last_tokens, self._last_busy = now, self.tokens, self.busy_s
         return rec

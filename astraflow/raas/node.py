@@ -223,6 +223,7 @@ class RaasNode:
             follower.counters if follower else {},
             {**(self._consumer.handoff.drain() if getattr(self, "_consumer", None) else {}),
              **(follower.serving.drain() if follower else {})},
+            follower.region_record() if follower else None,
         )
 
 

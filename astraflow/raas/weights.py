@@ -10,6 +10,10 @@ published dtype) is patched in place instead: the deltas are fetched and decoded
 pauses only while the changed entries are written, checksums are verified after, and the follower
 keeps no copy of the weights of its own (:mod:`astraflow.delta.patch`).
 A periodic check of the store covers announcements published before the follower joined.
+With a ``region`` in the cluster config the bytes come from the regional replica of the bucket
+(:mod:`astraflow.objstore.regional`): an announcement that outran replication is waited out or read
+from the origin, as configured; a wait that times out leaves the node serving what it has until the
+next check.
 When the bucket or the broker does not answer, the follower waits for it (one log line per backoff
 step, :class:`~astraflow.outage.OutageReport`) and the node keeps serving the weights it has.
 A corrupt weight object is not an outage and not fatal either: the subscriber refuses it (logged,
@@ -41,14 +45,18 @@ class WeightFollower:
 
     def __init__(self, cfg: ClusterConfig, engines: dict[str, Engine], node_id: str, *,
                  check_every_s: float = 5.0) -> None:
-        from astraflow.delta import WeightSubscriber
+        from astraflow.delta import WeightStore, WeightSubscriber
+        from astraflow.objstore.regional import open_reader
 
         self.cfg = cfg
         self.engines = engines
         self.node_id = node_id
         self.check_every_s = check_every_s
+        # One reader for every policy: the regional replica's when the cluster config names one.
+        self.objects = open_reader(cfg)
         # Registered under the node id, so the weight store's GC keeps the chain this node is on.
-        self.subscribers = {p: WeightSubscriber(cfg, p, node_id) for p in engines}
+        self.subscribers = {p: WeightSubscriber(cfg, p, node_id, store=WeightStore(self.objects, cfg.run, p))
+                            for p in engines}
         self.refreshes = 0
         self.refresh_s = 0.0
         """Seconds the last refresh took (pull + decode + swap)."""
@@ -80,6 +88,14 @@ class WeightFollower:
         if self.unreachable:
             out["weights.unreachable"] = self.unreachable
         return out
+
+    def region_record(self) -> dict | None:
+        """The regional reader's figures for the metrics record (bytes from the replica and the
+        origin, misses, fallbacks, the replication lag waited out since the last record), or None
+        when the node reads the origin only."""
+        from astraflow.objstore.regional import RegionalStore
+
+        return self.objects.stats.record() if isinstance(self.objects, RegionalStore) else None
 
     def refresh(self, policy: str) -> bool:
         """Load the latest version of ``policy`` if it is newer than the engine's; True if loaded.
@@ -187,6 +203,7 @@ class WeightFollower:
         from astraflow.log import BrokerUnavailableError, LogConsumer, Topics
         from astraflow.log.codec import WEIGHT_ANNOUNCEMENT_SCHEMA
         from astraflow.objstore import ObjectStoreUnavailableError
+        from astraflow.objstore.regional import ReplicaLagError
         from astraflow.outage import OutageReport
 
         topics = Topics(self.cfg.run)
@@ -221,6 +238,8 @@ class WeightFollower:
                         self.serving.observe(f"{topic}:serving", timestamp_ms)
                     if due:
                         s3.ok()
+                except ReplicaLagError as exc:  # the origin answers: not an outage; the next check retries
+                    log.warning("node %s: %s; serving %s meanwhile", self.node_id, exc, self.versions)
                 except ObjectStoreUnavailableError as exc:
                     self._stop.wait(s3.failed(exc))
                 except BrokerUnavailableError as exc:
