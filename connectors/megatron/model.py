@@ -85,6 +85,7 @@ def transformer_config(hf_config: Any, *, params_dtype: torch.dtype = torch.floa
         gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False,
         add_qkv_bias=hf_config.model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
         hidden_dropout=0.0, attention_dropout=0.0, params_dtype=params_dtype, use_cpu_initialization=True,
+        perform_initialization=False,  # every weight is overwritten by the checkpoint's
         # The fused kernels are CUDA (Apex / TE) kernels; the unfused paths are the same math.
         bias_dropout_fusion=False, apply_rope_fusion=False, masked_softmax_fusion=False,
         gradient_accumulation_fusion=False, persist_layer_norm=False)
