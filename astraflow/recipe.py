@@ -47,15 +47,55 @@ class PolicySpec(_Section):
     """Supervised warm start before RL (``None``: start from the initialised model)."""
 
 
+class PoolAutoscale(_Section):
+    """How ``astraflow run`` follows the dataflow's autoscaling report for one pool (the local
+    actuator, :mod:`astraflow.launcher.actuator`): it starts and drains RaaS nodes of the pool
+    within ``[min_nodes, max_nodes]``. The report itself is configured by ``dataflow.autoscale``."""
+
+    min_nodes: int = Field(default=1, ge=1)
+    """Fewest nodes the launcher keeps running. At least 1: a pool without nodes sends the dataflow
+    nothing, so its report could never ask for nodes again."""
+    max_nodes: int = Field(ge=1)
+    """Most nodes the launcher runs for this pool (nodes joined from elsewhere not counted)."""
+    cooldown_s: float = Field(default=60.0, ge=0.0)
+    """No change within this many seconds of the previous one (or of the run's start): long enough
+    for a started node to join and a stopped one to drain, so that the next report reflects them."""
+    confirm_reports: int = Field(default=2, ge=1)
+    """Consecutive reports that must ask for a change in the same direction before it is made
+    (hysteresis: one noisy report window moves nothing)."""
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> PoolAutoscale:
+        if self.min_nodes > self.max_nodes:
+            raise ValueError(f"min_nodes {self.min_nodes} > max_nodes {self.max_nodes}")
+        return self
+
+
 class PoolSpec(_Section):
     name: str = Field(default="default", pattern=r"^[a-z][a-z0-9_-]*$")
     """Pool id: names the task topic ``<run>.tasks.<pool>`` and its consumer group."""
     nodes: int = Field(default=1, ge=0)
-    """RaaS nodes the launcher starts for this pool (more can join from anywhere)."""
+    """RaaS nodes the launcher starts for this pool (more can join from anywhere); with
+    ``autoscale``, the count it starts with."""
     concurrency: int = Field(default=8, ge=1)
     """Episodes a node runs at once."""
     engine: EngineConfig = Field(default_factory=HFEngineConfig)
     """Inference engine of the pool's nodes (``type``: hf, simulated, a connector's) and its typed options."""
+    drain_timeout_s: float = Field(default=30.0, ge=0.0)
+    """On SIGTERM a node takes no new task and finishes its running episodes for up to this long,
+    commits them and leaves the consumer group; episodes still running then are handed back
+    (not committed: the group delivers them to another node)."""
+    autoscale: PoolAutoscale | None = None
+    """Let ``astraflow run`` start and stop this pool's nodes from the dataflow's autoscaling report
+    (``None``: the launcher keeps ``nodes`` running)."""
+
+    @model_validator(mode="after")
+    def _check_autoscale(self) -> PoolSpec:
+        a = self.autoscale
+        if a is not None and not a.min_nodes <= self.nodes <= a.max_nodes:
+            raise ValueError(f"pool {self.name!r}: nodes {self.nodes} is outside autoscale "
+                             f"[min_nodes {a.min_nodes}, max_nodes {a.max_nodes}]")
+        return self
 
 
 class TrainerSpec(_Section):

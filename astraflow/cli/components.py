@@ -100,7 +100,7 @@ def cmd_raas(args: argparse.Namespace) -> int:
     cfg, recipe, stop = _setup(args)
     pool = args.pool or recipe.pools[0].name
     node_id = args.node_id or f"{socket.gethostname().split('.')[0]}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
-    counters = run_raas_node(cfg, recipe, pool, node_id, stop)
+    counters = run_raas_node(cfg, recipe, pool, node_id, stop, drain_timeout_s=recipe.pool(pool).drain_timeout_s)
     print(json.dumps({"node_id": node_id, "episodes": counters.episodes, "trajectories": counters.trajectories,
                       "rejected": counters.rejected}))
     return 0

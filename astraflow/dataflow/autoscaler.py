@@ -3,7 +3,9 @@
 w = trainer wait / trainer step time. Above the dead band the trainer starves: suggest
 ``ceil(nodes / (1 - w))``. Below it rollouts outpace training: suggest
 ``min(nodes, ceil(nodes * consumed / entered * 1.1))``. Inside the band: keep ``nodes``. The report
-is a record on the metrics topic; nothing is started or stopped by it.
+is a record on the metrics topic (``kind: autoscale``, one :class:`PoolReport` per pool); the
+dataflow starts or stops nothing. ``astraflow run`` can act on it for pools that opt in
+(:mod:`astraflow.launcher.actuator`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 
 class AutoscaleConfig(BaseModel):
@@ -25,9 +27,28 @@ class AutoscaleConfig(BaseModel):
     max_wait_fraction: float = Field(default=0.9, gt=0.0, lt=1.0)
     """w is clipped to this so that a fully starved trainer asks for a finite number of nodes."""
     min_nodes: int = Field(default=1, ge=0)
+    """Lower bound of every pool's suggested count."""
     max_nodes: int | None = Field(default=None, ge=1)
+    """Upper bound of every pool's suggested count (``None``: none). The launcher's actuator also
+    applies each pool's own bounds (``pools[].autoscale``)."""
     interval_s: float = Field(default=30.0, gt=0)
-    """How often the dataflow publishes the report."""
+    """How often the dataflow publishes the report; its window (nodes seen, trainer wait and step
+    time, trajectories) is the time since the previous one. Keep it above the nodes' metrics
+    interval (5 s), so that every live node is seen in every window."""
+
+
+class PoolReport(BaseModel):
+    """One pool's entry in the report (written by :func:`autoscale_report`, read by the actuator)."""
+
+    model_config = ConfigDict(extra="ignore")
+    nodes: int = Field(ge=0)
+    """Nodes of the pool seen in the window (trajectories or metrics records)."""
+    target_nodes: int = Field(ge=0)
+    """Suggested node count."""
+    w: float = 0.0
+    """Trainer wait / step time over the window."""
+    reason: str = ""
+    """``trainer_starved``, ``rollout_surplus``, ``in_band`` or ``no_data``."""
 
 
 def _ceil(x: float) -> int:
@@ -67,5 +88,19 @@ def autoscale_report(
         target, w, reason = target_nodes(
             cfg, int(p["nodes"]), p["wait_s"], p["step_s"], int(p["consumed"]), int(p["entered"])
         )
-        out["pools"][name] = {"nodes": int(p["nodes"]), "target_nodes": target, "w": w, "reason": reason}
+        out["pools"][name] = PoolReport(nodes=int(p["nodes"]), target_nodes=target, w=w, reason=reason).model_dump()
+    return out
+
+
+def read_report(rec: Any) -> dict[str, PoolReport]:
+    """The pool entries of a metrics record if it is an autoscaling report, else ``{}``; a malformed
+    entry is left out (control records come from other processes: never crash on one)."""
+    if not isinstance(rec, dict) or rec.get("kind") != "autoscale" or not isinstance(rec.get("pools"), dict):
+        return {}
+    out = {}
+    for name, entry in rec["pools"].items():
+        try:
+            out[str(name)] = PoolReport.model_validate(entry)
+        except ValidationError:
+            continue
     return out

@@ -2,7 +2,8 @@
 
 One consumer (group ``<run>.dataflow``) reads ``<run>.trajectories``, every ``<run>.weights.<policy>``
 and ``<run>.metrics``. Batches go to ``<run>.batches.<policy>``, tasks to ``<run>.tasks.<pool>``,
-counters and the autoscaling report to ``<run>.metrics``.
+counters (every ``metrics_every_s``) and the autoscaling report (every ``autoscale.interval_s``) to
+``<run>.metrics``.
 
 Exactly-once effect on state, at-least-once on the wire: every ``checkpoint_every_s`` the producer is
 flushed (batches and tasks acknowledged), then the Dataflow state and the next offset per partition
@@ -145,7 +146,7 @@ def run_dataflow(
         send_task(t)
     window = _Window()
     uncommitted: list[Any] = []
-    last_ckpt = last_metrics = time.monotonic()
+    last_ckpt = last_metrics = last_report = time.monotonic()
     try:
         while not stop_event.is_set():
             msgs = consumer.poll(timeout_s=0.2, max_records=500)
@@ -171,15 +172,18 @@ def run_dataflow(
             _record_positions(df, placing)
             mono = time.monotonic()
             if mono - last_metrics >= metrics_every_s:
-                _publish_metrics(producer, topics.metrics, df, window, section, now, consumer.handoff.drain())
+                _publish_metrics(producer, topics.metrics, df, now, consumer.handoff.drain())
                 last_metrics = mono
+            if mono - last_report >= section.autoscale.interval_s:
+                _publish_report(producer, topics.metrics, df, window, section, now)
+                last_report = mono
             if mono - last_ckpt >= checkpoint_every_s:
                 _checkpoint(producer, store, state_key, df, offsets, consumer, uncommitted, placing,
                             recovery.topic_ids, s3)
                 last_ckpt = mono
             if stop_when_finished and df.finished:
                 break
-        _publish_metrics(producer, topics.metrics, df, window, section, time.time(), consumer.handoff.drain())
+        _publish_metrics(producer, topics.metrics, df, time.time(), consumer.handoff.drain())
         _checkpoint(producer, store, state_key, df, offsets, consumer, uncommitted, placing, recovery.topic_ids,
                     s3)
         return df.counters()
@@ -233,12 +237,16 @@ def _identity() -> dict[str, str]:
     return {"component": "dataflow", "id": COMPONENT_ID}
 
 
-def _publish_metrics(producer: Any, topic: str, df: Dataflow, window: _Window, section: DataflowConfig,
-                     now: float, handoff_ms: dict[str, dict]) -> None:
-    counters = df.counters()
+def _publish_metrics(producer: Any, topic: str, df: Dataflow, now: float, handoff_ms: dict[str, dict]) -> None:
     producer.send_json(topic, COMPONENT_ID, {**_identity(), "kind": "dataflow", "time": now,
-                                             "versions": dict(df.versions), "counters": counters,
+                                             "versions": dict(df.versions), "counters": df.counters(),
                                              "handoff_ms": handoff_ms})
+
+
+def _publish_report(producer: Any, topic: str, df: Dataflow, window: _Window, section: DataflowConfig,
+                    now: float) -> None:
+    """The autoscaling report over the window since the previous one (``autoscale.interval_s``)."""
+    counters = df.counters()
     consumed_total = sum(v for k, v in counters.items() if k.endswith(".trajectories_batched"))
     entered_total = counters.get("trajectories.received", 0)
     consumed = consumed_total - window.consumed_before

@@ -57,7 +57,9 @@ def run_topics(recipe: Recipe, run_id: str) -> dict[str, int]:
     t = Topics(run_id)
     topics = {t.trajectories: 1, t.metrics: 1, t.dead_letters: 1}
     for pool in recipe.pools:
-        topics[t.tasks(pool.name)] = max(TASK_PARTITIONS, pool.nodes)
+        # One partition per node at most: an autoscaled pool's last nodes would otherwise idle.
+        most = pool.autoscale.max_nodes if pool.autoscale is not None else pool.nodes
+        topics[t.tasks(pool.name)] = max(TASK_PARTITIONS, pool.nodes, most)
     for policy in recipe.policies:
         topics[t.batches(policy.name)] = 1
         topics[t.weights(policy.name)] = 1
@@ -85,7 +87,7 @@ def component_specs(recipe: Recipe, recipe_file: Path, cluster_file: Path, run_d
     ``archive``) the archiver, which runs until the stop: on SIGTERM it reads what is left on the
     topics, flushes its last Parquet parts and exits 0 within the launcher's grace period. Without
     ``rollouts`` (trainers fed from an archive) no dataflow and no node."""
-    base = [sys.executable, "-m", "astraflow.cli.main", "--config", str(cluster_file)]
+    base = _cli(cluster_file)
     env = child_env(cluster_file, recipe.run, threads)
     logs = run_dir / "logs"
     specs = []
@@ -97,14 +99,30 @@ def component_specs(recipe: Recipe, recipe_file: Path, cluster_file: Path, run_d
         specs.append(ChildSpec(name, [*base, "trainer", "--recipe", str(recipe_file), "--policy", policy.name],
                                env, logs / f"{name}.log", may_exit=True))
     for pool in recipe.pools if rollouts else []:
-        for i in range(pool.nodes):
-            name = f"raas-{pool.name}-{i}"
-            specs.append(ChildSpec(name, [*base, "raas", "--recipe", str(recipe_file), "--pool", pool.name,
-                                          "--node-id", name], env, logs / f"{name}.log"))
+        specs += [node_spec(recipe, recipe_file, cluster_file, run_dir, pool.name, i, threads=threads)
+                  for i in range(pool.nodes)]
     if archive:
         specs.append(ChildSpec("archive", [*base, "archive", "--recipe", str(recipe_file)], env,
                                logs / "archive.log"))
     return specs
+
+
+def node_name(pool: str, index: int) -> str:
+    """The component id (and node id) of a pool's ``index``-th node started by the launcher."""
+    return f"raas-{pool}-{index}"
+
+
+def node_spec(recipe: Recipe, recipe_file: Path, cluster_file: Path, run_dir: Path, pool: str, index: int,
+              *, threads: int = 1) -> ChildSpec:
+    """The command of one RaaS node of ``pool`` (at launch, or started later by the actuator)."""
+    name = node_name(pool, index)
+    return ChildSpec(name, [*_cli(cluster_file), "raas", "--recipe", str(recipe_file), "--pool", pool,
+                            "--node-id", name], child_env(cluster_file, recipe.run, threads),
+                     run_dir / "logs" / f"{name}.log")
+
+
+def _cli(cluster_file: Path) -> list[str]:
+    return [sys.executable, "-m", "astraflow.cli.main", "--config", str(cluster_file)]
 
 
 def cluster_for_run(cfg: ClusterConfig, run_id: str) -> ClusterConfig:

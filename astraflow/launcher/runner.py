@@ -19,18 +19,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from astraflow.config import ClusterConfig
+from astraflow.launcher.actuator import Actuator
+from astraflow.launcher.actuator import describe as describe_actuation
 from astraflow.launcher.interrupts import interrupt_guard, signal_name
 from astraflow.launcher.plan import (
     cluster_for_run,
     component_specs,
     effective_recipe,
+    node_spec,
     run_topics,
     write_recipe,
 )
 from astraflow.launcher.progress import RunProgress
 from astraflow.launcher.restarts import RestartPolicy
 from astraflow.launcher.stack_watch import StackWatch
-from astraflow.launcher.supervisor import ChildExited, ProcessGroup, RestartEvent, describe_exit
+from astraflow.launcher.supervisor import ChildExited, ChildSpec, ProcessGroup, RestartEvent, describe_exit
 from astraflow.recipe import Recipe
 
 if TYPE_CHECKING:
@@ -104,6 +107,8 @@ class _Monitor:
         from astraflow.report import MetricsLog
 
         self.progress = progress
+        self.subscribers: list[Callable[[dict[str, Any]], None]] = []
+        """Also given every record read from the topic (the actuator reads the autoscaling reports)."""
         self.metrics = MetricsLog(metrics_path)
         self.warn = warn
         self._broker_errors = (KafkaError, LogError)
@@ -132,6 +137,8 @@ class _Monitor:
         for msg in batch:
             if isinstance(msg.obj, dict):
                 self.record(msg.obj)
+                for subscriber in self.subscribers:
+                    subscriber(msg.obj)
         return len(batch)
 
     def record(self, rec: dict[str, Any]) -> None:
@@ -183,6 +190,21 @@ def _supervise(group: ProcessGroup, watched: list[_Supervised], monitor: _Monito
     while trainers & set(group.alive()) and time.monotonic() < deadline:
         monitor.absorb(0.2, 500)
     return "done", 0
+
+
+def _actuator(recipe: Recipe, group: ProcessGroup, monitor: _Monitor, console, opts: RunOptions,
+              spec: Callable[[str, int], ChildSpec]) -> Actuator:
+    """The actuator of the autoscaled pools, fed the metrics records the monitor reads. Its records go
+    to metrics.jsonl, its scaling steps also to the console (above the live table, which shares it)."""
+    def note(rec: dict[str, Any]) -> None:
+        monitor.record(rec)
+        line = describe_actuation(rec)
+        if line is not None:
+            console.print(line, highlight=False)
+
+    actuator = Actuator(recipe.pools, group, spec, grace_s=opts.grace_s, note=note)
+    monitor.subscribers.append(actuator.observe)
+    return actuator
 
 
 def _note_restart(event: RestartEvent, monitor: _Monitor, console, live) -> None:
@@ -239,6 +261,9 @@ def _launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console, guard
     try:
         monitor = _Monitor(cfg, run_id, progress, metrics_path,
                            warn=lambda m: console.print(f"[yellow]{escape(m)}[/yellow]", highlight=False))
+        if not opts.from_archive and any(p.autoscale is not None for p in recipe.pools):
+            watched.append(_actuator(recipe, group, monitor, console, opts, lambda pool, i: node_spec(
+                recipe, recipe_file, cluster_file, run_dir, pool, i, threads=opts.threads)))
         for spec in specs:
             group.start(spec)
         live = None

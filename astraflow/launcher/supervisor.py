@@ -9,7 +9,9 @@ terminates them instead of leaving orphans that keep consuming tasks.
 A child that dies is started again with the same argv (its log file gets a note and a new start
 line) after the backoff of the group's :class:`~astraflow.launcher.restarts.RestartPolicy`; only an
 exhausted restart budget is an error (:class:`ChildExited`). A component that finishes on its own
-(``may_exit``, status 0) is done, not restarted.
+(``may_exit``, status 0) is done, not restarted. A child the run no longer wants (the actuator
+scaling a pool down) is *retired*: SIGTERMed once, never restarted, SIGKILLed only if it outlives its
+drain time.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from astraflow.launcher.restarts import NO_RESTART, RestartBook, RestartPolicy
-from astraflow.process import log_tail, spawn_logged, terminate_groups
+from astraflow.process import log_tail, signal_group, spawn_logged, terminate_groups
 
 
 @dataclass
@@ -113,6 +115,28 @@ class Child:
         return self.spec.may_exit and self.returncode() == 0
 
 
+@dataclass
+class Retiring:
+    """A child taken out of the run (:meth:`ProcessGroup.retire`), until it has exited."""
+
+    child: Child
+    since: float
+    kill_at: float
+    """SIGKILL its group if it still runs then."""
+    killed: bool = False
+
+
+@dataclass(frozen=True)
+class Retired:
+    """A retired child has exited."""
+
+    name: str
+    returncode: int | None
+    """0: it stopped cleanly (a RaaS node drained); -9: it outlived its drain time."""
+    seconds: float
+    """From the stop signal to the exit."""
+
+
 class ProcessGroup:
     """The children of one run. Not thread-safe: drive it from the launcher's main loop.
 
@@ -122,10 +146,11 @@ class ProcessGroup:
         self.grace_s = grace_s
         self.restart = restart
         self.children: dict[str, Child] = {}
+        self.retiring: dict[str, Retiring] = {}
         self.stopping = False
 
     def start(self, spec: ChildSpec) -> Child:
-        if spec.name in self.children:
+        if spec.name in self.children or spec.name in self.retiring:
             raise ValueError(f"a component named {spec.name!r} already runs")
         proc = spawn_logged(spec.argv, spec.log_path, env=spec.env, die_with_parent=True)
         child = Child(spec, proc, RestartBook(self.restart))
@@ -167,6 +192,31 @@ class ProcessGroup:
         child.started_at, child.restart_at = time.monotonic(), None
         return RestartEvent(child.name, rc, child.book.restarts, child.backoff_s, child.proc.pid)
 
+    def retire(self, name: str, drain_s: float, now: float | None = None) -> None:
+        """Take child ``name`` out of the run for good: SIGTERM its process group now (a RaaS node
+        then drains), never restart it, SIGKILL the group if it still runs after ``drain_s``.
+        :meth:`reap_retired` tells when it has exited."""
+        now = time.monotonic() if now is None else now
+        child = self.children.pop(name)
+        if child.returncode() is None:
+            signal_group(child.proc.pid, signal.SIGTERM)
+        self.retiring[name] = Retiring(child, since=now, kill_at=now + drain_s)
+
+    def reap_retired(self, now: float | None = None) -> list[Retired]:
+        """Retired children that have exited since the last call; SIGKILL to those past their drain time."""
+        now = time.monotonic() if now is None else now
+        out = []
+        for name, r in list(self.retiring.items()):
+            rc = r.child.returncode()
+            if rc is not None:
+                del self.retiring[name]
+                out.append(Retired(name, rc, now - r.since))
+            elif now >= r.kill_at and not r.killed:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(r.child.proc.pid, signal.SIGKILL)
+                r.killed = True
+        return out
+
     def finished(self) -> list[str]:
         """Names of children that finished cleanly (``may_exit`` and status 0)."""
         return [c.name for c in self.children.values() if c.finished()]
@@ -186,10 +236,11 @@ class ProcessGroup:
         reap everything. Returns each child's exit status. Pending restarts are dropped."""
         self.stopping = True
         grace = self.grace_s if grace_s is None else grace_s
-        procs = {c.proc.pid: c.proc for c in self.children.values()}
+        children = [*self.children.values(), *(r.child for r in self.retiring.values())]
+        procs = {c.proc.pid: c.proc for c in children}
         # Signal the group even when the leader is gone: a helper it forked may still run.
         terminate_groups(list(procs), lambda pid: procs[pid].poll() is None, grace, kill_leaderless=True)
-        for child in self.children.values():
+        for child in children:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.proc.wait(timeout=5)
-        return {c.name: c.proc.returncode for c in self.children.values()}
+        return {c.name: c.proc.returncode for c in children}

@@ -11,6 +11,11 @@ Life of a task record (one Arrow table of Task rows on ``<run>.tasks.<pool>``):
    raised), the record is handed to ``LogConsumer.commit``, which commits only the contiguous
    processed prefix of the partition.
 
+A clean stop (SIGTERM: the launcher stopping a run or its actuator scaling the pool down) drains the
+node: it polls no new task, lets its running episodes finish for up to ``drain_timeout_s`` (the pool's
+``drain_timeout_s``), commits what finished, and leaves the group; an episode still running then is
+cancelled uncommitted, so the group hands its task to another member.
+
 So a SIGKILL at any point loses nothing: whatever was not committed is re-delivered to another member
 of the group, and duplicated trajectories carry the same deterministic episode ids for the dataflow to
 drop. All Kafka consumer calls run on one dedicated thread (the client is not thread-safe); generation
@@ -97,6 +102,9 @@ class RaasNode:
                 client_id=f"raas-{self.node_id}"))
             self._consumer = consumer
             await self._serve(topics, consumer)
+            # A commit refused during the drain (the group rebalancing as nodes come and go) has no
+            # next commit to cover it: retry it, or the finished tasks would all be run again.
+            await self._on_consumer(consumer.commit_pending)
         finally:
             self.follower.stop()
             if consumer is not None:
