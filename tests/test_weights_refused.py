@@ -30,6 +30,9 @@ class FakeEngine:
     def live_weights(self) -> None:
         return None  # refreshes by full loads only (test_weights_patch.py covers in-place patches)
 
+    def load_published(self, cfg, policy: str, version: int, *, subscriber_id: str) -> bool:
+        return False  # fetches nothing itself: the follower pulls (test_vllm_server.py covers an engine that does)
+
 
 def bits(sd) -> dict:
     return {k: v.contiguous().view(torch.int16 if v.element_size() == 2 else torch.int32).clone()

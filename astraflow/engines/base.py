@@ -12,7 +12,10 @@ import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from astraflow.config import ClusterConfig
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,14 @@ class Engine(ABC):
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
         """The current weights (for delta application and checks)."""
+
+    def load_published(self, cfg: ClusterConfig, policy: str, version: int, *, subscriber_id: str) -> bool:
+        """Bring the engine to ``version`` of ``policy`` as published in ``cfg``'s bucket by fetching
+        it itself (an engine in another process, e.g. a vLLM server whose workers read the bucket,
+        registered there as ``subscriber_id``); tokens generated after this returns carry
+        ``version``. Raises :class:`~astraflow.delta.NoPathError` when the version cannot be reached.
+        False (this default): the engine fetches nothing; the node pulls and calls :meth:`load_weights`."""
+        return False
 
     def live_weights(self) -> dict[str, Any] | None:
         """The tensors the engine serves from, by their published names, when the weight plane may

@@ -107,7 +107,7 @@ class EngineEntry:
 
 ENGINES: Registry[EngineEntry] = Registry("engine")
 
-CONNECTOR_ENGINES = {"vllm": "connectors.vllm"}
+CONNECTOR_ENGINES = {"vllm": "connectors.vllm", "vllm-server": "connectors.vllm"}
 """Engines shipped as connectors, by name: the module that registers each, imported when a recipe
 names the engine (it imports no engine runtime; the engine's options check that it is installed)."""
 

@@ -8,7 +8,9 @@ steps. Pulling and decoding happen on this thread, so generation never waits for
 engine that exposes its tensors (``live_weights``: the simulated engine, an HF model in the
 published dtype) is patched in place instead: the deltas are fetched and decoded here, the engine
 pauses only while the changed entries are written, checksums are verified after, and the follower
-keeps no copy of the weights of its own (:mod:`astraflow.delta.patch`).
+keeps no copy of the weights of its own (:mod:`astraflow.delta.patch`). An engine that fetches its
+weights itself (``Engine.load_published``: a vLLM server, whose workers read the bucket) is only told
+the version.
 A periodic check of the store covers announcements published before the follower joined.
 With a ``region`` in the cluster config the bytes come from the regional replica of the bucket
 (:mod:`astraflow.objstore.regional`): an announcement that outran replication is waited out or read
@@ -116,7 +118,10 @@ class WeightFollower:
                      self.refresh_s, self.paused_s)
             return True
         try:
-            state, _, _ = sub.pull(latest)  # the subscriber's own copy: load it, do not keep it
+            # An engine that fetches its weights itself (a vLLM server's workers) is only told the version.
+            fetched = engine.load_published(self.cfg, policy, latest, subscriber_id=self.node_id)
+            if not fetched:
+                state, _, _ = sub.pull(latest)  # the subscriber's own copy: load it, do not keep it
         except NoPathError as exc:  # e.g. only through a refused object: wait for a newer version
             if self._unreachable.get(policy) != latest:
                 self._unreachable[policy] = latest
@@ -124,7 +129,8 @@ class WeightFollower:
                 serving = f"v{engine.weight_version}" if policy in self._loaded else "nothing yet"
                 log.warning("node %s: %s v%d skipped (%s); serving %s", self.node_id, policy, latest, exc, serving)
             return False
-        engine.load_weights(state, latest)
+        if not fetched:
+            engine.load_weights(state, latest)
         self.refresh_s = time.perf_counter() - t0
         self.refreshes += 1
         self._loaded.add(policy)

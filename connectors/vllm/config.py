@@ -24,11 +24,10 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-class VLLMEngineConfig(BaseEngineConfig):
-    """An in-process vLLM ``LLM`` serving the policy's checkpoint (``type: vllm``)."""
+class VLLMLaunchOptions(BaseEngineConfig):
+    """How vLLM serves the checkpoint: the options of the in-process engine (``type: vllm``) and of
+    a server the node starts (``type: vllm-server``)."""
 
-    type: Literal["vllm"] = "vllm"
-    """The vLLM connector (``connectors/vllm``)."""
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "float32"
     """Weights/activations dtype. float32 (the default) matches the ``hf`` engine and the trainer's
     fp32 recomputation (log-probs within ~1e-4); bf16 ("auto" for a bf16 checkpoint) is vLLM-CPU's
@@ -54,8 +53,56 @@ class VLLMEngineConfig(BaseEngineConfig):
     cpu_reserved_cores: int | None = Field(default=None, ge=0)
     """CPU only: cores vLLM leaves to other work (``VLLM_CPU_NUM_OF_RESERVED_CPU``); None: vLLM's default."""
 
+
+class VLLMEngineConfig(VLLMLaunchOptions):
+    """An in-process vLLM ``LLM`` serving the policy's checkpoint (``type: vllm``)."""
+
+    type: Literal["vllm"] = "vllm"
+    """The vLLM connector (``connectors/vllm``), in the node's process."""
+
     @model_validator(mode="after")
     def _vllm_installed(self) -> VLLMEngineConfig:
         if not vllm_available():
             raise ValueError(INSTALL_HINT)
+        return self
+
+
+LAUNCH_OPTIONS = frozenset(VLLMLaunchOptions.model_fields) - frozenset(BaseEngineConfig.model_fields)
+"""The options that configure a server the node starts (``dtype``, ``max_model_len``, ...)."""
+
+
+class VLLMServerEngineConfig(VLLMLaunchOptions):
+    """A vLLM OpenAI-compatible server, started by the node or already running, driven over HTTP
+    (``type: vllm-server``): token ids in and out through ``/inference/v1/generate``, weights
+    refreshed by the server's own workers from the run's bucket (see connectors/vllm/README.md)."""
+
+    type: Literal["vllm-server"] = "vllm-server"
+    """The vLLM connector (``connectors/vllm``), as a server."""
+    url: str | None = None
+    """Base URL of a running server to use (``http://10.0.0.7:8000``), started as the README's
+    "Server mode" says (dev routes on, the AstraFlow worker extension, processed log-probs); None:
+    the node starts one on a free loopback port and stops it when the engine closes. The launch
+    options above apply only to a server the node starts."""
+    python: str | None = None
+    """Interpreter that runs a server the node starts (e.g. ``.venv-vllm/bin/python``, so a node whose
+    own environment has no vLLM can still start one); None: the node's own Python."""
+    server_args: list[str] = Field(default_factory=list)
+    """Extra command-line arguments of a server the node starts (``["--tensor-parallel-size", "2"]``)."""
+    start_timeout_s: float = Field(default=600.0, gt=0)
+    """Longest wait for a started server to answer ``/health`` (model load and warm-up)."""
+    request_timeout_s: float = Field(default=600.0, gt=0)
+    """Longest wait for one generation request (or one weight reload) to be answered."""
+
+    @model_validator(mode="after")
+    def _server_reachable(self) -> VLLMServerEngineConfig:
+        if self.url is not None:
+            if not self.url.startswith(("http://", "https://")):
+                raise ValueError(f"url: {self.url!r} is not an http(s) URL")
+            launch = sorted((LAUNCH_OPTIONS | {"python", "server_args"}) & self.model_fields_set)
+            if launch:
+                raise ValueError(f"{', '.join(launch)}: only for a server the node starts; a server given by url is "
+                                 "configured on its own command line (see connectors/vllm/README.md)")
+        elif self.python is None and not vllm_available():
+            raise ValueError(INSTALL_HINT.replace("'vllm' engine", "'vllm-server' engine (starting a server)")
+                             + "; or set `python` to an interpreter that has vLLM, or `url` to a running server")
         return self

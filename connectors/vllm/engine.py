@@ -31,14 +31,17 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from astraflow.engines.base import Engine, Generation, SamplingParams
+from connectors.vllm.reload import reload_full_state
+from connectors.vllm.sampling import check_request, stop_ids
 
 if TYPE_CHECKING:
-    from connectors.vllm.config import VLLMEngineConfig
+    from connectors.vllm.config import VLLMEngineConfig, VLLMLaunchOptions
 
 log = logging.getLogger(__name__)
+LaunchOptions = TypeVar("LaunchOptions", bound="VLLMLaunchOptions")
 
 
 def configure_vllm_env(config: VLLMEngineConfig) -> None:
@@ -52,6 +55,27 @@ def configure_vllm_env(config: VLLMEngineConfig) -> None:
         os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(config.cpu_reserved_cores)
 
 
+def checkpoint_dir(model: Any) -> Path:
+    """The directory vLLM loads ``model`` from: its checkpoint's (``name_or_path``), or a copy of
+    ``model`` saved to a temporary one (e.g. a model built in code)."""
+    path = Path(str(getattr(model, "name_or_path", "") or ""))
+    if not (path / "config.json").is_file():
+        path = Path(tempfile.mkdtemp(prefix="astraflow-vllm-"))
+        model.save_pretrained(path)
+    return path
+
+
+def fit_max_model_len(config: LaunchOptions, model: Any) -> LaunchOptions:
+    """``config`` with ``max_model_len`` capped at the checkpoint's positions (vLLM refuses a longer
+    one; the tiny demo model has 256)."""
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if config.max_model_len is not None and positions and config.max_model_len > positions:
+        log.info("vllm engine: max_model_len %d capped at the checkpoint's %d positions", config.max_model_len,
+                 positions)
+        return config.model_copy(update={"max_model_len": positions})
+    return config
+
+
 @dataclass
 class _Request:
     stops: set[int]
@@ -59,21 +83,6 @@ class _Request:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     finished: bool = False
-
-
-def _reload_on_worker(worker: Any, weights: list[tuple[str, Any]]) -> None:
-    """Runs on vLLM's (in-process) worker: reload every weight, then re-pack a tied CPU LM head."""
-    runner = worker.model_runner
-    runner.reload_weights(weights_iterator=iter(weights))
-    model = runner.get_model()
-    lm_head = getattr(model, "lm_head", None)
-    tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
-    if lm_head is not None and tied and hasattr(lm_head, "cpu_linear"):
-        # vLLM-CPU packs the (tied) LM head's weight for its GEMM kernel once at load; the reload
-        # updates the shared embedding but not that packed copy, so logits would stay stale.
-        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
-
-        dispatch_cpu_unquantized_gemm(lm_head, remove_weight=False)
 
 
 class VLLMEngine(Engine):
@@ -113,18 +122,10 @@ class VLLMEngine(Engine):
     def from_hf_model(cls, model: Any, config: VLLMEngineConfig, *, version: int = 0) -> VLLMEngine:
         """The engine of a node: ``model`` is the policy's transformers model as the recipe loaded
         it; vLLM loads the same checkpoint directory (or a copy of ``model`` saved to a temporary one)."""
-        path = Path(str(getattr(model, "name_or_path", "") or ""))
-        if not (path / "config.json").is_file():
-            path = Path(tempfile.mkdtemp(prefix="astraflow-vllm-"))
-            model.save_pretrained(path)
         eos = model.config.eos_token_id
         eos = eos[0] if isinstance(eos, (list, tuple)) else eos
-        positions = getattr(model.config, "max_position_embeddings", None)
-        if config.max_model_len is not None and positions and config.max_model_len > positions:
-            # vLLM refuses a length above the checkpoint's positions (the tiny demo model has 256).
-            log.info("vllm engine: max_model_len %d capped at the checkpoint's %d positions",
-                     config.max_model_len, positions)
-            config = config.model_copy(update={"max_model_len": positions})
+        config = fit_max_model_len(config, model)
+        path = checkpoint_dir(model)
         return cls(path, config, eos_token_id=eos, version=version, state_dict=model.state_dict())
 
     # -- weights -----------------------------------------------------------------------------------
@@ -146,7 +147,7 @@ class VLLMEngine(Engine):
         try:
             with self._lock:  # between two steps
                 t0 = time.perf_counter()
-                self.llm.collective_rpc(_reload_on_worker, args=(weights,))
+                self.llm.collective_rpc(reload_full_state, args=(weights,))
                 # Cached prefixes hold KV computed by the old weights; running requests keep theirs.
                 self.llm.reset_prefix_cache()
                 self._version = version
@@ -186,16 +187,11 @@ class VLLMEngine(Engine):
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("empty prompt: every prompt needs at least one token (e.g. BOS)")
-        if params.top_p < 1.0:
-            raise ValueError(f"the vllm engine serves top_p = 1 only (got {params.top_p}): vLLM reports log-probs "
-                             "renormalised over the top-p nucleus, not under the full tempered softmax the "
-                             "trainer recomputes; use top_p: 1 or the hf engine")
-        stops = list(params.stop_token_ids if params.stop_token_ids is not None else [self.eos_token_id])
+        check_request(prompts, params, "vllm")
+        stops = stop_ids(params, self.eos_token_id)
         sp = VLLMSamplingParams(
             n=1, max_tokens=params.max_new_tokens, temperature=max(params.temperature, 0.0), top_p=1.0,
-            stop_token_ids=[s for s in stops if s is not None], ignore_eos=True, logprobs=0,
+            stop_token_ids=stops, ignore_eos=True, logprobs=0,
             detokenize=False, skip_special_tokens=False, output_kind=RequestOutputKind.DELTA,
         )
         ids: list[str] = []
