@@ -66,6 +66,7 @@ def _setup(args: argparse.Namespace) -> tuple[Any, Any, threading.Event]:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.WARNING)
+    logging.getLogger("httpx2").setLevel(logging.WARNING)  # a line per request (vllm-server engine, http env)
     recipe = Recipe.load(args.recipe)
     cfg = load_cluster(args)
     # --run-id, else a run set in the cluster config / $ASTRAFLOW_RUN (the launcher's way), else the recipe's
