@@ -113,6 +113,7 @@ class RaasNode:
             self.producer.flush(10)
             self.producer.close()
             self._consumer_thread.shutdown(wait=True)
+            log.info("node %s: stopped", self.node_id)
         return self.counters
 
     async def _on_consumer(self, fn, *args, **kwargs):
@@ -158,10 +159,15 @@ class RaasNode:
                 self.producer.send_json(topics.metrics, self.node_id, self._metrics_record())
                 last_metrics = time.monotonic()
         # Clean stop: finish what runs (so it need not be redone), then leave the group.
+        episodes = {e for e in episodes if not e.done()}
+        log.info("node %s: stopping; draining %d running episodes (up to %g s)", self.node_id, len(episodes),
+                 self.drain_timeout_s)
         if episodes:
             _done, pending = await asyncio.wait(episodes, timeout=self.drain_timeout_s)
             for ep in pending:
                 ep.cancel()
+            log.info("node %s: drained: %d episodes finished, %d handed back", self.node_id,
+                     len(episodes) - len(pending), len(pending))
 
     async def _episode(self, topics: Any, consumer: Any, msg: Any, task: Any) -> None:
         from astraflow.records import trajectory as traj_rec
