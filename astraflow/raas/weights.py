@@ -31,6 +31,7 @@ import logging
 import threading
 import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from astraflow.log.handoff import HandoffLatency
@@ -221,6 +222,16 @@ class WeightFollower:
         s3 = OutageReport(f"node {self.node_id}: S3 endpoint", str(self.cfg.s3.endpoint), log)
         broker = OutageReport(f"node {self.node_id}: Kafka broker", str(self.cfg.kafka.bootstrap), log)
         consumer = None
+        # Refreshes run on a worker thread while this one keeps polling: kafka-python (3.0) drops a
+        # group join that completes while nobody polls and starts it over, so refreshes slower than
+        # a join (a remote region: seconds of round trips) kept the member re-joining, and each
+        # re-join skips to the latest offset: announcements went unseen, only the periodic check
+        # refreshed the node.
+        pool = ThreadPoolExecutor(1, thread_name_prefix=f"refresh-{self.node_id}")
+        running: Future | None = None
+        running_announced: dict[str, int | None] = {}
+        due: set[str] = set()
+        announced: dict[str, int | None] = {}
         try:
             last_check = time.monotonic()
             while not self._stop.is_set():
@@ -229,21 +240,22 @@ class WeightFollower:
                         consumer = LogConsumer(self.cfg, list(by_topic), group, auto_offset_reset="latest",
                                                expected_schemas=dict.fromkeys(by_topic, WEIGHT_ANNOUNCEMENT_SCHEMA))
                         broker.ok()
-                    due: set[str] = set()
-                    announced: dict[str, int | None] = {}
-                    for msg in consumer.poll(timeout_s=0.5):
+                    for msg in consumer.poll(timeout_s=0.5 if running is None else 0.1):
                         if msg.topic in by_topic:
                             due.add(by_topic[msg.topic])
                             announced.setdefault(msg.topic, msg.timestamp_ms)
                     if s3.down or time.monotonic() - last_check > self.check_every_s:
                         due.update(self.engines)
                         last_check = time.monotonic()
-                    for policy in sorted(due):
-                        self.refresh(policy)
-                    for topic, timestamp_ms in announced.items():
-                        self.serving.observe(f"{topic}:serving", timestamp_ms)
-                    if due:
+                    if running is not None and running.done():
+                        finished, running = running, None
+                        finished.result()  # its store errors are handled below, as if raised here
+                        for topic, timestamp_ms in running_announced.items():
+                            self.serving.observe(f"{topic}:serving", timestamp_ms)
                         s3.ok()
+                    if running is None and due:
+                        running = pool.submit(self._refresh_all, sorted(due))
+                        running_announced, due, announced = announced, set(), {}
                 except ReplicaLagError as exc:  # the origin answers: not an outage; the next check retries
                     log.warning("node %s: %s; serving %s meanwhile", self.node_id, exc, self.versions)
                 except ObjectStoreUnavailableError as exc:
@@ -255,11 +267,16 @@ class WeightFollower:
                 log.exception("weight follower failed")
                 self._error = exc
         finally:
+            pool.shutdown(wait=False, cancel_futures=True)
             if consumer is not None:
                 try:
                     consumer.close()
                 except Exception:
                     log.debug("closing the announcement consumer failed", exc_info=True)
+
+    def _refresh_all(self, policies: list[str]) -> None:
+        for policy in policies:
+            self.refresh(policy)
 
     def stop(self) -> None:
         self._stop.set()
