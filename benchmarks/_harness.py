@@ -90,14 +90,14 @@ class RunRecords:
 
 
 def run_recipe(recipe: Any, cfg: Any, *, runs_dir: Path, label: str, timeout_s: float = 300.0,
-               threads: int = 1) -> RunRecords:
+               threads: int = 1, run_id: str | None = None) -> RunRecords:
     """Launch ``recipe`` (``astraflow run``'s code path: every component a separate process) and read
-    back its records."""
+    back its records. ``run_id``: default ``<label>-<random>``."""
     from rich.console import Console
 
     from astraflow.launcher import RunOptions, launch
 
-    run_id = f"{label}-{uuid.uuid4().hex[:6]}"
+    run_id = run_id or f"{label}-{uuid.uuid4().hex[:6]}"
     console = Console(file=io.StringIO() if not sys.stderr.isatty() else sys.stderr, width=160)
     res = launch(recipe, cfg, RunOptions(run_id=run_id, runs_dir=runs_dir, live=False, timeout_s=timeout_s,
                                          grace_s=10.0, threads=threads), console=console)
@@ -129,10 +129,13 @@ def read_log(cfg: Any, policies: list[str], *, idle_polls: int = 4) -> tuple[dic
     by_batch_topic = {topics.batches(p): p for p in policies}
     by_weight_topic = {topics.weights(p): p for p in policies}
     empty = 0
+    deadline = time.monotonic() + 120
     try:
-        while empty < idle_polls:
+        while empty < idle_polls and time.monotonic() < deadline:
             msgs = consumer.poll(timeout_s=1.0, max_records=1000)
-            empty = 0 if msgs else empty + 1
+            # Idle polls count once the group gave us the partitions: a join can take seconds on a
+            # loaded machine, and polls before it return nothing although the topics are full.
+            empty = 0 if msgs or not consumer.assignment else empty + 1
             for m in msgs:
                 if m.topic == topics.trajectories and m.table is not None:
                     trajs += traj_rec.from_table(m.table)

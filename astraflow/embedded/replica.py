@@ -108,13 +108,15 @@ class FilerSync:
     :meth:`stop` pauses replication."""
 
     def __init__(self, state_dir: str | Path, source: str, target: str, *, bucket: str = "astraflow",
-                 target_bucket: str | None = None, exclude: tuple[str, ...] = (), source_proxy: bool = False,
-                 name: str = "filer-sync", die_with_parent: bool = True) -> None:
+                 target_bucket: str | None = None, prefix: str = "", exclude: tuple[str, ...] = (),
+                 source_proxy: bool = False, name: str = "filer-sync", die_with_parent: bool = True) -> None:
         self.state_dir = Path(state_dir).absolute()
         self.source, self.target = source, target
         self.bucket, self.target_bucket = bucket, target_bucket or bucket
+        self.prefix = prefix.strip("/")
+        """Replicate only this directory of the bucket (``<run>``: one run); empty: the whole bucket."""
         self.exclude = exclude
-        """Directories under the bucket not to replicate (``<run>/trainer``: state no replica reader needs)."""
+        """Directories under ``prefix`` not to replicate (``trainer``: state no replica reader needs)."""
         self.source_proxy = source_proxy
         """Read the origin's chunks through its filer instead of its volume servers: then only the
         filer's two ports need to be reachable from the replica's side (a relay, a firewall)."""
@@ -122,7 +124,8 @@ class FilerSync:
         self.process = SupervisedProcess(name, self.state_dir)
 
     def argv(self) -> list[str]:
-        src_dir, dst_dir = f"/buckets/{self.bucket}", f"/buckets/{self.target_bucket}"
+        sub = f"/{self.prefix}" if self.prefix else ""
+        src_dir, dst_dir = f"/buckets/{self.bucket}{sub}", f"/buckets/{self.target_bucket}{sub}"
         argv = [find_weed_bin(), "filer.sync", f"-a={self.source}", f"-b={self.target}", "-isActivePassive",
                 f"-a.path={src_dir}", f"-b.path={dst_dir}"]
         if self.exclude:
@@ -151,13 +154,14 @@ class BucketReplica:
     """A replica SeaweedFS plus the ``filer.sync`` that feeds it from an origin filer."""
 
     def __init__(self, state_dir: str | Path, origin_filer: str, access_key: str, secret_key: str, *,
-                 bucket: str = "astraflow", exclude: tuple[str, ...] = (), source_proxy: bool = False) -> None:
+                 bucket: str = "astraflow", prefix: str = "", exclude: tuple[str, ...] = (),
+                 source_proxy: bool = False) -> None:
         self.state_dir = Path(state_dir).absolute()
         self.server = SeaweedServer(self.state_dir / "replica", access_key, secret_key, buckets=(bucket,),
                                     name="seaweedfs-replica")
         self.origin_filer = origin_filer
         self.bucket = bucket
-        self._sync_options = {"exclude": exclude, "source_proxy": source_proxy}
+        self._sync_options = {"prefix": prefix, "exclude": exclude, "source_proxy": source_proxy}
         self.sync: FilerSync | None = None
 
     @property
