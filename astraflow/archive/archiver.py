@@ -95,7 +95,7 @@ class Archiver:
     def __init__(self, cfg: ClusterConfig, policies: list[str], *, store: ObjectStore | None = None,
                  group_id: str | None = None, max_records: int = 5000, max_bytes: int = 64 * 1024 * 1024,
                  flush_s: float = 10.0, row_group_bytes: int = 64 * 1024 * 1024, consumer: Any = None) -> None:
-        from astraflow.log import LogConsumer, Topics
+        from astraflow.log import ConsumerGroups, LogConsumer, Topics
         from astraflow.objstore import ObjectStore, RunLayout
 
         self.cfg = cfg
@@ -109,7 +109,7 @@ class Archiver:
         for p in policies:
             self.kinds[topics.batches(p)] = (R.BATCHES, p)
             self.kinds[topics.weights(p)] = (R.WEIGHTS, p)
-        self.group_id = group_id or f"{cfg.run}.archive"
+        self.group_id = group_id or ConsumerGroups(cfg.run).archive
         self.consumer = consumer or LogConsumer(cfg, list(self.kinds), self.group_id, store=self.store,
                                                 client_id=f"archiver-{cfg.run}")
         self.max_records, self.max_bytes, self.flush_s = max_records, max_bytes, flush_s

@@ -76,7 +76,7 @@ def run_dataflow(
 ) -> dict[str, int]:
     """Run until ``stop_event`` is set (or, with ``stop_when_finished``, until the dataset is used
     up and nothing is in flight); returns the final counters. Resumes from the bucket checkpoint."""
-    from astraflow.log import LogConsumer, LogProducer, Topics, ensure_topics
+    from astraflow.log import ConsumerGroups, LogConsumer, LogProducer, Topics, ensure_topics
     from astraflow.objstore import ObjectStore, RunLayout
     from astraflow.objstore.errors import ObjectNotFoundError
 
@@ -137,7 +137,7 @@ def run_dataflow(
     consumer = LogConsumer(
         cfg,
         [topics.trajectories, topics.metrics, *weight_topics],
-        group_id=f"{cfg.run}.dataflow",
+        group_id=ConsumerGroups(cfg.run).dataflow,
         # Per topic, so a wrong schema name or version on any of them is dead-lettered, not read.
         expected_schemas={topics.trajectories: (trajectory.SCHEMA_NAME, trajectory.SCHEMA_VERSION),
                           topics.metrics: METRICS_SCHEMA, **{w: WEIGHT_ANNOUNCEMENT_SCHEMA for w in weight_topics}},

@@ -1,9 +1,9 @@
 """The log: Kafka topics carrying Arrow record batches (see docs/record-format.md).
 
-``Topics`` names a run's topics, ``ensure_topics`` creates them, ``LogProducer`` writes Arrow
-tables / JSON control records (claim-checking large ones into the bucket), ``LogConsumer`` reads them
-back at-least-once and dead-letters what it cannot decode, ``OffsetLedger``/``compute_lag`` measure
-lag without trusting broker watermarks.
+``Topics`` names a run's topics and ``ConsumerGroups`` its consumer groups, ``ensure_topics``
+creates the topics, ``LogProducer`` writes Arrow tables / JSON control records (claim-checking large
+ones into the bucket), ``LogConsumer`` reads them back at-least-once and dead-letters what it cannot
+decode, ``OffsetLedger``/``compute_lag`` measure lag without trusting broker watermarks.
 """
 
 from astraflow.log.admin import ensure_topics
@@ -21,6 +21,7 @@ from astraflow.log.errors import (
     TopicNameError,
     TransientBrokerError,
 )
+from astraflow.log.groups import ConsumerGroups
 from astraflow.log.lag import OffsetLedger, committed_offsets, compute_lag
 from astraflow.log.message import Ack, Message
 from astraflow.log.producer import LogProducer
@@ -33,6 +34,7 @@ __all__ = [
     "ArrowCodec",
     "BrokerUnavailableError",
     "ClaimCheckError",
+    "ConsumerGroups",
     "DecodeError",
     "LogConsumer",
     "LogError",

@@ -35,6 +35,11 @@ if TYPE_CHECKING:
 _log = logging.getLogger(__name__)
 
 
+AUTO_OFFSET_RESET = "earliest"
+"""Where a group without a committed offset starts reading a partition: at its beginning, so nothing
+produced before the group's first member joined is skipped (a KEDA trigger on the group says the same)."""
+
+
 class LogConsumer:
     """One member of consumer group ``group_id`` on ``topics``.
 
@@ -52,7 +57,7 @@ class LogConsumer:
         session_timeout_ms: int = 6000,
         heartbeat_interval_ms: int = 1000,
         max_poll_interval_ms: int = 60_000,
-        auto_offset_reset: str = "earliest",
+        auto_offset_reset: str = AUTO_OFFSET_RESET,
         client_id: str | None = None,
         bootstrap_timeout_s: float = 10.0,
         store: ObjectStore | None = None,

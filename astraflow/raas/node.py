@@ -70,7 +70,7 @@ class RaasNode:
         return asyncio.run(self._run())
 
     async def _run(self) -> NodeCounters:
-        from astraflow.log import LogConsumer, LogProducer, Topics, ensure_topics
+        from astraflow.log import ConsumerGroups, LogConsumer, LogProducer, Topics, ensure_topics
         from astraflow.raas.setup import build_policy_clients, build_recipe_workflow
         from astraflow.raas.weights import WeightFollower
         from astraflow.records import task as task_rec
@@ -96,8 +96,9 @@ class RaasNode:
             # metrics_every_s: short runs and autoscaling both want to see every member.
             self.producer.send_json(topics.metrics, self.node_id, self._metrics_record())
             self.follower.start()
+            group = ConsumerGroups(self.cfg.run).raas(self.pool.name)
             consumer = await loop.run_in_executor(self._consumer_thread, functools.partial(
-                LogConsumer, self.cfg, topics.tasks(self.pool.name), f"{self.cfg.run}.raas.{self.pool.name}",
+                LogConsumer, self.cfg, topics.tasks(self.pool.name), group,
                 {task_rec.SCHEMA_NAME: task_rec.SCHEMA_VERSION}, max_poll_interval_ms=300_000,
                 client_id=f"raas-{self.node_id}"))
             self._consumer = consumer

@@ -188,7 +188,7 @@ class TrainerService:
     # -- main loop ---------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         from astraflow.delta import WeightPublisher, WeightSubscriber
-        from astraflow.log import LogConsumer, LogProducer, Topics, ensure_topics
+        from astraflow.log import ConsumerGroups, LogConsumer, LogProducer, Topics, ensure_topics
         from astraflow.log.identity import topic_ids
         from astraflow.objstore import ObjectStore
         from astraflow.records import batch as batch_rec
@@ -209,7 +209,8 @@ class TrainerService:
         log.info("trainer %s (life %s) starts from %s", self.policy, self.life, origin)
         self._emit({"event": "start", "step": self.step, "version": self.version, "origin": origin,
                     **({"warm_start": self.warm_start} if self.warm_start else {})})
-        consumer = LogConsumer(self.cfg, topics.batches(self.policy), f"{self.cfg.run}.trainer.{self.policy}",
+        group = ConsumerGroups(self.cfg.run).trainer(self.policy)
+        consumer = LogConsumer(self.cfg, topics.batches(self.policy), group,
                                {batch_rec.SCHEMA_NAME: batch_rec.SCHEMA_VERSION}, max_poll_interval_ms=600_000,
                                client_id=f"trainer-{self.policy}-{self.life}")
         finished = False
