@@ -60,9 +60,10 @@ class PoolScaler:
         return min(max(running + report.target_nodes - report.nodes, self.cfg.min_nodes), self.cfg.max_nodes)
 
     def observe(self, report: PoolReport, running: int, now: float) -> Decision | None:
-        """A report arrived while the launcher runs ``running`` nodes of the pool: the change to make now, if any."""
+        """A report arrived while the launcher runs ``running`` nodes of the pool: the change to make
+        now, if any."""
         if report.reason == "no_data" or report.nodes < running or now - self.last_change < self.cfg.cooldown_s:
-            return None  # no evidence: a window that missed a node, or one from before the last change settled
+            return None  # no evidence: a window that missed a node, or one before the last change settled
         want = self.wanted(report, running)
         direction = (want > running) - (want < running)
         if direction != self._direction:
@@ -131,13 +132,14 @@ class Actuator:
 
     def check(self, now: float | None = None) -> list[RestartEvent]:
         for r in self.group.reap_retired(now):
-            self._record(self.leaving.pop(r.name, None), "stopped", node=r.name, returncode=r.returncode, drain_s=round(r.seconds, 3))
+            self._record(self.leaving.pop(r.name, ""), "stopped", node=r.name, returncode=r.returncode,
+                         drain_s=round(r.seconds, 3))
         return []
 
     def restarts(self) -> dict[str, int]:
         return {}
 
-    def _record(self, pool: str | None, event: str, **fields: Any) -> None:
+    def _record(self, pool: str, event: str, **fields: Any) -> None:
         self.note({"kind": "actuator", "component": "actuator", "pool": pool, "event": event, **fields,
                    "time": time.time()})
 
