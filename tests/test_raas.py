@@ -111,12 +111,17 @@ def test_trajectories_carry_per_token_versions_and_follow_a_new_version(test_clu
         later = [t for t in reader.items if t.task_id in set(second)]
         assert all(set(t.versions) == {1} for t in later), [t.versions for t in later]
         assert node.follower.refreshes >= 2
-        # every task record was committed after its trajectories were acknowledged
+        # every task record was committed after its trajectories were acknowledged, in the group and on
+        # the topic that a Kubernetes deployment's KEDA trigger watches (astraflow deploy k8s)
+        from astraflow.deploy.k8s import kafka_trigger
+
+        trigger = kafka_trigger(cfg, recipe.pool("default"))["metadata"]
+        group = trigger["consumerGroup"]
         deadline = time.monotonic() + 10
-        group = f"{cfg.run}.raas.default"
         while sum(committed_offsets(cfg, group).values()) < 6:
             assert time.monotonic() < deadline, committed_offsets(cfg, group)
             time.sleep(0.3)
+        assert {topic for topic, _partition in committed_offsets(cfg, group)} == {trigger["topic"]}
     finally:
         stop_event.set()
         thread.join(60)

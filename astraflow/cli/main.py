@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "astraflow.cli.archive",    # archive
     "astraflow.cli.replay",     # replay RUN
     "astraflow.cli.runs",       # runs ls|show
+    "astraflow.cli.deploy",     # deploy k8s|topics
 ]
 
 

@@ -1,0 +1,1 @@
+"""Cluster deployments of a recipe: Kubernetes manifests (:mod:`astraflow.deploy.k8s`)."""

@@ -1,0 +1,304 @@
+"""``astraflow deploy k8s``: manifests valid for Kubernetes and KEDA, running the launcher's components,
+scaling each pool on the topic and consumer group its nodes really use.
+
+Built-in kinds are validated by ``kubernetes-validate`` (the API's own schemas, strict: an unknown
+field is an error); KEDA's ``ScaledObject`` / ``TriggerAuthentication`` against the openAPIV3Schema of
+KEDA's CRDs (vendored in tests/data/keda/, made strict the same way).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes_validate.utils import all_versions, latest_version
+
+from astraflow.cli.main import build_parser, main
+from astraflow.config import ClusterConfig, ConfigError
+from astraflow.deploy.k8s import HEADER, K8sOptions, kafka_trigger, render
+from astraflow.launcher.plan import component_specs, run_topics
+from astraflow.log import ConsumerGroups, LogConsumer, Topics
+from astraflow.recipe import PoolAutoscale, Recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE_CLUSTER = ROOT / "infra" / "k8s" / "cluster.example.yaml"
+EXAMPLE_OUT = ROOT / "infra" / "k8s" / "math"
+KEDA_CRDS = Path(__file__).parent / "data" / "keda"
+K8S_VERSIONS = (all_versions()[0], latest_version())
+"""The oldest and the newest Kubernetes API the validator knows."""
+
+
+def _cluster(**kafka) -> ClusterConfig:
+    cfg = ClusterConfig.load(EXAMPLE_CLUSTER, env={})
+    return cfg.model_copy(update={"kafka": cfg.kafka.model_copy(update=kafka)})
+
+
+def _autoscaled(recipe: Recipe) -> Recipe:
+    pools = [recipe.pools[0].model_copy(update={"autoscale": PoolAutoscale(min_nodes=1, max_nodes=6,
+                                                                            cooldown_s=90)}),
+             *recipe.pools[1:]]
+    return recipe.model_copy(update={"pools": pools})
+
+
+def _variants() -> dict[str, tuple[Recipe, ClusterConfig]]:
+    math = Recipe.load(ROOT / "examples" / "recipes" / "math.yaml")
+    hetero = Recipe.load(ROOT / "examples" / "recipes" / "sim_hetero.yaml")
+    sasl = _cluster(security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512", sasl_username="rl-trainer",
+                    sasl_password="kafka-secret")
+    return {
+        "math": (math, _cluster().model_copy(update={"run": "math"})),
+        "hetero-autoscaled-sasl": (_autoscaled(hetero), sasl.model_copy(update={"run": "Sim_Hetero.2"})),
+    }
+
+
+VARIANTS = _variants()
+
+
+@pytest.fixture(scope="module", params=sorted(VARIANTS))
+def rendered(request) -> tuple[Recipe, ClusterConfig, dict[str, list[dict]]]:
+    recipe, cfg = VARIANTS[request.param]
+    opts = K8sOptions(recipe_path="examples/recipes/x.yaml", namespace="rl")
+    return recipe.model_copy(update={"run": cfg.run}), cfg, render(recipe, cfg, opts)
+
+
+def _docs(files: dict[str, list[dict]], kind: str | None = None) -> list[dict]:
+    return [d for docs in files.values() for d in docs if kind is None or d["kind"] == kind]
+
+
+def _strict(schema):
+    """Like ``kubectl apply --validate=strict``: a field the schema does not name is an error (the API
+    server would drop it silently), unless the schema keeps unknown fields."""
+    if isinstance(schema, list):
+        return [_strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: (v if k == "properties" else _strict(v)) for k, v in schema.items()}
+    if "properties" in schema:
+        out["properties"] = {name: _strict(s) for name, s in schema["properties"].items()}
+        if "additionalProperties" not in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
+            out["additionalProperties"] = False
+    return out
+
+
+def _keda_validator(kind: str) -> jsonschema.Draft4Validator:
+    files = {"ScaledObject": "keda.sh_scaledobjects.yaml",
+             "TriggerAuthentication": "keda.sh_triggerauthentications.yaml"}
+    crd = yaml.safe_load((KEDA_CRDS / files[kind]).read_text())
+    assert crd["spec"]["names"]["kind"] == kind
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
+    schema = _strict(version["schema"]["openAPIV3Schema"])
+    jsonschema.Draft4Validator.check_schema(schema)
+    return jsonschema.Draft4Validator(schema)
+
+
+def _validate_builtin(doc: dict) -> None:
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(doc, version, strict=True)
+
+
+# -- validity --------------------------------------------------------------------------------------
+
+def test_builtin_objects_validate_against_the_kubernetes_api(rendered):
+    _recipe, _cfg, files = rendered
+    builtin = [d for d in _docs(files) if not d["apiVersion"].startswith("keda.sh/")]
+    assert {d["kind"] for d in builtin} == {"ConfigMap", "Secret", "Deployment", "Job"}
+    for doc in builtin:
+        _validate_builtin(doc)
+        assert doc["metadata"]["namespace"] == "rl"
+
+
+def test_keda_objects_validate_against_the_keda_crds(rendered):
+    _recipe, cfg, files = rendered
+    keda = [d for d in _docs(files) if d["apiVersion"].startswith("keda.sh/")]
+    sasl = {"TriggerAuthentication"} if cfg.kafka.sasl_mechanism else set()
+    assert {d["kind"] for d in keda} == {"ScaledObject"} | sasl
+    for doc in keda:
+        assert doc["apiVersion"] == "keda.sh/v1alpha1"
+        _keda_validator(doc["kind"]).validate(doc)
+
+
+def test_the_validators_refuse_a_misspelt_field():
+    recipe, cfg = VARIANTS["math"]
+    files = render(recipe, cfg, K8sOptions(recipe_path="examples/recipes/math.yaml"))
+    scaled = _docs(files, "ScaledObject")[0]
+    bad = {**scaled, "spec": {**scaled["spec"], "minReplicas": 1}}
+    with pytest.raises(jsonschema.ValidationError, match="minReplicas"):
+        _keda_validator("ScaledObject").validate(bad)
+    bad = {**scaled, "spec": {**scaled["spec"], "minReplicaCount": "one"}}
+    with pytest.raises(jsonschema.ValidationError, match="one"):
+        _keda_validator("ScaledObject").validate(bad)
+    deployment = _docs(files, "Deployment")[0]
+    with pytest.raises(kubernetes_validate.ValidationError, match="strategie"):
+        _validate_builtin({**deployment, "spec": {**deployment["spec"], "strategie": {"type": "Recreate"}}})
+
+
+def test_names_fit_kubernetes_and_are_unique(rendered):
+    _recipe, _cfg, files = rendered
+    names = [(d["kind"], d["metadata"]["name"]) for d in _docs(files)]
+    assert len(set(names)) == len(names)
+    # A run id Kubernetes would refuse as a name is mapped (Sim_Hetero.2 -> sim-hetero-2), a long one cut.
+    long_run = "a-very-long-run-id-for-a-sweep-over-learning-rates-and-staleness-0007"
+    recipe, cfg = VARIANTS["math"]
+    files = render(recipe, cfg.model_copy(update={"run": long_run}), K8sOptions(recipe_path="r.yaml"))
+    for doc in _docs(files):
+        assert len(doc["metadata"]["name"]) <= 63
+        if doc["kind"] != "ConfigMap" and doc["kind"] != "Secret" and doc["kind"] != "ScaledObject":
+            _validate_builtin(doc)
+
+
+# -- the KEDA trigger names what the code uses ----------------------------------------------------
+
+def test_each_pool_scales_on_its_task_topic_and_consumer_group(rendered):
+    recipe, cfg, files = rendered
+    deployments = {d["metadata"]["name"]: d for d in _docs(files, "Deployment")}
+    scaled = _docs(files, "ScaledObject")
+    assert len(scaled) == len(recipe.pools)
+    partitions = run_topics(recipe, cfg.run)
+    for pool, obj in zip(recipe.pools, scaled, strict=True):
+        (trigger,) = obj["spec"]["triggers"]
+        meta = trigger["metadata"]
+        assert trigger["type"] == "kafka"
+        # The names the node joins with (astraflow/raas/node.py) and the dataflow emits to.
+        assert meta["topic"] == Topics(cfg.run).tasks(pool.name) == f"{cfg.run}.tasks.{pool.name}"
+        group = ConsumerGroups(cfg.run).raas(pool.name)
+        assert meta["consumerGroup"] == group == f"{cfg.run}.raas.{pool.name}"
+        assert trigger == {**kafka_trigger(cfg, pool), **({"authenticationRef": trigger["authenticationRef"]}
+                                                          if "authenticationRef" in trigger else {})}
+        assert meta["bootstrapServers"] == cfg.kafka.bootstrap
+        # A group without commits starts where the node's consumer starts.
+        node_start = inspect.signature(LogConsumer).parameters["auto_offset_reset"].default
+        assert meta["offsetResetPolicy"] == node_start
+        assert int(meta["lagThreshold"]) == pool.concurrency
+        # The target is this pool's Deployment, and never more nodes than its task topic has partitions.
+        target = deployments[obj["spec"]["scaleTargetRef"]["name"]]
+        args = target["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert args[args.index("--pool") + 1] == pool.name
+        assert "replicas" not in target["spec"]  # KEDA owns the count
+        lo, hi = obj["spec"]["minReplicaCount"], obj["spec"]["maxReplicaCount"]
+        task_partitions = partitions[Topics(cfg.run).tasks(pool.name)]
+        if pool.autoscale is not None:
+            assert (lo, hi) == (pool.autoscale.min_nodes, pool.autoscale.max_nodes)
+            behavior = obj["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+            assert behavior["scaleDown"]["stabilizationWindowSeconds"] == pool.autoscale.cooldown_s
+        else:
+            assert (lo, hi) == (pool.nodes, task_partitions)
+        assert hi <= task_partitions
+        # SIGTERM drains the node for up to drain_timeout_s before the kubelet's SIGKILL.
+        grace = target["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert grace >= pool.drain_timeout_s + 1
+
+
+def test_sasl_kafka_authenticates_the_trigger_from_the_secret():
+    recipe, cfg = VARIANTS["hetero-autoscaled-sasl"]
+    files = render(recipe, cfg, K8sOptions(recipe_path="r.yaml"))
+    (auth,) = _docs(files, "TriggerAuthentication")
+    (secret,) = _docs(files, "Secret")
+    refs = {r["parameter"]: r for r in auth["spec"]["secretTargetRef"]}
+    assert {p: secret["stringData"][r["key"]] for p, r in refs.items()} == {"username": "rl-trainer",
+                                                                           "password": "kafka-secret"}
+    assert all(r["name"] == secret["metadata"]["name"] for r in refs.values())
+    for obj in _docs(files, "ScaledObject"):
+        (trigger,) = obj["spec"]["triggers"]
+        assert trigger["authenticationRef"] == {"name": auth["metadata"]["name"]}
+        assert (trigger["metadata"]["sasl"], trigger["metadata"]["tls"]) == ("scram_sha512", "enable")
+
+
+# -- the pods run the launcher's components with the same cluster config ----------------------------
+
+def _component(argv: list[str]) -> tuple[str, str | None]:
+    """(command, pool or policy) of an ``astraflow`` command line."""
+    args = build_parser().parse_args(argv)
+    return args.command, getattr(args, "pool", None) or getattr(args, "policy", None)
+
+
+def test_pods_run_the_components_the_launcher_starts(rendered, tmp_path):
+    recipe, _cfg, files = rendered
+    specs = component_specs(recipe, tmp_path / "r.yaml", tmp_path / "c.yaml", tmp_path)
+    launched = {_component(s.argv[s.argv.index("--config") + 2:]) for s in specs}
+    deployed = set()
+    for doc in _docs(files, "Deployment") + _docs(files, "Job"):
+        pod = doc["spec"]["template"]["spec"]
+        (init,), (main_container,) = pod["initContainers"], pod["containers"]
+        assert init["args"][:2] == ["deploy", "topics"] and _component(init["args"])[0] == "deploy"
+        for c in (init, main_container):
+            assert c["command"] == ["astraflow"]
+            assert {"name": "ASTRAFLOW_CONFIG", "value": "/etc/astraflow/cluster.yaml"} in c["env"]
+        deployed.add(_component(main_container["args"]))
+        expect_restart = "OnFailure" if doc["kind"] == "Job" else "Always"
+        assert pod["restartPolicy"] == expect_restart
+    assert deployed == launched
+    # Labelled with the launcher's names (its nodes raas-<pool>-<i> are one Deployment per pool).
+    labels = {d["metadata"]["labels"]["app.kubernetes.io/component"] for d in _docs(files, "Deployment")
+              + _docs(files, "Job")}
+    assert labels == {s.name.rsplit("-", 1)[0] if s.name.startswith("raas-") else s.name for s in specs}
+
+
+def test_the_cluster_config_reaches_the_pods_whole_credentials_only_by_the_secret(rendered, tmp_path):
+    _recipe, cfg, files = rendered
+    (config_map,) = _docs(files, "ConfigMap")
+    (secret,) = _docs(files, "Secret")
+    path = tmp_path / "cluster.yaml"
+    path.write_text(config_map["data"]["cluster.yaml"])
+    loaded = ClusterConfig.load(path, env=secret["stringData"])
+    assert loaded.model_dump(exclude={"state_dir"}) == cfg.model_dump(exclude={"state_dir"})
+    assert loaded.run == cfg.run and "run" in loaded.model_fields_set  # the components take this run id
+    for value in secret["stringData"].values():
+        assert value not in config_map["data"]["cluster.yaml"]
+
+
+def test_refuses_what_a_cluster_cannot_run():
+    recipe, _cfg = VARIANTS["math"]
+    opts = K8sOptions(recipe_path="r.yaml")
+    with pytest.raises(ConfigError, match="kafka.bootstrap and s3.endpoint"):
+        render(recipe, ClusterConfig(), opts)
+    with pytest.raises(ConfigError, match="ssl_cafile"):
+        render(recipe, _cluster(security_protocol="SSL", ssl_cafile="/etc/ca.pem"), opts)
+    with pytest.raises(ConfigError, match="sasl_username"):
+        render(recipe, _cluster(security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN"), opts)
+
+
+# -- the CLI and the checked-in example -----------------------------------------------------------
+
+def test_checked_in_example_is_what_the_cli_renders(tmp_path, monkeypatch):
+    for key in [k for k in os.environ if k.startswith("ASTRAFLOW_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "k8s"
+    out.mkdir()
+    (out / "raas-gone.yaml").write_text(HEADER + "kind: Deployment\n")  # a pool an earlier rendering had
+    (out / "mine.yaml").write_text("kind: ConfigMap\n")  # not rendered by us: kept
+    assert main(["--config", str(EXAMPLE_CLUSTER.relative_to(ROOT)), "deploy", "k8s",
+                 "examples/recipes/math.yaml", "--out", str(out)]) == 0
+    rendered = {p.name: p.read_text() for p in out.glob("*.yaml") if p.name != "mine.yaml"}
+    checked_in = {p.name: p.read_text() for p in EXAMPLE_OUT.glob("*.yaml")}
+    assert rendered == checked_in, "infra/k8s/math/ is stale: render it again (see docs/scale.md#kubernetes)"
+    assert (out / "mine.yaml").exists()
+
+
+@pytest.mark.integration
+def test_deploy_topics_creates_the_topics_with_the_launchers_partitions(test_cluster, tmp_path, monkeypatch):
+    from astraflow.launcher.plan import write_recipe
+    from astraflow.log.admin import open_admin
+
+    recipe = _autoscaled(Recipe.load(ROOT / "examples" / "recipes" / "sim_hetero.yaml"))
+    path = write_recipe(recipe, tmp_path / "recipe.yaml")  # model paths made absolute by Recipe.load
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump(test_cluster.model_dump(mode="json")))
+    for key in [k for k in os.environ if k.startswith("ASTRAFLOW_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("ASTRAFLOW_CONFIG", str(cluster))
+    for _ in range(2):  # idempotent
+        assert main(["deploy", "topics", "--recipe", str(path)]) == 0
+    expected = run_topics(recipe, test_cluster.run)
+    assert expected[Topics(test_cluster.run).tasks("fast")] == 6
+    admin = open_admin(test_cluster, 10.0)
+    try:
+        described = {t["name"]: len(t["partitions"]) for t in admin.describe_topics(sorted(expected))}
+    finally:
+        admin.close()
+    assert described == expected
