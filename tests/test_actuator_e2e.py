@@ -116,9 +116,10 @@ class Run:
             self.proc.kill()
 
 
-def _node_serving(node: str):
-    """The metrics record a node sends once it has loaded the weights and joins its pool's group."""
-    return lambda recs: [r for r in recs if r.get("component") == "raas" and r.get("node_id") == node]
+def _tasks_emitted(recs: list[dict]) -> bool:
+    """The dataflow has put tasks on the pool's topic: the run is under way."""
+    return any(r.get("component") == "dataflow" and (r.get("counters") or {}).get("tasks.emitted", 0) > 0
+               for r in recs)
 
 
 def _node_processes(launcher: int) -> list[str]:
@@ -133,7 +134,7 @@ def _window(nodes: int, wait_s: float, consumed: int) -> dict:
 def _read_back(cfg) -> tuple[list[tuple[int, int, str]], set[str], dict]:
     """(partition, offset, prompt id) of every task record, the task ids that have trajectories, and
     the pool group's committed offsets, read from the log after the run."""
-    from astraflow.log import LogConsumer, Topics
+    from astraflow.log import ConsumerGroups, LogConsumer, Topics
     from astraflow.log.lag import committed_offsets
     from astraflow.records import task as task_rec
     from astraflow.records import trajectory as traj_rec
@@ -153,10 +154,10 @@ def _read_back(cfg) -> tuple[list[tuple[int, int, str]], set[str], dict]:
                     tasks += [(m.partition, m.offset, t.prompt_id) for t in task_rec.from_table(m.table)]
     finally:
         consumer.close()
-    return tasks, returned, committed_offsets(cfg, f"{cfg.run}.raas.default")
+    return tasks, returned, committed_offsets(cfg, ConsumerGroups(cfg.run).raas("default"))
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_the_actuator_scales_a_pool_up_and_down_and_loses_no_task(tmp_path: Path, test_cluster) -> None:
     cfg = AutoscaleConfig()
     starved = autoscale_report(cfg, {"default": _window(1, wait_s=5.0, consumed=8)}, 0.0)  # w = 0.5
@@ -165,12 +166,14 @@ def test_the_actuator_scales_a_pool_up_and_down_and_loses_no_task(tmp_path: Path
 
     run = Run(tmp_path, test_cluster)
     try:
-        run.wait_for("raas-default-0 serving", _node_serving("raas-default-0"), timeout_s=60)
+        # Scale up as soon as the run has work out: the new node's start-up (imports, weight catch-up)
+        # then overlaps the first node's, which keeps the test short and independent of the machine's load.
+        run.wait_for("tasks emitted", _tasks_emitted, timeout_s=60)
         (start,) = run.wait_for("a node started", lambda _: run.actuations("start"), report=starved)
         assert start["node"] == "raas-default-1"
         argv = children(run.proc.pid).get(start["pid"], [])
         assert "--node-id" in argv and argv[argv.index("--node-id") + 1] == "raas-default-1", children(run.proc.pid)
-        run.wait_for("trajectories of raas-default-1", lambda _: run.by_node["raas-default-1"])
+        run.wait_for("trajectories of raas-default-1", lambda _: run.by_node["raas-default-1"], timeout_s=90)
         assert _node_processes(run.proc.pid) == ["raas-default-0", "raas-default-1"]
         assert run.by_node["raas-default-0"] > 0, run.by_node
         (stop,) = run.wait_for("a node stopped", lambda _: run.actuations("stop"), report=surplus)
