@@ -212,3 +212,19 @@ def test_a_node_that_does_not_drain_is_killed_after_its_drain_time(tmp_path: Pat
         group.stop(grace_s=0.2)
     stopped = [r for r in records if r["event"] == "stopped"]
     assert [(r["node"], r["returncode"]) for r in stopped] == [("raas-p-1", -9)] and stopped[0]["drain_s"] >= 1.0
+
+
+def test_the_live_view_drops_a_retired_node() -> None:
+    """A stopped node leaves the node table and the token rate, also when its last metrics record is
+    read after the actuator saw it exit; a node started later under its name is shown again."""
+    from astraflow.launcher.progress import RunProgress
+
+    p = RunProgress(run="r", steps=3, policies=["policy"])
+    for node in ("raas-p-0", "raas-p-1"):
+        p.update({"component": "raas", "node_id": node, "tokens_per_s": 100.0})
+    p.update({"kind": "actuator", "component": "actuator", "event": "stopped", "node": "raas-p-1"})
+    p.update({"component": "raas", "node_id": "raas-p-1", "tokens_per_s": 50.0})  # its last record, read late
+    assert list(p.nodes) == ["raas-p-0"] and "nodes 1 100 tok/s" in p.summary_line()
+    p.update({"kind": "actuator", "component": "actuator", "event": "start", "node": "raas-p-1"})
+    p.update({"component": "raas", "node_id": "raas-p-1", "tokens_per_s": 10.0})
+    assert sorted(p.nodes) == ["raas-p-0", "raas-p-1"]

@@ -25,6 +25,8 @@ class RunProgress:
     """Trainers that reported ``{"event": "done"}``, by policy."""
     restarts: dict[str, int] = field(default_factory=dict)
     """Restarts per component, from the launcher's own ``kind: supervisor`` records."""
+    retired: set[str] = field(default_factory=set)
+    """Nodes the actuator stopped (``kind: actuator``): out of the view, also their late records."""
     records: int = 0
     started: float = field(default_factory=time.monotonic)
 
@@ -34,6 +36,13 @@ class RunProgress:
         if rec.get("kind") == "supervisor":
             if rec.get("event") == "restart":
                 self.restarts[str(comp)] = int(rec.get("restarts", 0))
+        elif rec.get("kind") == "actuator":
+            node = str(rec.get("node"))
+            if rec.get("event") == "stopped":
+                self.retired.add(node)
+                self.nodes.pop(node, None)
+            elif rec.get("event") == "start":
+                self.retired.discard(node)  # a new node under a retired one's name
         elif comp == "trainer":
             policy = str(rec.get("policy", rec.get("id", "?")))
             if rec.get("event") == "done":
@@ -44,7 +53,9 @@ class RunProgress:
             else:
                 self.trainers.setdefault(policy, {}).update(rec)
         elif comp == "raas":
-            self.nodes.setdefault(str(rec.get("node_id", rec.get("id", "?"))), {}).update(rec)
+            node = str(rec.get("node_id", rec.get("id", "?")))
+            if node not in self.retired:
+                self.nodes.setdefault(node, {}).update(rec)
         elif comp == "dataflow":
             if rec.get("kind") == "autoscale":
                 self.autoscale = rec
