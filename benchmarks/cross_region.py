@@ -246,9 +246,13 @@ def report(label: str, r: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=14, help="trainer steps per run (default 14)")
-    ap.add_argument("--warmup", type=int, default=4, help="steps left out of the measurement (default 4)")
-    ap.add_argument("--step-s", type=float, default=1.5, help="simulated step base seconds (default 1.5)")
+    ap.add_argument("--steps", type=int, default=16, help="trainer steps per run (default 16)")
+    ap.add_argument("--warmup", type=int, default=8,
+                    help="steps left out of the measurement (default 8: region B's first anchor pull over the "
+                         "link, and the first tasks' backlog, which the slow pool drains for several steps)")
+    ap.add_argument("--step-s", type=float, default=4.0,
+                    help="simulated step base seconds (default 4: an iteration long against the link's "
+                         "round trips, as a real model's is)")
     ap.add_argument("--rtt-ms", type=float, default=300.0, help="round-trip time of the link (default 300)")
     ap.add_argument("--mbit", type=float, default=20.0, help="link bandwidth per direction, Mbit/s (default 20)")
     ap.add_argument("--params", type=int, default=4_000_000,
