@@ -91,7 +91,7 @@ class RegionSettings(_Section):
     bucket replication, a mirror tool) serves them as well as the origin does, without crossing the
     region boundary. Everything else stays on the origin (``s3``): writes, listings (the origin says
     what is published) and mutable objects (checkpoint pointers, subscriber registrations). Kafka is
-    shared. See docs/scale.md#regions.
+    shared. See docs/scale.md, "Regions".
     """
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
