@@ -93,8 +93,7 @@ class RegionalStore(ObjectStore):
 
     # -- byte reads: replica first -----------------------------------------------------------------
     def _read(self, key: str) -> tuple[bytes, dict[str, str]]:
-        data, meta = self._regional(key, lambda: self.replica._read(key), lambda: super(RegionalStore, self)._read(key))
-        return data, meta
+        return self._regional(key, lambda: self.replica._read(key), lambda: super(RegionalStore, self)._read(key))
 
     def get_file(self, key: str, path: str | Path, *, verify: bool = True) -> str:
         return self._regional(key, lambda: self.replica.get_file(key, path, verify=verify),
