@@ -69,17 +69,19 @@ def _max_diff(a, b):
     return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
-def _perturbed(state, seed, names=None):
-    """``state`` with gaussian noise (5% of each tensor's std) on the float tensors ``names`` (all: None);
-    tensors that share memory (SmolLM2's tied embedding and LM head) stay equal, as a trainer publishes them."""
+def _perturbed(state, seed, names=None, dtype=None):
+    """``state`` (cast to ``dtype``) with gaussian noise (5% of each tensor's std) on the float tensors
+    ``names`` (all: None); tensors that share memory (SmolLM2's tied embedding and LM head) stay one
+    tensor, as a trainer publishes them."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
     out, done = {}, {}
     for k, v in state.items():
         if v.data_ptr() not in done:
-            noisy = v.is_floating_point() and (names is None or k in names)
-            done[v.data_ptr()] = v + 0.05 * v.float().std() * torch.randn(v.shape, generator=g) if noisy else v.clone()
+            t = v.float() + 0.05 * v.float().std() * torch.randn(v.shape, generator=g) \
+                if v.is_floating_point() and (names is None or k in names) else v.clone()
+            done[v.data_ptr()] = t.to(dtype or v.dtype)
         out[k] = done[v.data_ptr()]
     return out
 
@@ -118,6 +120,8 @@ def test_server_generation_agrees_with_the_hf_model(served):
 
 
 def test_the_follower_refreshes_the_server_from_the_bucket(served, test_cluster):
+    import torch
+
     from astraflow.delta import WeightPublisher, WeightStore
     from astraflow.engines import SamplingParams
     from astraflow.raas.weights import WeightFollower
@@ -126,7 +130,9 @@ def test_the_follower_refreshes_the_server_from_the_bucket(served, test_cluster)
     greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
     before = engine.generate(PROMPTS, greedy)
     base = _perturbed(hf.model.state_dict(), 0, names=set())  # a copy (hf.load_weights writes the model's tensors)
-    v1 = _perturbed(base, 1)
+    # published in bf16 (half the bytes of this test's anchor; the server casts to its float32, as the
+    # hf model does), so the bf16-valued weights are the reference of both
+    v1 = _perturbed(base, 1, dtype=torch.bfloat16)
     # v2 changes a few tensors only: the worker pulls a delta, much smaller than the anchor
     v2 = _perturbed(v1, 2, names={f"model.layers.{i}.mlp.down_proj.weight" for i in (0, 1, 2)})
     publisher = WeightPublisher(test_cluster, POLICY, announce=False)

@@ -182,10 +182,9 @@ class VLLMServerEngine(Engine):
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """Blocking :meth:`agenerate`, on a connection pool of its own (call it from a thread that
         runs no event loop)."""
-        import httpx2
 
         async def run() -> list[Generation]:
-            async with httpx2.AsyncClient(timeout=self.config.request_timeout_s) as client:
+            async with _async_client(self.config) as client:
                 return await self._generate(client, prompts, params)
 
         return asyncio.run(run())
@@ -240,11 +239,9 @@ class VLLMServerEngine(Engine):
     # -- HTTP --------------------------------------------------------------------------------------
     def _async_client(self) -> httpx2.AsyncClient:
         """The connection pool of the running event loop (a pool cannot be shared across loops)."""
-        import httpx2
-
         loop = asyncio.get_running_loop()
         if self._client is None or self._loop is not loop:
-            self._client = httpx2.AsyncClient(timeout=self.config.request_timeout_s)
+            self._client = _async_client(self.config)
             self._loop = loop
         return self._client
 
@@ -279,6 +276,15 @@ class VLLMServerEngine(Engine):
 
     def _whereabouts(self) -> str:
         return self.server.describe_exit() if self.server is not None else f"is the server at {self.url} up?"
+
+
+def _async_client(config: VLLMServerEngineConfig) -> httpx2.AsyncClient:
+    """A connection pool for generation requests: one connection per request in flight, no cap (the
+    server queues what does not fit its batch; a capped pool would queue them here, unseen by vLLM)."""
+    import httpx2
+
+    return httpx2.AsyncClient(timeout=config.request_timeout_s,
+                              limits=httpx2.Limits(max_connections=None, max_keepalive_connections=config.max_num_seqs))
 
 
 def _fetch_error(error_type: str | None) -> type[Exception]:
