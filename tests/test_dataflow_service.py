@@ -146,6 +146,11 @@ def test_resume_onto_a_lost_log_reemits_in_flight_tasks_at_once(test_cluster, un
         for i in range(3):  # trajectories offsets 0..2 in the old log: the checkpoint will skip below 3
             prod.send_table(topics.trajectories, f"x{i}", trajectory.to_table([traj("zz", i, 0, 1.0)]),
                             trajectory.SCHEMA_NAME, trajectory.SCHEMA_VERSION).result(10)
+        # Wait until the dataflow has read them (its metrics say so), not a fixed time: on a loaded
+        # machine its poll can come later than any sleep chosen here.
+        with LogConsumer(cfg, topics.metrics, unique_name("metrics")) as metrics_c:
+            assert read_until(metrics_c, 1, pred=lambda m: ((m.obj or {}).get("counters") or {}).get(
+                "trajectories.unknown_task") == 3), "the dataflow did not read the 3 trajectories"
         time.sleep(1.0)  # a checkpoint (every 0.5 s) after they were read
     finally:
         stop.set()
