@@ -49,6 +49,11 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.detach().view(_INT_VIEW[itemsize(t.dtype)]).reshape(-1)
 
 
+def storage_key(t: torch.Tensor) -> tuple:
+    """Equal for two tensors exactly when they are the same bits (tied weights under two names)."""
+    return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+
+
 def host_bits(t: torch.Tensor) -> np.ndarray:
     """Flat integer numpy array of ``t``'s bits; shares memory when ``t`` is a contiguous CPU tensor."""
     t = t.detach()

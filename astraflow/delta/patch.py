@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from astraflow.delta.bits import bits, checksum, host_bits, itemsize
+from astraflow.delta.bits import bits, checksum, host_bits, itemsize, storage_key
 from astraflow.delta.codec import decode_change, scatter_xor, validate_delta
 from astraflow.delta.errors import DeltaError
 from astraflow.delta.streams import PlaneDecompressor
@@ -146,7 +146,7 @@ def _distinct_storages(live: StateDict, names: list[str]) -> set[str]:
     out: set[str] = set()
     for name in names:
         t = live[name]
-        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+        key = storage_key(t)
         if key not in seen:
             seen.add(key)
             out.add(name)

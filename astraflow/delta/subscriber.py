@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import torch
 
+from astraflow.delta.bits import storage_key
 from astraflow.delta.codec import apply_inplace
 from astraflow.delta.errors import (
     BaseMismatchError,
@@ -276,7 +277,7 @@ def _writable_state(target: torch.nn.Module | StateDict) -> StateDict:
     sd = dict(target.state_dict() if isinstance(target, torch.nn.Module) else target)
     seen: set[tuple] = set()
     for name, t in list(sd.items()):
-        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+        key = storage_key(t)
         if key in seen:
             sd[name] = t.detach().clone()
         seen.add(key)
