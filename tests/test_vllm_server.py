@@ -171,20 +171,33 @@ def _generated_tokens(url: str) -> float:
     return sum(float(m) for m in re.findall(r"^vllm:generation_tokens_total\{[^}]*\} ([0-9.e+]+)$", text, re.MULTILINE))
 
 
-def test_a_refresh_lands_between_two_steps_of_a_running_request(served):
+def test_a_refresh_lands_between_two_steps_of_a_running_request(served, tmp_path):
+    from safetensors.torch import save_file
+
     from astraflow.engines import SamplingParams
+    from connectors.vllm.server import _unshared
+    from connectors.vllm.worker_extension import FetchRequest, FileSource
 
     engine, hf = served
+    old = engine.weight_version
+    # The workers fetch the new version *before* the request starts (as a follower does while the
+    # server decodes), so that the swap below is only pause -> load -> resume: without this the
+    # file write and read raced the 200 tokens and sometimes lost (all tokens at the old version).
+    path = tmp_path / "weights.safetensors"
+    save_file(_unshared(hf.model.state_dict()), str(path))
+    source = FileSource(path=str(path))
+    fetch = FetchRequest(version=old + 1, source=source).model_dump_json()
+    deadline = time.monotonic() + 120
+    while engine._rpc("astraflow_fetch", fetch)["state"] == "fetching" and time.monotonic() < deadline:
+        time.sleep(0.1)
     out = {}
     start = _generated_tokens(engine.url)
     params = SamplingParams(max_new_tokens=200, temperature=0.0, stop_token_ids=())
     gen = threading.Thread(target=lambda: out.setdefault("g", engine.generate(PROMPTS[:1], params)))
     gen.start()
-    deadline = time.monotonic() + 120
     while _generated_tokens(engine.url) < start + 2 and time.monotonic() < deadline:
         time.sleep(0.05)
-    old = engine.weight_version
-    engine.load_weights(hf.model.state_dict(), old + 1)  # through a file; the request is kept (pause mode keep)
+    engine._swap(source, old + 1)  # fetched already: pause (mode keep; the request stays), load, resume
     gen.join(timeout=300)
     (g,) = out["g"]
     assert len(g.token_ids) == 200 and g.versions == sorted(g.versions)
