@@ -283,6 +283,9 @@ def summarize(rec: RunRecords, *, warmup_steps: int, node_pool: dict[str, str] |
         "batches_untrained_at_end": {p: len(bs) - per_policy[p]["steps"] for p, bs in rec.batches.items()},
         "trajectories_produced": len(rec.trajectories),
         "trajectories_dropped": dropped,
+        # dataflow.stale_tokens: mask: kept with their stale tokens masked out of the loss
+        "trajectories_partly_stale": counters.get("trajectories.partly_stale", 0),
+        "stale_tokens_masked": counters.get("trajectories.stale_tokens_masked", 0),
         "response_tokens": quantiles([float(x) for x in lengths]),
         "policies": per_policy,
         "wall_s": round(rec.wall_s, 1),

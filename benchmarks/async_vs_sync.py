@@ -67,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="batch sampler plug-in for every run (e.g. oldest_first); default: the recipe's")
     ap.add_argument("--batch-lookahead", type=int, default=None,
                     help="dataflow.batch_lookahead for every run (batches served ahead of the trainer)")
+    ap.add_argument("--stale-tokens", choices=("drop", "mask"), default=None,
+                    help="dataflow.stale_tokens for every run: drop a stale trajectory whole, or mask only its "
+                         "stale tokens (default: the recipe's)")
     args = ap.parse_args(argv)
 
     t0 = time.monotonic()
@@ -87,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
                 flow: dict = {"sampler": {"type": args.sampler}} if args.sampler else {}
                 if args.batch_lookahead:
                     flow["batch_lookahead"] = args.batch_lookahead
+                if args.stale_tokens:
+                    flow["stale_tokens"] = args.stale_tokens
                 updates = {"dataflow": flow} if flow else None
                 result[name] = compare(cfg, WORKLOADS[name], name, steps=args.steps, warmup=args.warmup,
                                        runs_dir=runs_dir, timeout_s=args.timeout, updates=updates)
@@ -96,12 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     result["async_trainer_idle_fraction"] = headline["async"]["trainer_idle_fraction"]
     result["sampler"] = args.sampler or "recipe's"
     result["batch_lookahead"] = args.batch_lookahead
+    result["stale_tokens"] = args.stale_tokens or "recipe's"
     for name in WORKLOADS:
         if name in result:  # trained / produced / dropped of the async run
             a = result[name]["async"]
             result[name]["async_waste"] = {
                 "produced": a["trajectories_produced"], "trained": a["trajectories_trained"],
                 "dropped": a["trajectories_dropped"],
+                "partly_stale": a["trajectories_partly_stale"], "stale_tokens_masked": a["stale_tokens_masked"],
                 "stale_share_of_produced": round(a["trajectories_dropped"].get("stale", 0)
                                                  / max(1, a["trajectories_produced"]), 4)}
     print(json.dumps(result))

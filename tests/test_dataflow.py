@@ -120,6 +120,36 @@ def test_stale_trajectory_dropped_and_counted():
     assert "p0" not in df.emitter.in_flight  # the stale sample still finished the group
 
 
+def test_stale_tokens_mask_trains_the_fresh_tail_of_a_rollout_continued_under_newer_weights():
+    def continued(task, i, versions, mask=None):
+        t = traj(task, "solver", i, float(i % 2), n=len(versions))
+        t.versions, t.logprobs = list(versions), [-0.5 - k for k in range(len(versions))]
+        t.loss_mask = list(mask or [1] * len(versions))
+        return t
+
+    for mode in ("drop", "mask"):
+        df = Dataflow(cfg(groups_per_batch=1, max_staleness=1, stale_tokens=mode), dataset(1, samples=3))
+        t = df.next_tasks(0.0)[0]
+        df.on_weights("solver", 3)
+        df.ingest([
+            continued(t, 0, [1, 1, 2, 3, 3]),  # refreshed twice mid-episode: the first two tokens are stale
+            continued(t, 1, [1, 1, 1, 2, 2], mask=[1, 1, 0, 1, 1]),  # a tool token (mask 0) stays 0
+            continued(t, 2, [1, 1, 1]),  # nothing fresh: dropped in either mode
+        ])
+        c = df.counters()
+        assert c["trajectories.stale"] == (3 if mode == "drop" else 1)
+        assert df.processor.unaccounted() == 0
+        if mode == "drop":
+            assert df.take_batches() == []
+            continue
+        (batch,) = df.take_batches()
+        a, b = batch.trajectories
+        assert a.loss_mask == [0, 0, 1, 1, 1] and a.logprobs == [0.0, 0.0, -2.5, -3.5, -4.5]
+        assert b.loss_mask == [0, 0, 0, 1, 1] and b.versions == [1, 1, 1, 2, 2]  # versions are kept as produced
+        assert 3 - min(x.min_version for x in batch.trajectories) <= 1  # every trained token within the bound
+        assert c["trajectories.partly_stale"] == 2 and c["trajectories.stale_tokens_masked"] == 4
+
+
 def test_dynamic_sampling_drops_zero_variance_groups():
     df = Dataflow(cfg(groups_per_batch=1, filters=[{"type": "dynamic_sampling"}]), dataset(3))
     a, b = df.next_tasks(0.0)

@@ -23,6 +23,14 @@ class DataflowConfig(BaseModel):
     """Groups (one task x one policy, ``samples`` trajectories each) per training batch."""
     max_staleness: int = Field(default=1, ge=0)
     """A trajectory is dropped when current version - its oldest trained token's version exceeds this."""
+    stale_tokens: Literal["drop", "mask"] = "drop"
+    """What a trajectory staler than ``max_staleness`` loses. ``drop``: all of it (counted ``stale``).
+    ``mask``: only its stale tokens, which get ``loss_mask`` 0. A node that refreshes mid-episode
+    continues a long rollout under the newer weights and tags each token with its version, so the
+    episode's later tokens are fresh: they are trained and the early ones are not. The trajectory is
+    still dropped as ``stale`` when none of its trained tokens is fresh enough (counted apart:
+    ``partly_stale`` trajectories, ``stale_tokens_masked`` tokens). The bound holds for every
+    trained token either way."""
     max_in_flight: int | None = Field(default=None, ge=1)
     """Cap on emitted-but-unfinished tasks; default ``groups_per_batch * (max_staleness + 1)``, and
     then (async) also no more tasks than the trainer can consume within ``max_staleness`` versions

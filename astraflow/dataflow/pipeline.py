@@ -40,6 +40,7 @@ class Dataflow:
         self.processor = TrajectoryProcessor(
             policies=cfg.policies,
             max_staleness=cfg.max_staleness,
+            stale_tokens=cfg.stale_tokens,
             filters=[build_plugin("filter", f) for f in cfg.filters],
             task_lookup=self.emitter.task,
             version_of=self.train_version,

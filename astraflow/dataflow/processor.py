@@ -3,7 +3,9 @@
 Every trajectory received ends in exactly one counter bucket (``duplicate``, ``unknown_task``,
 ``unknown_policy``, ``stale``, ``expired``, ``in_dropped_group``, ``kept``) or is still pending in
 an unfinished group, so "every trajectory is trained on or dropped by a counted rule" is checkable
-(:meth:`TrajectoryProcessor.unaccounted`).
+(:meth:`TrajectoryProcessor.unaccounted`). With ``stale_tokens="mask"`` a trajectory whose early
+tokens are too stale is kept with those tokens masked out of the loss (``partly_stale``, and
+``stale_tokens_masked`` tokens; it is counted ``kept`` or dropped with its group as usual).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class TrajectoryProcessor:
         policies: list[str],
         max_staleness: int,
         filters: list[TrajectoryFilter],
+        stale_tokens: str = "drop",
         task_lookup: Callable[[str], Task | None],
         version_of: Callable[[str, int], int],
         dedup_capacity: int = 200_000,
@@ -42,6 +45,7 @@ class TrajectoryProcessor:
     ) -> None:
         self.policies = set(policies)
         self.max_staleness = max_staleness
+        self.stale_tokens = stale_tokens
         self.filters = filters
         self.task_lookup = task_lookup
         self.version_of = version_of
@@ -83,7 +87,8 @@ class TrajectoryProcessor:
             group = Group(traj.group_id, traj.task_id, traj.policy, traj.task_type or task.task_type, task.samples)
             self.pending[traj.group_id] = group
         oldest = traj.min_version  # a property over the token lists: read once
-        if self.version_of(traj.policy, oldest) - oldest > self.max_staleness:
+        if self.version_of(traj.policy, oldest) - oldest > self.max_staleness and not (
+                self.stale_tokens == "mask" and self._mask_stale_tokens(traj)):
             c["stale"] += 1
             group.dropped += 1
         else:
@@ -93,6 +98,28 @@ class TrajectoryProcessor:
         del self.pending[traj.group_id]
         group.trajectories.sort(key=lambda t: t.sample_index)
         return [self._finalise(group)]
+
+    def _mask_stale_tokens(self, traj: Trajectory) -> bool:
+        """Mask out of the loss the trained tokens of ``traj`` too stale to train; False (nothing
+        changed) when none would be left.
+
+        The floor is measured against the version that would train ``traj`` if it were judged by
+        its *newest* trained token: a sampler serves a group no later for an older key, so once the
+        stale tokens are masked (its oldest token is then at least the floor) it is trained no later
+        than that version and every token it keeps is within ``max_staleness``."""
+        mask, versions = traj.loss_mask, traj.versions
+        newest = max((v for v, m in zip(versions, mask, strict=True) if m), default=None)
+        if newest is None:
+            return False
+        floor = self.version_of(traj.policy, newest) - self.max_staleness
+        keep = [1 if m and v >= floor else 0 for v, m in zip(versions, mask, strict=True)]
+        if not any(keep):
+            return False
+        self.counters["partly_stale"] += 1
+        self.counters["stale_tokens_masked"] += sum(mask) - sum(keep)
+        traj.logprobs = [lp if k else 0.0 for lp, k in zip(traj.logprobs, keep, strict=True)]
+        traj.loss_mask = keep
+        return True
 
     def _finalise(self, group: Group) -> GroupResult:
         c = self.counters
