@@ -4,6 +4,7 @@ import asyncio
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -255,3 +256,27 @@ def test_a_connector_registers_its_own_engine_type_and_recipes_validate_it():
         Pool.model_validate({"engine": {"type": "test_echo", "repet": 2}})
     with pytest.raises(ValueError, match="must default to 'other'"):
         register_engine("other", EchoEngineConfig)
+
+
+def test_a_waiting_swap_goes_before_the_next_step():
+    """The gate's promise, without a model: a swap that waits during a step runs before any
+    later step, however eagerly the stepping thread comes back (a plain lock lets it starve)."""
+    from astraflow.engines.swap_gate import SwapGate
+
+    gate, order = SwapGate(), []
+
+    def swap():
+        with gate.swap():
+            order.append("swap")
+
+    with gate.step():
+        order.append("step 1")
+        t = threading.Thread(target=swap)
+        t.start()
+        while gate._waiting_swaps == 0:  # until the swap thread waits on the gate
+            time.sleep(0.001)
+    for i in range(2, 6):  # steps come back at once, as a decoding loop does
+        with gate.step():
+            order.append(f"step {i}")
+    t.join()
+    assert order[:3] == ["step 1", "swap", "step 2"]

@@ -82,9 +82,9 @@ def test_an_engine_in_another_dtype_refreshes_by_full_loads(test_cluster):
     model = Fp32Model(torch.nn.Embedding(256, 64), torch.nn.Linear(64, 256)).float()
     engine = HFEngine.__new__(HFEngine)  # only the weight side of the engine is exercised
     engine.model, engine._version = model, 0
-    import threading
+    from astraflow.engines.swap_gate import SwapGate
 
-    engine._lock = threading.Lock()
+    engine._gate = SwapGate()
     follower = WeightFollower(test_cluster, {POLICY: engine}, "node-f", check_every_s=0.3)
     try:
         trainer.publish(1)

@@ -15,12 +15,12 @@ sequence's tokens can carry several versions, which is exactly what the per-toke
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from astraflow.engines.base import Engine, Generation, SamplingParams
 from astraflow.engines.batching import RequestBatcher
+from astraflow.engines.swap_gate import SwapGate
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -39,7 +39,8 @@ class HFEngine(Engine):
         self.eos_token_id = cfg.eos_token_id if eos_token_id is None else eos_token_id
         self.pad_token_id = (cfg.pad_token_id if pad_token_id is None else pad_token_id) or 0
         self._version = version
-        self._lock = threading.Lock()
+        self._gate = SwapGate()
+        """Weight swaps land between decoding steps, before the next one."""
         self._rng = torch.Generator(device=self.device).manual_seed(seed)
         self._batcher = RequestBatcher(self, max_batch_size)
         """Merges the ``agenerate`` calls of concurrent episodes into batched ``generate`` calls."""
@@ -54,7 +55,7 @@ class HFEngine(Engine):
     def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
         import torch
 
-        with self._lock, torch.no_grad():
+        with self._gate.swap(), torch.no_grad():
             # strict: a delta chain that misses a tensor must fail loudly, not serve stale weights
             self.model.load_state_dict(state_dict, strict=True)
             self._version = version
@@ -67,7 +68,7 @@ class HFEngine(Engine):
     def patch_weights(self, write: Callable[[dict[str, Any]], None], version: int) -> None:
         import torch
 
-        with self._lock, torch.no_grad():
+        with self._gate.swap(), torch.no_grad():
             write(self.model.state_dict())
             self._version = version
 
@@ -98,7 +99,7 @@ class HFEngine(Engine):
         cache, step_ids = None, ids
         with torch.no_grad():
             for _ in range(params.max_new_tokens):
-                with self._lock:  # a weight swap happens between steps, never inside a forward
+                with self._gate.step():  # a weight swap happens between steps, never inside a forward
                     out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=positions,
                                      past_key_values=cache, use_cache=True)
                     version = self._version

