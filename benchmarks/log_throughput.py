@@ -14,7 +14,9 @@ records/s for:
 For the 1 MiB inline cases the inline limit is raised to 2 MiB (and kafka-python's request/fetch
 limits with it). Every mode uses acks=all, linger 5 ms, batch 512 KiB, no compression, and one
 consumer group per run committing after each poll. Consume time runs from the moment the group has
-assigned the partition (join excluded, anything prefetched meanwhile rewound) to the last record. Each mode runs ``--reps`` times interleaved; the median wins.
+assigned the partition (join excluded, anything prefetched meanwhile rewound) to the last record. The
+consumers of every inline mode read the same records (the topic the layer wrote; raw consumers
+ignore its headers), in alternating order, so the consume figures compare consumers on equal input. Each mode runs ``--reps`` times interleaved; the median wins.
 
 Cluster: ``ASTRAFLOW_KAFKA_BOOTSTRAP``/``ASTRAFLOW_S3_ENDPOINT`` if set, else an embedded stack
 (Tansu in-memory + SeaweedFS) on free loopback ports, stopped at the end. Prints one JSON line last.
@@ -201,6 +203,16 @@ def codec_cost(value_bytes: int, n: int = 2000) -> dict:
 
 
 # -- driver ----------------------------------------------------------------------------------------
+def mode_cfg(cfg, mode: str, size: int):
+    """``layer_claim`` keeps a 900 KiB inline limit (its values go to the bucket); the other modes
+    raise it above a 1 MiB value so that it travels inline."""
+    if mode == "layer_claim":
+        return cfg.model_copy(update={"inline_limit_bytes": 900 * 1024})
+    if size > 900 * 1024:
+        return cfg.model_copy(update={"inline_limit_bytes": 2 * MiB})
+    return cfg
+
+
 def run_case(cfg, label: str, value_bytes: int, n: int, reps: int, modes: list[str]) -> dict:
     from astraflow.log import Topics, ensure_topics
 
@@ -210,23 +222,33 @@ def run_case(cfg, label: str, value_bytes: int, n: int, reps: int, modes: list[s
     keys = ("produce_s", "consume_s", "produce_cpu_s", "consume_cpu_s")
     results: dict[str, dict[str, list[float]]] = {m: {k: [] for k in keys} for m in modes}
     for rep in range(reps):
+        # Produce: each mode writes a topic of its own.
+        topics: dict[str, str] = {}
         for mode in modes:
-            mcfg = cfg
-            if mode == "layer_claim":
-                mcfg = cfg.model_copy(update={"inline_limit_bytes": 900 * 1024})
-            elif size > 900 * 1024:
-                mcfg = cfg.model_copy(update={"inline_limit_bytes": 2 * MiB})
-            topic = Topics(cfg.run).tasks(f"{label}-{mode.replace('_', '-')}-{rep}-{uuid.uuid4().hex[:6]}")
+            mcfg = mode_cfg(cfg, mode, size)
+            topic = topics[mode] = Topics(cfg.run).tasks(f"{label}-{mode.replace('_', '-')}-{rep}-{uuid.uuid4().hex[:6]}")
             ensure_topics(mcfg, {topic: 1})
             if mode.startswith("layer"):
                 p = layer_produce(mcfg, topic, n, table)
-                c = layer_consume(mcfg, topic, n)
             else:
                 p = raw_produce(mcfg, topic, n, table, encoded if mode == "raw_bytes" else None)
+            results[mode]["produce_s"].append(p[0])
+            results[mode]["produce_cpu_s"].append(p[1])
+        # Consume: every inline mode reads the same records, the layer's topic (raw consumers ignore
+        # its headers), in an order that alternates between reps. Reading each mode's own topic would
+        # also measure how its producer happened to batch the records, which swung consume rates by
+        # tens of percent between topics written the same way.
+        for mode in modes if rep % 2 == 0 else modes[::-1]:
+            mcfg = mode_cfg(cfg, mode, size)
+            topic = topics[mode if mode == "layer_claim" else "layer"]
+            if mode.startswith("layer"):
+                c = layer_consume(mcfg, topic, n)
+            else:
                 c = raw_consume(mcfg, topic, n, parse=mode == "raw_arrow")
-            (p, pc), (c, cc) = p, c
-            for k, v in zip(keys, (p, c, pc, cc)):
-                results[mode][k].append(v)
+            results[mode]["consume_s"].append(c[0])
+            results[mode]["consume_cpu_s"].append(c[1])
+        for mode in modes:
+            p, c = results[mode]["produce_s"][-1], results[mode]["consume_s"][-1]
             print(f"  {label} {mode:12s} rep {rep}: produce {size * n / p / 1e6:7.1f} MB/s  "
                   f"consume {size * n / c / 1e6:7.1f} MB/s", file=sys.stderr, flush=True)
     out: dict = {"value_bytes": size, "records": n, "rows_per_record": table.num_rows}
@@ -256,8 +278,8 @@ def run_case(cfg, label: str, value_bytes: int, n: int, reps: int, modes: list[s
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--mib", type=float, default=32, help="MiB produced per mode and repetition")
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--mib", type=float, default=128, help="MiB produced per mode and repetition")
+    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="8 MiB, 1 repetition (smoke)")
     args = ap.parse_args()
     if args.quick:
