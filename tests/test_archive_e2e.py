@@ -27,7 +27,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 duckdb = pytest.importorskip("duckdb")
 pl = pytest.importorskip("polars")
 
-STEPS = 10
+STEPS = 40
+"""Long enough for the archiver killed at step 1 to be restarted (1 s backoff) while the run goes on: a
+tiny step takes ~0.1 s on a quiet machine, and 10 steps ended before the restart."""
 ROW_KEY = {"trajectories": "episode_id", "batches": "position", "weights": "0", "metrics": "0"}
 """What tells the rows of one log record apart, per archive kind."""
 

@@ -23,13 +23,18 @@ def _bad_input():
     return module
 
 
+STEPS = 30
+"""Enough for the trainer to read the batch injected after step 1: on a quiet machine a tiny step takes
+~0.1 s, and with 6 steps the trainer had finished before the garbage batch was on its topic."""
+
+
 def test_bad_records_on_every_topic_are_dead_lettered_and_the_run_finishes(tmp_path: Path, test_cluster) -> None:
     bench = _bad_input()
     t0 = time.monotonic()
-    result = bench.live_run(test_cluster, tmp_path, steps=6, timeout_s=100)
+    result = bench.live_run(test_cluster, tmp_path, steps=STEPS, timeout_s=100)
     out = result["_output"]
     assert result["run_finished"], out
-    assert result["trainer_steps"] == 6, out
+    assert result["trainer_steps"] == STEPS, out
     assert result["restarts"] == 0, [r for r in result["_records"] if r.get("kind") == "supervisor"]
     topics = {"tasks.default", "trajectories", "batches.policy", "weights.policy", "metrics"}
     assert set(result["topics"]) == topics
