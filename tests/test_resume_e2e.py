@@ -13,6 +13,9 @@ import pytest
 from test_launcher_e2e import LauncherProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+STEPS = 12
+"""The first run is stopped at step 3; a tiny step takes ~0.1 s on a quiet machine, so it needs room
+to still be running when the test sees step 3."""
 
 
 def _memory_log_env(state_dir: Path) -> dict[str, str]:
@@ -30,7 +33,7 @@ def _steps(records: list[dict], life: str | None = None) -> list[dict]:
 
 def test_resume_after_the_log_was_lost_finishes_without_retraining(tmp_path: Path) -> None:
     env = _memory_log_env(tmp_path / "state")
-    first = LauncherProcess(tmp_path, "lost-log", env, 6)
+    first = LauncherProcess(tmp_path, "lost-log", env, STEPS)
     first.wait_for_step(3, timeout_s=120)
     first.proc.send_signal(signal.SIGTERM)
     assert first.wait(60) == 130, first.output[-3000:]
@@ -38,7 +41,7 @@ def test_resume_after_the_log_was_lost_finishes_without_retraining(tmp_path: Pat
     trained_1 = {r["step"]: r["batch_id"] for r in _steps(before)}
 
     t0 = time.monotonic()
-    second = LauncherProcess(tmp_path, "lost-log", env, 6)
+    second = LauncherProcess(tmp_path, "lost-log", env, STEPS)
     rc = second.wait(150)
     wall = time.monotonic() - t0
     assert rc == 0, second.output[-3000:]
@@ -49,7 +52,7 @@ def test_resume_after_the_log_was_lost_finishes_without_retraining(tmp_path: Pat
     checkpointed = {b for s, b in trained_1.items() if s <= ckpt_step}
     resumed = _steps(after, start["life"])
     # every step after the checkpoint, once, up to the target, with batches never trained before it
-    assert [r["step"] for r in resumed] == list(range(ckpt_step + 1, 7)), resumed
+    assert [r["step"] for r in resumed] == list(range(ckpt_step + 1, STEPS + 1)), resumed
     assert not checkpointed & {r["batch_id"] for r in resumed}
     assert any(r.get("event") == "done" and r.get("life") == start["life"] for r in after)
     dataflow = [r for r in after if r.get("component") == "dataflow" and "counters" in r]
