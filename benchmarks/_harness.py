@@ -286,6 +286,10 @@ def summarize(rec: RunRecords, *, warmup_steps: int, node_pool: dict[str, str] |
         # dataflow.stale_tokens: mask: kept with their stale tokens masked out of the loss
         "trajectories_partly_stale": counters.get("trajectories.partly_stale", 0),
         "stale_tokens_masked": counters.get("trajectories.stale_tokens_masked", 0),
+        # sampling.regenerate_stale_after: continuations decoded again on the nodes (the replaced ones
+        # were never sent, so they are not in trajectories_produced)
+        "continuations_regenerated": _node_counter(rec.metrics, ".regenerated"),
+        "regenerated_tokens": _node_counter(rec.metrics, ".regenerated_tokens"),
         "response_tokens": quantiles([float(x) for x in lengths]),
         "policies": per_policy,
         "wall_s": round(rec.wall_s, 1),
@@ -295,6 +299,16 @@ def summarize(rec: RunRecords, *, warmup_steps: int, node_pool: dict[str, str] |
     if node_pool is not None:
         out["pools"] = pool_figures(rec, node_pool, warmup_steps)
     return out
+
+
+def _node_counter(metrics: list[dict], suffix: str) -> int:
+    """A nodes' cumulative workflow counter (``<policy><suffix>``), summed over nodes and policies at
+    each node's last metrics record."""
+    last: dict[str, dict] = {}
+    for r in metrics:
+        if r.get("component") == "raas" and isinstance(r.get("workflow"), dict):
+            last[r.get("node_id", "")] = r["workflow"]
+    return sum(v for counters in last.values() for k, v in counters.items() if k.endswith(suffix))
 
 
 def pool_figures(rec: RunRecords, node_pool: dict[str, str], warmup_steps: int) -> dict[str, Any]:

@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stale-tokens", choices=("drop", "mask"), default=None,
                     help="dataflow.stale_tokens for every run: drop a stale trajectory whole, or mask only its "
                          "stale tokens (default: the recipe's)")
+    ap.add_argument("--regenerate-stale-after", type=int, default=None, metavar="N",
+                    help="sampling.<policy>.regenerate_stale_after for every policy: a group's continuations with "
+                         "no token within N versions of the served weights are generated again, once")
     args = ap.parse_args(argv)
 
     t0 = time.monotonic()
@@ -92,9 +95,12 @@ def main(argv: list[str] | None = None) -> int:
                     flow["batch_lookahead"] = args.batch_lookahead
                 if args.stale_tokens:
                     flow["stale_tokens"] = args.stale_tokens
-                updates = {"dataflow": flow} if flow else None
+                updates: dict = {"dataflow": flow} if flow else {}
+                if args.regenerate_stale_after is not None:
+                    updates["sampling"] = {p.name: {"regenerate_stale_after": args.regenerate_stale_after}
+                                           for p in load_recipe(WORKLOADS[name]).policies}
                 result[name] = compare(cfg, WORKLOADS[name], name, steps=args.steps, warmup=args.warmup,
-                                       runs_dir=runs_dir, timeout_s=args.timeout, updates=updates)
+                                       runs_dir=runs_dir, timeout_s=args.timeout, updates=updates or None)
     result["wall_s"] = round(time.monotonic() - t0, 1)
     headline = result.get("solver_verifier") or result.get("single") or result.get("real_model")
     result["ratio_sync_over_async"] = headline["ratio_sync_over_async"]
@@ -102,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     result["sampler"] = args.sampler or "recipe's"
     result["batch_lookahead"] = args.batch_lookahead
     result["stale_tokens"] = args.stale_tokens or "recipe's"
+    result["regenerate_stale_after"] = args.regenerate_stale_after
     for name in WORKLOADS:
         if name in result:  # trained / produced / dropped of the async run
             a = result[name]["async"]
@@ -109,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                 "produced": a["trajectories_produced"], "trained": a["trajectories_trained"],
                 "dropped": a["trajectories_dropped"],
                 "partly_stale": a["trajectories_partly_stale"], "stale_tokens_masked": a["stale_tokens_masked"],
+                "regenerated": a["continuations_regenerated"], "regenerated_tokens": a["regenerated_tokens"],
                 "stale_share_of_produced": round(a["trajectories_dropped"].get("stale", 0)
                                                  / max(1, a["trajectories_produced"]), 4)}
     print(json.dumps(result))

@@ -226,6 +226,11 @@ class RaasNode:
                                    f"not loaded within {self.weights_timeout_s:g} s")
             await asyncio.sleep(0.01)
 
+    def _policy_counters(self) -> dict[str, int]:
+        """The policy clients' counters (``<policy>.regenerated``, ...), with the workflow's."""
+        return {f"{name}.{k}": v for name, client in getattr(self, "policies", {}).items()
+                for k, v in client.counters.items()}
+
     def _metrics_record(self) -> dict:
         follower = getattr(self, "follower", None)
         workflow = getattr(self, "workflow", None)
@@ -234,7 +239,7 @@ class RaasNode:
             follower.versions if follower else {},
             follower.refresh_s if follower else 0.0,
             self.inflight.tasks,
-            workflow.counters if workflow else {},
+            {**(workflow.counters if workflow else {}), **self._policy_counters()},
             follower.counters if follower else {},
             {**(self._consumer.handoff.drain() if getattr(self, "_consumer", None) else {}),
              **(follower.serving.drain() if follower else {})},

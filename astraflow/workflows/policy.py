@@ -10,6 +10,7 @@ tokenised once on its own, framed by the chat template, and never merged with th
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,14 @@ class SamplingConfig(BaseModel):
     """Sampling temperature (must equal the trainer backend's temperature)."""
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     """Nucleus mass."""
+    regenerate_stale_after: int | None = Field(default=None, ge=0)
+    """Async runs with long tails: once a group of continuations (one ``generate`` call) is complete,
+    a continuation none of whose tokens is within this many versions of the weights now served is
+    generated again, once, under those weights. The short siblings of a long sample are decoded
+    first and wait for it; without this they arrive wholly stale and the dataflow drops them (and
+    with them, often, the group). Set it below ``dataflow.max_staleness`` (the batches queued ahead
+    of the trainer age a group further); pair it with ``dataflow.stale_tokens: mask``, which keeps the
+    fresh tail of the long sample. None (default): never."""
 
     def params(self, stop_token_ids: tuple[int, ...] | None = None, max_new_tokens: int | None = None) -> SamplingParams:
         return SamplingParams(max_new_tokens=max_new_tokens or self.max_new_tokens,
@@ -133,6 +142,9 @@ class PolicyClient:
     end_of_turn_ids: tuple[int, ...] = ()
     """Tokens besides the tokenizer's eos that end a turn (the checkpoint's generation config
     ``eos_token_id``: e.g. ``<|im_end|>`` for a base model whose eos is ``<|endoftext|>``)."""
+    counters: Counter[str] = field(default_factory=Counter)
+    """``regenerated``: continuations generated again (``SamplingConfig.regenerate_stale_after``);
+    ``regenerated_tokens``: the tokens of the continuations they replaced (decoded, never sent)."""
 
     # -- tokens ------------------------------------------------------------------------------------
     @property
@@ -174,7 +186,20 @@ class PolicyClient:
     async def generate(self, prompts: list[list[int]], max_new_tokens: int | None = None) -> list[Generation]:
         """Continuations of ``prompts`` with the policy's sampling, stopping at end of turn."""
         params = self.sampling.params(self.stop_token_ids or None, max_new_tokens)
-        return await self.engine.agenerate(prompts, params)
+        gens = await self.engine.agenerate(prompts, params)
+        lag = self.sampling.regenerate_stale_after
+        if lag is None:
+            return gens
+        floor = self.engine.weight_version - lag
+        stale = [i for i, g in enumerate(gens) if g.versions and max(g.versions) < floor]
+        if not stale:
+            return gens
+        again = await self.engine.agenerate([prompts[i] for i in stale], params)
+        for i, g in zip(stale, again, strict=True):
+            self.counters["regenerated"] += 1
+            self.counters["regenerated_tokens"] += len(gens[i].token_ids)
+            gens[i] = g
+        return gens
 
     def generate_sync(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """Blocking generation with explicit params (evaluation), stopping at end of turn."""
