@@ -282,6 +282,7 @@ def summarize(rec: RunRecords, *, warmup_steps: int, node_pool: dict[str, str] |
         "trajectories_trained": sum(hist.values()),
         "batches_untrained_at_end": {p: len(bs) - per_policy[p]["steps"] for p, bs in rec.batches.items()},
         "trajectories_produced": len(rec.trajectories),
+        "tokens_produced": sum(lengths),
         "trajectories_dropped": dropped,
         # dataflow.stale_tokens: mask: kept with their stale tokens masked out of the loss
         "trajectories_partly_stale": counters.get("trajectories.partly_stale", 0),

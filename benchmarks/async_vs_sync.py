@@ -70,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stale-tokens", choices=("drop", "mask"), default=None,
                     help="dataflow.stale_tokens for every run: drop a stale trajectory whole, or mask only its "
                          "stale tokens (default: the recipe's)")
+    ap.add_argument("--emission-slack", type=int, default=None, metavar="N",
+                    help="dataflow.emission_slack for every run: versions of max_staleness kept free when emitting")
     ap.add_argument("--regenerate-stale-after", type=int, default=None, metavar="N",
                     help="sampling.<policy>.regenerate_stale_after for every policy: a group's continuations with "
                          "no token within N versions of the served weights are generated again, once")
@@ -95,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
                     flow["batch_lookahead"] = args.batch_lookahead
                 if args.stale_tokens:
                     flow["stale_tokens"] = args.stale_tokens
+                if args.emission_slack is not None:
+                    flow["emission_slack"] = args.emission_slack
                 updates: dict = {"dataflow": flow} if flow else {}
                 if args.regenerate_stale_after is not None:
                     updates["sampling"] = {p.name: {"regenerate_stale_after": args.regenerate_stale_after}
@@ -109,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     result["batch_lookahead"] = args.batch_lookahead
     result["stale_tokens"] = args.stale_tokens or "recipe's"
     result["regenerate_stale_after"] = args.regenerate_stale_after
+    result["emission_slack"] = args.emission_slack
     for name in WORKLOADS:
         if name in result:  # trained / produced / dropped of the async run
             a = result[name]["async"]
@@ -117,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
                 "dropped": a["trajectories_dropped"],
                 "partly_stale": a["trajectories_partly_stale"], "stale_tokens_masked": a["stale_tokens_masked"],
                 "regenerated": a["continuations_regenerated"], "regenerated_tokens": a["regenerated_tokens"],
+                # decoded and discarded: the tokens of stale-dropped trajectories are in tokens_produced
+                "regenerated_share_of_decoded_tokens": round(
+                    a["regenerated_tokens"] / max(1, a["tokens_produced"] + a["regenerated_tokens"]), 4),
                 "stale_share_of_produced": round(a["trajectories_dropped"].get("stale", 0)
                                                  / max(1, a["trajectories_produced"]), 4)}
     print(json.dumps(result))

@@ -3,6 +3,9 @@ of the trainer would be trained more than ``max_staleness`` versions after their
 
 from __future__ import annotations
 
+import pytest
+from pydantic import ValidationError
+
 from astraflow.dataflow import Dataflow, DataflowConfig
 from astraflow.records import Task, Trajectory, episode_id_for, group_id_for
 
@@ -35,6 +38,24 @@ def test_slow_trainer_stops_emission_at_the_staleness_bound():
     assert df.next_tasks(0.0) == []
     df.on_weights("pol", 1)
     assert len(df.next_tasks(0.0)) == B  # one more version -> one more batch worth of tasks
+
+
+def test_emission_slack_keeps_versions_of_the_bound_free_for_late_groups():
+    B, eta = 2, 3
+    for slack in (0, 2):
+        df = Dataflow(DataflowConfig(policies=["pol"], groups_per_batch=B, max_staleness=eta,
+                                     emission_slack=slack), _tasks(100))
+        emitted = []
+        while tasks := df.next_tasks(0.0):  # rollouts never finish: every task stays in flight
+            emitted += tasks
+        # the last group would be trained at version eta - slack: it may finish `slack` versions
+        # late and still be trained (the ingest filter allows eta)
+        assert len(emitted) == (eta - slack + 1) * B
+
+
+def test_emission_slack_cannot_exceed_the_bound():
+    with pytest.raises(ValidationError, match="emission_slack"):
+        DataflowConfig(max_staleness=1, emission_slack=2)
 
 
 def test_group_finishing_behind_a_queue_is_measured_against_its_training_version():

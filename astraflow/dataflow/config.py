@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from astraflow.dataflow.autoscaler import AutoscaleConfig
 from astraflow.dataflow.plugins import PluginSpec
@@ -37,6 +37,13 @@ class DataflowConfig(BaseModel):
     (``Dataflow.staleness_room``), and staleness is measured against the version that will train
     the group (``Dataflow.train_version``). An explicit value is a plain cap and staleness is
     measured against the announced version: batches queued at a slow trainer may be trained staler."""
+    emission_slack: int = Field(default=0, ge=0)
+    """Async: versions of ``max_staleness`` kept free when emitting. Tasks are emitted only while
+    every group would be trained within ``max_staleness - emission_slack`` versions of its emission
+    (``Dataflow.staleness_room``); the ingest filter still allows ``max_staleness``. A trainer-bound
+    run otherwise keeps the pipeline full to the bound, so a group finishing late (a long tail, or a
+    multi-phase episode whose first samples wait for the last phase) is trained beyond it. 0: emit
+    up to the bound."""
     batch_lookahead: int | None = Field(default=None, ge=1)
     """Batches served ahead of the trainer: a full batch waits in the sampler until fewer than this
     many are untrained (judged from the announced versions, which lag by the trainer's publish lag).
@@ -66,6 +73,13 @@ class DataflowConfig(BaseModel):
     """Batch-serving plug-in; one instance per policy."""
     autoscale: AutoscaleConfig = Field(default_factory=AutoscaleConfig)
     """Advisory node-count report."""
+
+    @model_validator(mode="after")
+    def _slack_within_bound(self) -> DataflowConfig:
+        if self.emission_slack > self.max_staleness:
+            raise ValueError(f"emission_slack ({self.emission_slack}) cannot exceed max_staleness "
+                             f"({self.max_staleness})")
+        return self
 
     @property
     def in_flight_cap(self) -> int:

@@ -90,11 +90,12 @@ class Dataflow:
         ``base + g // B``. Its tokens are at least the emission version v (a node serves a task
         only once it loaded ``emitted_version``), so staleness <= η holds iff
         g < (v - base + η + 1) * B (a group finishing out of order, behind the queue, is caught by
-        the ingest filter against :meth:`train_version`). In-flight
+        the ingest filter against :meth:`train_version`); ``emission_slack`` versions of η are kept
+        free for such groups. In-flight
         alone cannot guarantee this: when the trainer is the bottleneck, finished groups queue up as
         batches and the emitter would keep refilling (every queued batch adds a version of lag).
         """
-        B, eta = self.cfg.groups_per_batch, self.cfg.max_staleness
+        B, eta = self.cfg.groups_per_batch, self.cfg.max_staleness - self.cfg.emission_slack
         room = None
         for p, b in self.batchers.items():
             ahead = b.counters["groups_batched"] + b.sampler.buffered() + sum(
