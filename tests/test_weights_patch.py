@@ -97,3 +97,55 @@ def test_an_engine_in_another_dtype_refreshes_by_full_loads(test_cluster):
     finally:
         follower.stop()
         trainer.pub.close()
+
+
+def test_an_announced_version_counts_as_served_when_its_refresh_ends(test_cluster):
+    """The announcement -> serving latency is taken by the thread that refreshed, as the refresh ends,
+    not by the follower thread after its next poll (which added up to 0.1 s to the figure)."""
+    import threading
+    import time
+
+    from astraflow.log import Topics
+    from astraflow.log.handoff import HandoffLatency
+
+    trainer = _Trainer(test_cluster)
+    engine = SimulatedEngine()
+    follower = WeightFollower(test_cluster, {POLICY: engine}, "node-s", check_every_s=60)
+    ended: list[float] = []
+    observed: list[tuple[float, str]] = []
+
+    def clock() -> float:
+        observed.append((time.time(), threading.current_thread().name))
+        return observed[-1][0]
+
+    follower.serving = HandoffLatency(clock=clock)
+    refresh = follower.refresh
+
+    def timed_refresh(policy: str) -> bool:
+        try:
+            return refresh(policy)
+        finally:
+            ended.append(time.time())
+
+    follower.refresh = timed_refresh
+    try:
+        trainer.publish(1)
+        follower.catch_up(timeout_s=30)
+        follower.start()
+        deadline = time.monotonic() + 60
+        version = 1
+        while not observed:  # announced on the weights topic; the follower refreshes on its own
+            assert time.monotonic() < deadline, "no announcement -> serving observation"
+            version += 1  # again until the follower's consumer, joining its group, sees one
+            trainer.publish(version)
+            for _ in range(200):
+                if observed:
+                    break
+                time.sleep(0.01)
+        assert engine.weight_version >= 2
+        (t_obs, thread), t_end = observed[0], ended[-1]
+        assert thread.startswith("refresh-node-s") and t_obs >= t_end, (thread, t_obs - t_end)
+        assert f"{Topics(test_cluster.run).weights(POLICY)}:serving" in follower.serving.drain()
+    finally:
+        follower.stop()
+        trainer.pub.close()

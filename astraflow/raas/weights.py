@@ -229,9 +229,8 @@ class WeightFollower:
         # refreshed the node.
         pool = ThreadPoolExecutor(1, thread_name_prefix=f"refresh-{self.node_id}")
         running: Future | None = None
-        running_announced: dict[str, int | None] = {}
         due: set[str] = set()
-        announced: dict[str, int | None] = {}
+        announced: dict[str, int | None] = {}  # policy -> timestamp of its first unserved announcement
         try:
             last_check = time.monotonic()
             while not self._stop.is_set():
@@ -243,19 +242,17 @@ class WeightFollower:
                     for msg in consumer.poll(timeout_s=0.5 if running is None else 0.1):
                         if msg.topic in by_topic:
                             due.add(by_topic[msg.topic])
-                            announced.setdefault(msg.topic, msg.timestamp_ms)
+                            announced.setdefault(by_topic[msg.topic], msg.timestamp_ms)
                     if s3.down or time.monotonic() - last_check > self.check_every_s:
                         due.update(self.engines)
                         last_check = time.monotonic()
                     if running is not None and running.done():
                         finished, running = running, None
                         finished.result()  # its store errors are handled below, as if raised here
-                        for topic, timestamp_ms in running_announced.items():
-                            self.serving.observe(f"{topic}:serving", timestamp_ms)
                         s3.ok()
                     if running is None and due:
-                        running = pool.submit(self._refresh_all, sorted(due))
-                        running_announced, due, announced = announced, set(), {}
+                        running = pool.submit(self._refresh_all, sorted(due), announced)
+                        due, announced = set(), {}
                 except ReplicaLagError as exc:  # the origin answers: not an outage; the next check retries
                     log.warning("node %s: %s; serving %s meanwhile", self.node_id, exc, self.versions)
                 except ObjectStoreUnavailableError as exc:
@@ -274,9 +271,16 @@ class WeightFollower:
                 except Exception:
                     log.debug("closing the announcement consumer failed", exc_info=True)
 
-    def _refresh_all(self, policies: list[str]) -> None:
+    def _refresh_all(self, policies: list[str], announced: dict[str, int | None]) -> None:
+        """Refresh ``policies``; each announced one counts as served the moment its refresh ends (the
+        follower thread would see that only after its next poll, up to 0.1 s later)."""
+        from astraflow.log import Topics
+
+        topics = Topics(self.cfg.run)
         for policy in policies:
             self.refresh(policy)
+            if policy in announced:
+                self.serving.observe(f"{topics.weights(policy)}:serving", announced[policy])
 
     def stop(self) -> None:
         self._stop.set()
