@@ -28,6 +28,7 @@ from astraflow.launcher.plan import (
     effective_recipe,
     node_spec,
     run_topics,
+    slot_shortfall,
     write_recipe,
 )
 from astraflow.launcher.progress import RunProgress
@@ -257,6 +258,8 @@ def _launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console, guard
     t0 = time.monotonic()
     console.print(f"[bold]run {run_id}[/bold]: {len(specs)} components "
                   f"({', '.join(s.name for s in specs)}); logs in {run_dir / 'logs'}")
+    if (hint := slot_shortfall(recipe)) is not None and not opts.from_archive:
+        console.print(f"[yellow]note:[/yellow] {escape(hint)}", highlight=False)
     monitor = None
     try:
         monitor = _Monitor(cfg, run_id, progress, metrics_path,
