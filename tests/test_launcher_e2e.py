@@ -137,8 +137,10 @@ def test_killed_components_are_restarted_and_the_run_finishes(tmp_path: Path, te
     assert rc == 0, out[-3000:]
     records = launcher.records()
     restarts = [r for r in records if r.get("kind") == "supervisor"]
-    assert [(r["component"], r["event"], r["returncode"], r["restarts"]) for r in restarts] == [
-        (component, "restart", -signal.SIGKILL, 1) for _, component in KILLS], restarts
+    # Each victim restarted once. Not in kill order: on a quiet machine the trainer can be past step 4
+    # when the node dies, so two kills land within one backoff and restart in the supervisor's order.
+    assert sorted((r["component"], r["event"], r["returncode"], r["restarts"]) for r in restarts) == sorted(
+        (component, "restart", -signal.SIGKILL, 1) for _, component in KILLS), restarts
     steps = [r["step"] for r in records if r.get("component") == "trainer" and not r.get("event") and "step" in r]
     assert max(steps) == KILL_RUN_STEPS and any(r.get("event") == "done" for r in records)
     assert "Traceback" not in out
