@@ -303,7 +303,7 @@ def summarize(rec: RunRecords, *, warmup_steps: int, node_pool: dict[str, str] |
 
 
 def _node_counter(metrics: list[dict], suffix: str) -> int:
-    """A nodes' cumulative workflow counter (``<policy><suffix>``), summed over nodes and policies at
+    """The nodes' cumulative workflow counter (``<policy><suffix>``), summed over nodes and policies at
     each node's last metrics record."""
     last: dict[str, dict] = {}
     for r in metrics:

@@ -227,7 +227,8 @@ class RaasNode:
             await asyncio.sleep(0.01)
 
     def _policy_counters(self) -> dict[str, int]:
-        """The policy clients' counters (``<policy>.regenerated``, ...), with the workflow's."""
+        """The policy clients' counters as ``<policy>.<counter>`` (``<policy>.regenerated``, ...); the
+        metrics record puts them beside the workflow's."""
         return {f"{name}.{k}": v for name, client in getattr(self, "policies", {}).items()
                 for k, v in client.counters.items()}
 

@@ -230,7 +230,8 @@ class WeightFollower:
         pool = ThreadPoolExecutor(1, thread_name_prefix=f"refresh-{self.node_id}")
         running: Future | None = None
         due: set[str] = set()
-        announced: dict[str, int | None] = {}  # policy -> timestamp of its first unserved announcement
+        # policy -> (its weights topic, timestamp of its first unserved announcement)
+        announced: dict[str, tuple[str, int | None]] = {}
         try:
             last_check = time.monotonic()
             while not self._stop.is_set():
@@ -242,7 +243,7 @@ class WeightFollower:
                     for msg in consumer.poll(timeout_s=0.5 if running is None else 0.1):
                         if msg.topic in by_topic:
                             due.add(by_topic[msg.topic])
-                            announced.setdefault(by_topic[msg.topic], msg.timestamp_ms)
+                            announced.setdefault(by_topic[msg.topic], (msg.topic, msg.timestamp_ms))
                     if s3.down or time.monotonic() - last_check > self.check_every_s:
                         due.update(self.engines)
                         last_check = time.monotonic()
@@ -271,16 +272,14 @@ class WeightFollower:
                 except Exception:
                     log.debug("closing the announcement consumer failed", exc_info=True)
 
-    def _refresh_all(self, policies: list[str], announced: dict[str, int | None]) -> None:
+    def _refresh_all(self, policies: list[str], announced: dict[str, tuple[str, int | None]]) -> None:
         """Refresh ``policies``; each announced one counts as served the moment its refresh ends (the
         follower thread would see that only after its next poll, up to 0.1 s later)."""
-        from astraflow.log import Topics
-
-        topics = Topics(self.cfg.run)
         for policy in policies:
             self.refresh(policy)
             if policy in announced:
-                self.serving.observe(f"{topics.weights(policy)}:serving", announced[policy])
+                topic, timestamp_ms = announced[policy]
+                self.serving.observe(f"{topic}:serving", timestamp_ms)
 
     def stop(self) -> None:
         self._stop.set()
