@@ -59,7 +59,7 @@ class Run:
     """``astraflow run`` as a subprocess, its metrics.jsonl, and the test's report publisher."""
 
     def __init__(self, tmp_path: Path, cfg) -> None:
-        from astraflow.log import LogConsumer, LogProducer, Topics
+        from astraflow.log import LogProducer, Topics
 
         self.cfg = cfg
         self.run_dir = tmp_path / "runs" / cfg.run
@@ -72,9 +72,25 @@ class Run:
             self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
         self.topic = Topics(cfg.run).metrics
         self.producer = LogProducer(cfg, f"{cfg.run}.test-autoscaler")
-        self.trajectories = LogConsumer(cfg, Topics(cfg.run).trajectories, group_id=f"{cfg.run}.test-watch")
+        self.trajectories = None
+        """The test's reader of the trajectories topic, opened by :meth:`watch_trajectories`."""
         self.by_node: Counter[str] = Counter()
         """Trajectories seen on the log per node id."""
+
+    def watch_trajectories(self) -> None:
+        """Read the trajectories topic from its start. Opened only once the launcher created the run's
+        topics: a consumer subscribing to a topic that does not exist yet has the broker auto-create it
+        with its default partitions, and the launcher then finds it existing.
+
+        The group join is awaited in a tight poll loop: kafka-python 3.0.12 drops a JoinGroup/SyncGroup
+        that completes while no poll() is waiting for it and starts a new one (``join_group_async``
+        reschedules a finished ``_join_task``), and Tansu answers each join after ~3 s; polling 0.1 s
+        out of every ~0.3 s, as :meth:`wait_for` does, never joined on a loaded machine."""
+        from astraflow.log import LogConsumer, Topics
+
+        self.trajectories = LogConsumer(self.cfg, Topics(self.cfg.run).trajectories,
+                                        group_id=f"{self.cfg.run}.test-watch", auto_offset_reset="earliest")
+        self.trajectories.wait_for_assignment(60)
 
     @property
     def output(self) -> str:
@@ -95,8 +111,8 @@ class Run:
 
         deadline, last_sent = time.monotonic() + timeout_s, 0.0
         while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"launcher ended before {what}:\n{self.output[-3000:]}"
-            for m in self.trajectories.poll(timeout_s=0.1, max_records=500):
+            assert self.proc.poll() is None, f"launcher ended before {what} ({self.by_node}):\n{self.output[-3000:]}"
+            for m in self.trajectories.poll(timeout_s=0.1, max_records=500) if self.trajectories else []:
                 self.by_node.update(t.node_id for t in traj_rec.from_table(m.table))
             result = found(self.records())
             if result:
@@ -107,11 +123,12 @@ class Run:
                 self.producer.flush(5)
                 last_sent = time.monotonic()
             time.sleep(0.2)
-        raise AssertionError(f"no {what} within {timeout_s} s:\n{self.output[-3000:]}")
+        raise AssertionError(f"no {what} within {timeout_s} s ({self.by_node}):\n{self.output[-3000:]}")
 
     def close(self) -> None:
         self.producer.close()
-        self.trajectories.close()
+        if self.trajectories is not None:
+            self.trajectories.close()
         if self.proc.poll() is None:
             self.proc.kill()
 
@@ -169,6 +186,7 @@ def test_the_actuator_scales_a_pool_up_and_down_and_loses_no_task(tmp_path: Path
         # Scale up as soon as the run has work out: the new node's start-up (imports, weight catch-up)
         # then overlaps the first node's, which keeps the test short and independent of the machine's load.
         run.wait_for("tasks emitted", _tasks_emitted, timeout_s=60)
+        run.watch_trajectories()
         (start,) = run.wait_for("a node started", lambda _: run.actuations("start"), report=starved)
         assert start["node"] == "raas-default-1"
         argv = children(run.proc.pid).get(start["pid"], [])
