@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from astraflow.delta.bits import dtype_name, tensor_checksum
-from astraflow.delta.errors import DeltaCorruptError, VersionExistsError, VersionNotFoundError
+from astraflow.delta.errors import DeltaCorruptError, NoPathError, VersionExistsError, VersionNotFoundError
 from astraflow.delta.manifest import Manifest, ObjectInfo
 from astraflow.delta.planner import Plan, plan_path
 from astraflow.delta.retention import GcPlan, RetentionPolicy, SubscriberRecord, plan_gc
@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from astraflow.config import ClusterConfig
 
 SUBSCRIBERS_DIR = "subscribers/"
+NEAR_VERSIONS = 8
+"""How far ahead a plan reads manifests one by one instead of listing the bucket."""
 
 
 class WeightStore:
@@ -120,12 +122,31 @@ class WeightStore:
         return {v: self.manifest(v) for v in self.versions()}
 
     def plan(self, have: int | None, want: int | None = None, avoid: Collection[str] = ()) -> Plan:
+        """The cheapest anchor + delta path from ``have`` to ``want`` (default: the latest). A
+        ``want`` at most :data:`NEAR_VERSIONS` ahead reads only the manifests in between: an anchor at
+        or before ``have`` cannot beat the deltas after ``have``, so listing the bucket (which grows
+        with the run) is only needed when those do not make a path."""
+        if have is not None and want is not None and 0 < want - have <= NEAR_VERSIONS:
+            near = self._manifests_between(have, want)
+            if near is not None:
+                try:
+                    return plan_path(near, have, want, avoid)
+                except NoPathError:
+                    pass  # a refused or missing delta in the way: plan over every version
         manifests = self.manifests()
         if want is None:
             if not manifests:
                 raise VersionNotFoundError(f"no version of {self.policy} is published")
             want = max(manifests)
         return plan_path(manifests, have, want, avoid)
+
+    def _manifests_between(self, have: int, want: int) -> dict[int, Manifest] | None:
+        """The manifests of versions ``have + 1 .. want`` (cached ones are not read again), or None
+        when one of them is not published."""
+        try:
+            return {v: self.manifest(v) for v in range(have + 1, want + 1)}
+        except VersionNotFoundError:
+            return None
 
     def get_anchor(self, version: int, device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
         """The anchor's state dict, each tensor checked against the manifest's CRC-32C."""

@@ -1,10 +1,10 @@
 """A node's view of the weight plane: catch up before taking work, then follow announcements.
 
 ``WeightFollower`` owns one ``WeightSubscriber`` per policy and a background thread that reads
-``<run>.weights.<policy>``. An announcement is only a wake-up: the follower asks the subscriber for
-the latest published version, pulls it (the nearest anchor plus deltas, decided by the subscriber)
-and swaps it into the policy's engine with ``load_weights``, which lands between two decoding
-steps. Pulling and decoding happen on this thread, so generation never waits for the bucket. An
+``<run>.weights.<policy>``. An announcement names its version: the follower pulls it (the nearest
+anchor plus deltas, decided by the subscriber from the manifests after the version it holds, without
+listing the bucket) and swaps it into the policy's engine with ``load_weights``, which lands between
+two decoding steps. Pulling and decoding happen on this thread, so generation never waits for the bucket. An
 engine that exposes its tensors (``live_weights``: the simulated engine, an HF model in the
 published dtype) is patched in place instead: the deltas are fetched and decoded here, the engine
 pauses only while the changed entries are written, checksums are verified after, and the follower
@@ -31,6 +31,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -100,19 +101,25 @@ class WeightFollower:
 
         return self.objects.stats.record() if isinstance(self.objects, RegionalStore) else None
 
-    def refresh(self, policy: str) -> bool:
+    def refresh(self, policy: str, announced: int | None = None,
+                serving: Callable[[], None] | None = None) -> bool:
         """Load the latest version of ``policy`` if it is newer than the engine's; True if loaded.
-        False also when the latest version cannot be reached (see the module docstring)."""
+        False also when the latest version cannot be reached (see the module docstring).
+
+        ``announced``: the version an announcement named, taken as the latest without listing the
+        bucket (a newer one has its own announcement, and the periodic check lists). ``serving`` is
+        called the moment the engine serves the new version, before the bookkeeping after it (the
+        subscriber's record in the bucket, the patch's verification)."""
         from astraflow.delta import NoPathError
 
         sub, engine = self.subscribers[policy], self.engines[policy]
-        latest = sub.latest_version()
+        latest = sub.latest_version() if announced is None else announced
         # The first load always happens: the engine starts from the seeded model, whose "version 0"
         # need not be the published v0 (e.g. after an SFT warm start).
         if latest is None or (policy in self._loaded and latest <= engine.weight_version):
             return False
         t0 = time.perf_counter()
-        if policy in self._loaded and self._patch(policy, latest):
+        if policy in self._loaded and self._patch(policy, latest, serving):
             self.refresh_s = time.perf_counter() - t0
             self.refreshes += 1
             log.info("node %s: %s -> v%d in %.2fs (patched in place, paused %.3fs)", self.node_id, policy, latest,
@@ -132,13 +139,15 @@ class WeightFollower:
             return False
         if not fetched:
             engine.load_weights(state, latest)
+        if serving is not None:
+            serving()
         self.refresh_s = time.perf_counter() - t0
         self.refreshes += 1
         self._loaded.add(policy)
         log.info("node %s: %s -> v%d in %.2fs", self.node_id, policy, latest, self.refresh_s)
         return True
 
-    def _patch(self, policy: str, latest: int) -> bool:
+    def _patch(self, policy: str, latest: int, serving: Callable[[], None] | None) -> bool:
         """Bring an engine that exposes its tensors to ``latest`` by patching them in place
         (:mod:`astraflow.delta.patch`): fetch and decode here, pause the engine only for the writes,
         verify after. False when the engine cannot be patched or the way there needs a full load."""
@@ -160,6 +169,8 @@ class WeightFollower:
         t0 = time.perf_counter()
         engine.patch_weights(patch.write, patch.version)
         self.paused_s = time.perf_counter() - t0
+        if serving is not None:
+            serving()
         sub.patched(patch)
         mismatched = patch.verify(live)
         if mismatched:  # the engine's bits were not the version we held: reload from an anchor
@@ -230,8 +241,8 @@ class WeightFollower:
         pool = ThreadPoolExecutor(1, thread_name_prefix=f"refresh-{self.node_id}")
         running: Future | None = None
         due: set[str] = set()
-        # policy -> (its weights topic, timestamp of its first unserved announcement)
-        announced: dict[str, tuple[str, int | None]] = {}
+        # policy -> (its weights topic, timestamp of its first unserved announcement, newest version named)
+        announced: dict[str, tuple[str, int | None, int | None]] = {}
         try:
             last_check = time.monotonic()
             while not self._stop.is_set():
@@ -242,8 +253,10 @@ class WeightFollower:
                         broker.ok()
                     for msg in consumer.poll(timeout_s=0.5 if running is None else 0.1):
                         if msg.topic in by_topic:
-                            due.add(by_topic[msg.topic])
-                            announced.setdefault(by_topic[msg.topic], (msg.topic, msg.timestamp_ms))
+                            policy = by_topic[msg.topic]
+                            due.add(policy)
+                            topic, first_ms, newest = announced.get(policy, (msg.topic, msg.timestamp_ms, None))
+                            announced[policy] = (topic, first_ms, _newest(newest, msg.obj))
                     if s3.down or time.monotonic() - last_check > self.check_every_s:
                         due.update(self.engines)
                         last_check = time.monotonic()
@@ -272,14 +285,28 @@ class WeightFollower:
                 except Exception:
                     log.debug("closing the announcement consumer failed", exc_info=True)
 
-    def _refresh_all(self, policies: list[str], announced: dict[str, tuple[str, int | None]]) -> None:
-        """Refresh ``policies``; each announced one counts as served the moment its refresh ends (the
-        follower thread would see that only after its next poll, up to 0.1 s later)."""
+    def _refresh_all(self, policies: list[str], announced: dict[str, tuple[str, int | None, int | None]]) -> None:
+        """Refresh ``policies``, an announced one to the version its announcement named."""
         for policy in policies:
-            self.refresh(policy)
             if policy in announced:
-                topic, timestamp_ms = announced[policy]
-                self.serving.observe(f"{topic}:serving", timestamp_ms)
+                self._refresh_announced(policy, *announced[policy])
+            else:
+                self.refresh(policy)
+
+    def _refresh_announced(self, policy: str, topic: str, timestamp_ms: int | None, version: int | None) -> None:
+        """Refresh ``policy`` to the announced ``version``; the announcement counts as served the moment
+        the engine serves it (the follower thread would see that only after its next poll, up to
+        0.1 s later, and the subscriber's record is written after)."""
+        served: list[bool] = []
+
+        def observe() -> None:
+            served.append(True)
+            self.serving.observe(f"{topic}:serving", timestamp_ms)
+
+        self.refresh(policy, version, serving=observe)
+        # Nothing loaded because the engine got there before (a periodic check): served since then.
+        if not served and (version is None or self.engines[policy].weight_version >= version):
+            observe()
 
     def stop(self) -> None:
         self._stop.set()
@@ -290,3 +317,12 @@ class WeightFollower:
                 sub.close()
             except Exception:
                 log.debug("unregistering subscriber %s failed", sub.subscriber_id, exc_info=True)
+
+
+def _newest(known: int | None, announcement: object) -> int | None:
+    """The newer of ``known`` and the version an announcement names (None if it names none: the
+    refresh then lists the bucket)."""
+    version = announcement.get("version") if isinstance(announcement, dict) else None
+    if not isinstance(version, int) or isinstance(version, bool):
+        return known
+    return version if known is None else max(known, version)
