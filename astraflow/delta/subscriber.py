@@ -131,11 +131,12 @@ class WeightSubscriber:
         return self._consumer
 
     # -- pulling ---------------------------------------------------------------------------------
-    def pull(self, to_version: int | None = None) -> tuple[dict[str, torch.Tensor], int, int]:
+    def pull(self, to_version: int | None = None, *, register: bool = True) -> tuple[dict[str, torch.Tensor], int, int]:
         """Bring the subscriber's own state to ``to_version`` (default: latest). Returns
         ``(state_dict, version, bytes downloaded by this call)``; the state dict is the
-        subscriber's and is updated in place by later pulls."""
-        pulled = self._advance(None, to_version)
+        subscriber's and is updated in place by later pulls. ``register=False`` leaves the
+        subscriber's record in the bucket to a later :meth:`heartbeat` (a node serves first)."""
+        pulled = self._advance(None, to_version, register=register)
         return self._state, self.version, pulled
 
     def apply_to(self, target: torch.nn.Module | StateDict, to_version: int | None = None) -> tuple[int, int]:
@@ -188,7 +189,7 @@ class WeightSubscriber:
         if self.register:
             self.store.register_subscriber(self.subscriber_id, self.version)
 
-    def _advance(self, into: StateDict | None, to_version: int | None) -> int:
+    def _advance(self, into: StateDict | None, to_version: int | None, *, register: bool = True) -> int:
         before = self.bytes_pulled
         resync = False
         attempt = 0
@@ -219,7 +220,7 @@ class WeightSubscriber:
                 self.refused[bad.step.key] = reason
                 log.warning("%s: refused %s v%d object %s (%s): %s", self.subscriber_id, self.policy,
                             bad.step.version, bad.step.key, reason, exc)
-        if self.register:
+        if self.register and register:
             self.store.register_subscriber(self.subscriber_id, self.version)
         return self.bytes_pulled - before
 
@@ -254,7 +255,8 @@ class WeightSubscriber:
     # -- lifecycle -------------------------------------------------------------------------------
     def heartbeat(self) -> None:
         """Refresh this subscriber's registration (do it more often than the GC's subscriber TTL)."""
-        self.store.register_subscriber(self.subscriber_id, self.version)
+        if self.register:
+            self.store.register_subscriber(self.subscriber_id, self.version)
 
     def close(self, *, unregister: bool = True) -> None:
         if self._consumer is not None:

@@ -128,8 +128,8 @@ class WeightFollower:
         try:
             # An engine that fetches its weights itself (a vLLM server's workers) is only told the version.
             fetched = engine.load_published(self.cfg, policy, latest, subscriber_id=self.node_id)
-            if not fetched:
-                state, _, _ = sub.pull(latest)  # the subscriber's own copy: load it, do not keep it
+            if not fetched:  # the subscriber's own copy: load it, do not keep it; its record after serving
+                state, _, _ = sub.pull(latest, register=False)
         except NoPathError as exc:  # e.g. only through a refused object: wait for a newer version
             if self._unreachable.get(policy) != latest:
                 self._unreachable[policy] = latest
@@ -141,6 +141,8 @@ class WeightFollower:
             engine.load_weights(state, latest)
         if serving is not None:
             serving()
+        if not fetched:
+            sub.heartbeat()
         self.refresh_s = time.perf_counter() - t0
         self.refreshes += 1
         self._loaded.add(policy)
