@@ -77,7 +77,8 @@ class WeightPublisher:
 
             self._topic = Topics(cfg.run).weights(policy)
             ensure_topics(cfg, {self._topic: 1})
-            self._producer = LogProducer(cfg, producer_id or f"weights-publisher-{policy}")
+            # One record per version, awaited before the next: nothing to batch, so no linger.
+            self._producer = LogProducer(cfg, producer_id or f"weights-publisher-{policy}", linger_ms=0)
         self._thread = threading.Thread(target=self._run, name=f"weight-publisher-{policy}", daemon=True)
         self._thread.start()
 
