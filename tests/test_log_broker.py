@@ -9,7 +9,7 @@ import time
 import pyarrow as pa
 import pytest
 
-from astraflow.config import ClusterConfig, KafkaSettings
+from astraflow.config import BACKGROUND_FETCH_MAX_WAIT_MS, KAFKA_FETCH_MAX_WAIT_MS, ClusterConfig, KafkaSettings
 from astraflow.log import (
     BrokerUnavailableError,
     LogConsumer,
@@ -233,6 +233,22 @@ def test_pause_and_resume(test_cluster: ClusterConfig) -> None:
         consumer.resume()
         got = _drain(consumer, 3)
         assert [m.key for m in got] == ["k0", "k1", "k2"]
+
+
+def test_a_background_consumer_waits_longer_per_fetch_and_still_reads(test_cluster: ClusterConfig) -> None:
+    """The archiver's and the launcher's consumers (``background=True``) fetch with a long wait, so
+    they wake less often on a shared machine; the pipeline's own consumers keep the cluster's."""
+    topic = Topics(test_cluster.run).tasks("bg")
+    ensure_topics(test_cluster, {topic: 1})
+    with LogConsumer(test_cluster, [topic], "g-bg", background=True) as bg, \
+            LogConsumer(test_cluster, [topic], "g-fg") as fg:
+        assert bg._consumer.config["fetch_max_wait_ms"] == max(BACKGROUND_FETCH_MAX_WAIT_MS,
+                                                               fg._consumer.config["fetch_max_wait_ms"])
+        assert fg._consumer.config["fetch_max_wait_ms"] == (test_cluster.kafka.fetch_max_wait_ms
+                                                            or KAFKA_FETCH_MAX_WAIT_MS)
+        bg.wait_for_assignment()
+        _produce(test_cluster, topic, 3).close()
+        assert [m.key for m in _drain(bg, 3)] == ["k0", "k1", "k2"]
 
 
 def test_group_join_takes_seconds(test_cluster: ClusterConfig) -> None:

@@ -111,7 +111,7 @@ class Archiver:
             self.kinds[topics.weights(p)] = (R.WEIGHTS, p)
         self.group_id = group_id or ConsumerGroups(cfg.run).archive
         self.consumer = consumer or LogConsumer(cfg, list(self.kinds), self.group_id, store=self.store,
-                                                client_id=f"archiver-{cfg.run}")
+                                                client_id=f"archiver-{cfg.run}", background=True)
         self.max_records, self.max_bytes, self.flush_s = max_records, max_bytes, flush_s
         self.row_group_bytes = row_group_bytes
         self.stats = ArchiveStats()

@@ -118,7 +118,7 @@ class _Monitor:
         # A group of its own (unique id): the launcher only reads, and must not take partitions from
         # the dataflow's metrics consumer.
         self.consumer = LogConsumer(cfg, self.topic, group_id=f"{run_id}.launcher.{uuid.uuid4().hex[:6]}",
-                                    expected_schemas={self.topic: METRICS_SCHEMA}, client_id=f"launcher-{run_id}")
+                                    expected_schemas={self.topic: METRICS_SCHEMA}, client_id=f"launcher-{run_id}", background=True)
 
     def absorb(self, timeout_s: float, max_records: int) -> int:
         """One poll of the metrics topic into metrics.jsonl and the progress view; records polled.

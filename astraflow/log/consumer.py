@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
-from astraflow.config import KAFKA_FETCH_MAX_WAIT_MS
+from astraflow.config import BACKGROUND_FETCH_MAX_WAIT_MS, KAFKA_FETCH_MAX_WAIT_MS
 from astraflow.log.admin import open_kafka_client
 from astraflow.log.claim_check import ClaimCheck
 from astraflow.log.codec import (
@@ -61,11 +61,14 @@ class LogConsumer:
         client_id: str | None = None,
         bootstrap_timeout_s: float = 10.0,
         store: ObjectStore | None = None,
+        background: bool = False,
         **kafka_overrides: Any,
     ) -> None:
         """``session_timeout_ms=6000``: a group join takes ~3 s against Tansu (23 s at kafka-python's
         45 s default). ``max_poll_interval_ms``: longest gap between polls (one RL step) before the
-        member is considered dead. ``kafka_overrides`` go straight to ``KafkaConsumer``."""
+        member is considered dead. ``background``: a consumer no hand-off waits on (an archive, a progress
+        view); its fetches wait at least ``BACKGROUND_FETCH_MAX_WAIT_MS``, so it wakes less often.
+        ``kafka_overrides`` go straight to ``KafkaConsumer``."""
         from kafka import ConsumerRebalanceListener, KafkaConsumer
 
         self.cfg = cfg
@@ -93,6 +96,8 @@ class LogConsumer:
             "max_partition_fetch_bytes": max_record_bytes(cfg.inline_limit_bytes),
             "fetch_max_wait_ms": cfg.kafka.fetch_max_wait_ms or KAFKA_FETCH_MAX_WAIT_MS,
         }
+        if background:
+            kwargs["fetch_max_wait_ms"] = max(kwargs["fetch_max_wait_ms"], BACKGROUND_FETCH_MAX_WAIT_MS)
         kwargs.update(kafka_overrides)
         self._consumer = open_kafka_client(KafkaConsumer, f"consumer {group_id}", cfg, bootstrap_timeout_s,
                                            **kwargs)
