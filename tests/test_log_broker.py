@@ -9,7 +9,12 @@ import time
 import pyarrow as pa
 import pytest
 
-from astraflow.config import BACKGROUND_FETCH_MAX_WAIT_MS, KAFKA_FETCH_MAX_WAIT_MS, ClusterConfig, KafkaSettings
+from astraflow.config import (
+    BACKGROUND_FETCH_MAX_WAIT_MS,
+    KAFKA_FETCH_MAX_WAIT_MS,
+    ClusterConfig,
+    KafkaSettings,
+)
 from astraflow.log import (
     BrokerUnavailableError,
     LogConsumer,
