@@ -14,8 +14,10 @@ Manifests are immutable once published, so they are cached. Retention is describ
 from __future__ import annotations
 
 import tempfile
+import threading
 import time
 from collections.abc import Collection, MutableMapping
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -45,6 +47,7 @@ class WeightStore:
         self.policy = policy
         self.prefix = self.layout.weights_prefix(policy)
         self._manifests: dict[int, Manifest] = {}
+        self._prefetched: tuple[int, str, Future] | None = None
 
     @classmethod
     def from_config(cls, cfg: ClusterConfig, policy: str) -> WeightStore:
@@ -164,11 +167,37 @@ class WeightStore:
         check_state(state, m)
         return state
 
+    def prefetch_delta(self, version: int) -> None:
+        """Start reading the delta of ``version`` from its usual key on a thread of its own, so that it
+        downloads while the manifest is read: :meth:`get_delta` takes it when the manifest names that
+        object, and checks it as always. A miss (no delta there, an error) only costs the request:
+        ``get_delta`` reads the object itself then. Only the newest prefetch is kept."""
+        key = self.layout.delta_key(self.policy, version)
+        future: Future = Future()
+
+        def fetch() -> None:
+            try:
+                future.set_result(self.objects.get_bytes_with_sha256(key))
+            except BaseException as exc:  # noqa: BLE001 - handed to get_delta, which reads again
+                future.set_exception(exc)
+
+        threading.Thread(target=fetch, name=f"delta-prefetch-{self.policy}-v{version}", daemon=True).start()
+        self._prefetched = (version, key, future)
+
+    def _take_prefetched(self, version: int, key: str) -> tuple[bytes, str] | None:
+        prefetched, self._prefetched = self._prefetched, None
+        if prefetched is None or prefetched[:2] != (version, key):
+            return None
+        try:
+            return prefetched[2].result()
+        except Exception:  # noqa: BLE001 - read it again below, where its error is raised
+            return None
+
     def get_delta(self, version: int) -> bytes:
         m = self.manifest(version)
         if m.delta is None:
             raise VersionNotFoundError(f"{self.policy} v{version} has no delta")
-        blob, digest = self.objects.get_bytes_with_sha256(m.delta.key)
+        blob, digest = self._take_prefetched(version, m.delta.key) or self.objects.get_bytes_with_sha256(m.delta.key)
         if digest != m.delta.sha256:
             raise DeltaCorruptError(f"delta {m.delta.key} is not the object its manifest names (sha256)")
         return blob

@@ -157,6 +157,7 @@ class WeightSubscriber:
         want = self.store.latest_version() if to_version is None else to_version
         if want is None or want <= self.version:
             return None
+        self._prefetch_next(want)
         plan = self.store.plan(self.version, want, avoid=self.refused)
         if not plan.steps or any(step.kind != "delta" for step in plan.steps):
             return None
@@ -194,6 +195,8 @@ class WeightSubscriber:
         resync = False
         attempt = 0
         refusal: BaseException | None = None
+        if self._state is not None or into is not None:
+            self._prefetch_next(to_version)
         while True:  # ends: each refusal removes an object from the plans; other retries are bounded
             held = self._state if into is None else into
             have = None if resync or held is None else self.version
@@ -223,6 +226,12 @@ class WeightSubscriber:
         if self.register and register:
             self.store.register_subscriber(self.subscriber_id, self.version)
         return self.bytes_pulled - before
+
+    def _prefetch_next(self, want: int | None) -> None:
+        """The usual refresh, one version ahead (a node following announcements): its delta downloads
+        while the store reads the manifest that names it."""
+        if want is not None and self.version is not None and want == self.version + 1:
+            self.store.prefetch_delta(want)
 
     def _execute(self, plan: Plan, into: StateDict | None) -> None:
         state = self._state if into is None else into
