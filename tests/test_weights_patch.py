@@ -160,3 +160,31 @@ def test_an_announced_version_is_refreshed_to_and_counts_as_served_when_the_engi
     finally:
         follower.stop()
         trainer.pub.close()
+
+
+def test_served_listeners_hear_each_new_version_on_both_refresh_paths(test_cluster):
+    """A node's waiting episodes are woken by these calls (RaasNode._await_weights)."""
+    from astraflow.engines.hf import HFEngine
+    from astraflow.engines.swap_gate import SwapGate
+
+    trainer = _Trainer(test_cluster)
+    model = torch.nn.Sequential(torch.nn.Embedding(256, 64), torch.nn.Linear(64, 256)).float()
+    full = HFEngine.__new__(HFEngine)  # fp32: refreshed by full loads
+    full.model, full._version, full._gate = model, 0, SwapGate()
+    patched = SimulatedEngine()  # bf16 tensors it exposes: patched in place after the first load
+    for engine, node in ((full, "node-lf"), (patched, "node-lp")):
+        follower = WeightFollower(test_cluster, {POLICY: engine}, node, check_every_s=0.3)
+        heard: list[int] = []
+        follower.on_served(lambda engine=engine, heard=heard: heard.append(engine.weight_version))
+        try:
+            trainer.publish(len(trainer.truth))
+            follower.catch_up(timeout_s=30)
+            first = engine.weight_version
+            trainer.publish(first + 1)
+            assert follower.refresh(POLICY) is True
+            assert follower.refresh(POLICY) is False  # nothing new: nothing heard
+            assert heard == [first, first + 1], node
+        finally:
+            follower.stop()
+    assert patched.stats.get("patches") == 1  # the second engine took the patch path (the first: full loads)
+    trainer.pub.close()

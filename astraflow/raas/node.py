@@ -26,6 +26,7 @@ runs on worker threads (``Engine.agenerate``); kafka-python heartbeats on its ow
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -82,9 +83,11 @@ class RaasNode:
         self.workflow = build_recipe_workflow(self.recipe)
         self.policies = build_policy_clients(self.recipe, self.pool, self.node_id)
         self.engines = {name: client.engine for name, client in self.policies.items()}
-        self.follower = WeightFollower(self.cfg, self.engines, self.node_id)
-        self.producer = LogProducer(self.cfg, f"{self.cfg.run}.raas.{self.node_id}")
         loop = asyncio.get_running_loop()
+        self.follower = WeightFollower(self.cfg, self.engines, self.node_id)
+        self._weights_served = asyncio.Event()
+        self.follower.on_served(functools.partial(loop.call_soon_threadsafe, self._weights_served.set))
+        self.producer = LogProducer(self.cfg, f"{self.cfg.run}.raas.{self.node_id}")
         self._consumer_thread = ThreadPoolExecutor(1, thread_name_prefix=f"tasks-{self.node_id}")
         consumer = None
         try:
@@ -218,14 +221,20 @@ class RaasNode:
         """
         policies = [task.policy] if task.policy in self.engines else list(self.engines)
         deadline = time.monotonic() + self.weights_timeout_s
-        while any(self.engines[p].weight_version < task.emitted_version for p in policies):
+        while True:
+            self._weights_served.clear()  # before the check: a version served after it sets it again
+            if all(self.engines[p].weight_version >= task.emitted_version for p in policies):
+                return
             self.follower.check()
             if self.stop_event.is_set():
                 raise asyncio.CancelledError  # not committed: another node runs it on fresh weights
             if time.monotonic() > deadline:
                 raise TimeoutError(f"node {self.node_id}: weights v{task.emitted_version} of {policies} "
                                    f"not loaded within {self.weights_timeout_s:g} s")
-            await asyncio.sleep(0.01)
+            # Woken the moment the follower's refresh thread serves a version (no polling interval
+            # between new weights and the episodes waiting for them); the timeout re-checks the rest.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._weights_served.wait(), timeout=0.1)
 
     def _policy_counters(self) -> dict[str, int]:
         """The policy clients' counters as ``<policy>.<counter>`` (``<policy>.regenerated``, ...); the

@@ -73,9 +73,24 @@ class WeightFollower:
         self.serving = HandoffLatency()
         """Announcement sent -> new weights serving, per ``<weights topic>:serving``."""
         self._loaded: set[str] = set()
+        self._served_listeners: list[Callable[[], None]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+
+    def on_served(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (on the refresh thread) each time an engine starts serving a new version,
+        so that work waiting for a version starts then instead of at its next poll."""
+        self._served_listeners.append(listener)
+
+    def _now_serving(self, serving: Callable[[], None] | None) -> None:
+        if serving is not None:
+            serving()
+        for listener in self._served_listeners:
+            try:
+                listener()
+            except Exception:  # e.g. the node's loop closed while it stops: the refresh stands
+                log.debug("a served-version listener failed", exc_info=True)
 
     @property
     def versions(self) -> dict[str, int]:
@@ -139,8 +154,7 @@ class WeightFollower:
             return False
         if not fetched:
             engine.load_weights(state, latest)
-        if serving is not None:
-            serving()
+        self._now_serving(serving)
         if not fetched:
             sub.heartbeat()
         self.refresh_s = time.perf_counter() - t0
@@ -171,8 +185,7 @@ class WeightFollower:
         t0 = time.perf_counter()
         engine.patch_weights(patch.write, patch.version)
         self.paused_s = time.perf_counter() - t0
-        if serving is not None:
-            serving()
+        self._now_serving(serving)
         sub.patched(patch)
         mismatched = patch.verify(live)
         if mismatched:  # the engine's bits were not the version we held: reload from an anchor
