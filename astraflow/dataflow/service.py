@@ -133,7 +133,9 @@ def run_dataflow(
                        known_topics=[topics.trajectories, topics.metrics, *weight_topics,
                                      *(topics.tasks(p) for p in ready_pools)])
     offsets = dict(skip_below)
-    producer = LogProducer(cfg, f"{cfg.run}.{COMPONENT_ID}")
+    # No linger: each record here (a batch, a version's tasks) is what the trainer or a node waits for
+    # next, and the ones sent together in a loop pass still batch behind the first in flight.
+    producer = LogProducer(cfg, f"{cfg.run}.{COMPONENT_ID}", linger_ms=0)
     consumer = LogConsumer(
         cfg,
         [topics.trajectories, topics.metrics, *weight_topics],
