@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from astraflow.log.admin import ensure_topics
+from astraflow.log.admin import ensure_topics, open_kafka_client
 from astraflow.log.codec import max_record_bytes
 from astraflow.log.errors import LogError
 from astraflow.log.producer import RETRYING_PRODUCER
@@ -45,8 +45,9 @@ class DeadLetterPublisher:
             from kafka import KafkaProducer
 
             ensure_topics(self.cfg, {self.topic: 1})
-            self._producer = KafkaProducer(
-                **self.cfg.kafka.client_kwargs(),
+            # Opened like every other client: no broker -> BrokerUnavailableError naming the bootstrap.
+            self._producer = open_kafka_client(
+                KafkaProducer, f"dead-letter producer of {self.group_id}", self.cfg, self.timeout_s,
                 client_id=f"astraflow-dead-letters-{self.group_id}",
                 acks="all",
                 **RETRYING_PRODUCER,
