@@ -26,10 +26,10 @@ from astraflow.launcher.supervisor import ChildExited, ChildSpec, ProcessGroup
 # A component stand-in: writes its pid and its helper's pid, then sleeps until signalled.
 SLEEPER = textwrap.dedent("""
     import os, signal, subprocess, sys, time
+    if "--ignore-term" in sys.argv:  # before the pids line: the test signals once it reads it
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     print("pids", os.getpid(), helper.pid, flush=True)
-    if "--ignore-term" in sys.argv:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     time.sleep(600)
 """)
 
@@ -66,8 +66,7 @@ def test_stop_terminates_children_and_their_helpers(tmp_path: Path) -> None:
 def test_child_ignoring_sigterm_is_killed_after_grace(tmp_path: Path) -> None:
     group = ProcessGroup(grace_s=1.0)
     group.start(_spec(tmp_path, "stubborn", SLEEPER, "--ignore-term"))
-    pids = _pids_from_log(tmp_path / "logs/stubborn.log")
-    time.sleep(0.3)  # let it install the handler
+    pids = _pids_from_log(tmp_path / "logs/stubborn.log")  # printed after its handler is installed
     t0 = time.monotonic()
     codes = group.stop()
     assert 0.9 < time.monotonic() - t0 < 8
