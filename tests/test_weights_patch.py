@@ -188,3 +188,51 @@ def test_served_listeners_hear_each_new_version_on_both_refresh_paths(test_clust
             follower.stop()
     assert patched.stats.get("patches") == 1  # the second engine took the patch path (the first: full loads)
     trainer.pub.close()
+
+
+def test_an_announced_refresh_takes_the_manifest_from_its_announcement(test_cluster):
+    """The announcement carries its version's manifest: the follower's refresh reads only the delta
+    from the bucket. A manifest that does not match its announcement is not used."""
+    import time
+
+    trainer = _Trainer(test_cluster)
+    engine = SimulatedEngine()
+    follower = WeightFollower(test_cluster, {POLICY: engine}, "node-m", check_every_s=60)
+    store = follower.subscribers[POLICY].store
+    read: list[str] = []
+    get_json = store.objects.get_json
+
+    def logged_get_json(key: str, *args, **kwargs):
+        read.append(key)
+        return get_json(key, *args, **kwargs)
+
+    try:
+        trainer.publish(1)
+        follower.catch_up(timeout_s=30)
+        store.objects.get_json = logged_get_json
+        follower.start()
+        deadline = time.monotonic() + 60
+        version = 1
+        while engine.weight_version < 2:  # again until the follower's consumer, joining its group, sees one
+            assert time.monotonic() < deadline, f"not served: v{engine.weight_version}"
+            version += 1
+            trainer.publish(version)
+            for _ in range(200):
+                if engine.weight_version >= version:
+                    break
+                time.sleep(0.01)
+        while engine.weight_version < version:  # the last one announced
+            assert time.monotonic() < deadline, f"v{version} not served: v{engine.weight_version}"
+            time.sleep(0.01)
+        served = version
+        live = _bits(engine.state_dict())
+        assert all(torch.equal(live[k], trainer.truth[served][k]) for k in trainer.truth[served])
+        assert store.layout.manifest_key(POLICY, served) not in read, read
+    finally:
+        follower.stop()
+        trainer.pub.close()
+
+    announcement = {"version": 99, "checksum": "0" * 64, "manifest_body": store.manifest(served).model_dump(mode="json")}
+    follower._remember_manifest(POLICY, announcement)  # the body is v<served>'s, not v99's: not used
+    follower._remember_manifest(POLICY, {"version": 99, "manifest_body": {"policy": POLICY}})  # malformed
+    assert 99 not in store._manifests

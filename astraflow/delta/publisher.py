@@ -210,6 +210,9 @@ class WeightPublisher:
                 "bytes": manifest.bytes,
                 "checksum": manifest.state_digest,
                 "policy": self.policy,
+                # The manifest itself (a few KB: one CRC per tensor), so that a subscriber following
+                # the topic plans without reading it back from the bucket (WeightStore.remember).
+                "manifest_body": manifest.model_dump(mode="json"),
             }
             self._producer.send_json(
                 self._topic, str(version), announcement,

@@ -13,6 +13,7 @@ Manifests are immutable once published, so they are cached. Retention is describ
 
 from __future__ import annotations
 
+import queue
 import tempfile
 import threading
 import time
@@ -48,6 +49,7 @@ class WeightStore:
         self.prefix = self.layout.weights_prefix(policy)
         self._manifests: dict[int, Manifest] = {}
         self._prefetched: tuple[int, str, Future] | None = None
+        self._prefetch_jobs: queue.SimpleQueue | None = None
 
     @classmethod
     def from_config(cls, cfg: ClusterConfig, policy: str) -> WeightStore:
@@ -121,6 +123,14 @@ class WeightStore:
             self._manifests[version] = Manifest.model_validate(raw)
         return self._manifests[version]
 
+    def remember(self, manifest: Manifest) -> None:
+        """Cache ``manifest``, received with its version's announcement, as if read from the bucket:
+        the announcement is sent after the manifest is published, by the publisher that wrote it.
+        The objects it names are still checked when read (sha256, then CRC-32C per tensor)."""
+        if manifest.policy != self.policy:
+            raise ValueError(f"a manifest of {manifest.policy!r} given to the weight store of {self.policy!r}")
+        self._manifests.setdefault(manifest.version, manifest)
+
     def manifests(self) -> dict[int, Manifest]:
         return {v: self.manifest(v) for v in self.versions()}
 
@@ -168,21 +178,28 @@ class WeightStore:
         return state
 
     def prefetch_delta(self, version: int) -> None:
-        """Start reading the delta of ``version`` from its usual key on a thread of its own, so that it
-        downloads while the manifest is read: :meth:`get_delta` takes it when the manifest names that
-        object, and checks it as always. A miss (no delta there, an error) only costs the request:
+        """Start reading the delta of ``version`` from its usual key on the store's prefetch thread, so
+        that it downloads while the manifest is read: :meth:`get_delta` takes it when the manifest names
+        that object, and checks it as always. A miss (no delta there, an error) only costs the request:
         ``get_delta`` reads the object itself then. Only the newest prefetch is kept."""
         key = self.layout.delta_key(self.policy, version)
         future: Future = Future()
+        if self._prefetch_jobs is None:
+            # One thread for the store's life: starting a thread per refresh waits until the new
+            # thread gets the GIL, which on a node busy generating took ~3 ms of each refresh.
+            self._prefetch_jobs = queue.SimpleQueue()
+            threading.Thread(target=self._prefetch_loop, args=(self._prefetch_jobs,),
+                             name=f"delta-prefetch-{self.policy}", daemon=True).start()
+        self._prefetch_jobs.put((key, future))
+        self._prefetched = (version, key, future)
 
-        def fetch() -> None:
+    def _prefetch_loop(self, jobs: queue.SimpleQueue) -> None:
+        while True:
+            key, future = jobs.get()
             try:
                 future.set_result(self.objects.get_bytes_with_sha256(key))
             except BaseException as exc:  # noqa: BLE001 - handed to get_delta, which reads again
                 future.set_exception(exc)
-
-        threading.Thread(target=fetch, name=f"delta-prefetch-{self.policy}-v{version}", daemon=True).start()
-        self._prefetched = (version, key, future)
 
     def _take_prefetched(self, version: int, key: str) -> tuple[bytes, str] | None:
         prefetched, self._prefetched = self._prefetched, None

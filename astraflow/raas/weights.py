@@ -272,6 +272,7 @@ class WeightFollower:
                             due.add(policy)
                             topic, first_ms, newest = announced.get(policy, (msg.topic, msg.timestamp_ms, None))
                             announced[policy] = (topic, first_ms, _newest(newest, msg.obj))
+                            self._remember_manifest(policy, msg.obj)
                     if s3.down or time.monotonic() - last_check > self.check_every_s:
                         due.update(self.engines)
                         last_check = time.monotonic()
@@ -299,6 +300,30 @@ class WeightFollower:
                     consumer.close()
                 except Exception:
                     log.debug("closing the announcement consumer failed", exc_info=True)
+
+    def _remember_manifest(self, policy: str, announcement: object) -> None:
+        """Give the policy's store the manifest an announcement carries, so that the refresh plans
+        without reading it from the bucket (an announcement without one, or with one that does not
+        match it, is read from the bucket as before)."""
+        from pydantic import ValidationError
+
+        from astraflow.delta import Manifest
+
+        body = announcement.get("manifest_body") if isinstance(announcement, dict) else None
+        if body is None:
+            return
+        try:
+            manifest = Manifest.model_validate(body)
+        except ValidationError as exc:
+            log.warning("node %s: %s announcement with a malformed manifest, read from the bucket instead: %s",
+                        self.node_id, policy, exc)
+            return
+        if (manifest.policy, manifest.version, manifest.state_digest) != (
+                policy, announcement.get("version"), announcement.get("checksum")):
+            log.warning("node %s: %s announcement of v%s carries the manifest of %s v%d; read from the bucket instead",
+                        self.node_id, policy, announcement.get("version"), manifest.policy, manifest.version)
+            return
+        self.subscribers[policy].store.remember(manifest)
 
     def _refresh_all(self, policies: list[str], announced: dict[str, tuple[str, int | None, int | None]]) -> None:
         """Refresh ``policies``, an announced one to the version its announcement named."""
