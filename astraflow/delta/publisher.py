@@ -38,6 +38,9 @@ if TYPE_CHECKING:
     from astraflow.config import ClusterConfig
 
 _STOP = object()
+ANNOUNCED_MANIFEST_MAX_TENSORS = 2048
+"""Announcements carry the manifest up to this many tensors (~120 KB of JSON), so that they stay
+small inline records; a larger model's subscribers read the manifest from the bucket."""
 log = logging.getLogger(__name__)
 
 
@@ -210,10 +213,11 @@ class WeightPublisher:
                 "bytes": manifest.bytes,
                 "checksum": manifest.state_digest,
                 "policy": self.policy,
-                # The manifest itself (a few KB: one CRC per tensor), so that a subscriber following
-                # the topic plans without reading it back from the bucket (WeightStore.remember).
-                "manifest_body": manifest.model_dump(mode="json"),
             }
+            if len(manifest.tensors) <= ANNOUNCED_MANIFEST_MAX_TENSORS:
+                # The manifest itself (one CRC per tensor: ~20 KB at 1.5B), so that a subscriber following
+                # the topic plans without reading it back from the bucket (WeightStore.remember).
+                announcement["manifest_body"] = manifest.model_dump(mode="json")
             self._producer.send_json(
                 self._topic, str(version), announcement,
                 schema_name=WEIGHT_ANNOUNCEMENT_SCHEMA[0], schema_version=WEIGHT_ANNOUNCEMENT_SCHEMA[1],
