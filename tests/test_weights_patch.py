@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from astraflow.delta import WeightPublisher
+from astraflow.delta import WeightAnnouncement, WeightPublisher
 from astraflow.engines.simulated import SimulatedEngine
 from astraflow.raas.weights import WeightFollower
 
@@ -232,7 +232,13 @@ def test_an_announced_refresh_takes_the_manifest_from_its_announcement(test_clus
         follower.stop()
         trainer.pub.close()
 
-    announcement = {"version": 99, "checksum": "0" * 64, "manifest_body": store.manifest(served).model_dump(mode="json")}
-    follower._remember_manifest(POLICY, announcement)  # the body is v<served>'s, not v99's: not used
-    follower._remember_manifest(POLICY, {"version": 99, "manifest_body": {"policy": POLICY}})  # malformed
+    body = store.manifest(served).model_dump(mode="json")
+    fields = {"policy": POLICY, "kind": "delta", "manifest": "k", "bytes": 1, "checksum": body["state_digest"]}
+    for other in (WeightAnnouncement(version=99, **fields, manifest_body=body),  # v<served>'s body, not v99's
+                  WeightAnnouncement(version=99, **fields, manifest_body={"policy": POLICY})):  # malformed
+        assert other.carried_manifest() is None
+        follower._remember_manifest(POLICY, other)
     assert 99 not in store._manifests
+    own = WeightAnnouncement(version=served, **fields, manifest_body=body)
+    assert own.carried_manifest() == store.manifest(served)
+    assert WeightAnnouncement.of({"version": "x"}) is None and WeightAnnouncement.of(None) is None

@@ -1,6 +1,7 @@
 """Weight plane: bit-exact sparse deltas (codec), versioned anchors and deltas in the bucket
 (store), trainer-side publishing and rollout-side pulling."""
 
+from astraflow.delta.announcement import WeightAnnouncement
 from astraflow.delta.codec import apply, apply_inplace, encode
 from astraflow.delta.errors import (
     BaseMismatchError,
@@ -35,6 +36,7 @@ __all__ = [
     "TensorEntry",
     "VersionExistsError",
     "VersionNotFoundError",
+    "WeightAnnouncement",
     "WeightPublisher",
     "WeightStore",
     "WeightStoreError",

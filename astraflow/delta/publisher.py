@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Self
 
 import torch
 
+from astraflow.delta.announcement import WeightAnnouncement
 from astraflow.delta.codec import encode
 from astraflow.delta.errors import PublisherError, VersionExistsError
 from astraflow.delta.format import read_header
@@ -206,20 +207,17 @@ class WeightPublisher:
         # A retry after a lost response finds its own manifest: republishing it unchanged is a no-op.
         self._s3_call(lambda: self.store.publish(manifest))
         if self._producer is not None:
-            announcement = {
-                "version": version,
-                "kind": manifest.kind,
-                "manifest": self.store.layout.manifest_key(self.policy, version),
-                "bytes": manifest.bytes,
-                "checksum": manifest.state_digest,
-                "policy": self.policy,
-            }
-            if len(manifest.tensors) <= ANNOUNCED_MANIFEST_MAX_TENSORS:
+            announcement = WeightAnnouncement(
+                version=version, policy=self.policy, kind=manifest.kind,
+                manifest=self.store.layout.manifest_key(self.policy, version), bytes=manifest.bytes,
+                checksum=manifest.state_digest,
                 # The manifest itself (one CRC per tensor: ~20 KB at 1.5B), so that a subscriber following
                 # the topic plans without reading it back from the bucket (WeightStore.remember).
-                announcement["manifest_body"] = manifest.model_dump(mode="json")
+                manifest_body=(manifest.model_dump(mode="json")
+                               if len(manifest.tensors) <= ANNOUNCED_MANIFEST_MAX_TENSORS else None),
+            )
             self._producer.send_json(
-                self._topic, str(version), announcement,
+                self._topic, str(version), announcement.model_dump(mode="json", exclude_none=True),
                 schema_name=WEIGHT_ANNOUNCEMENT_SCHEMA[0], schema_version=WEIGHT_ANNOUNCEMENT_SCHEMA[1],
                 policy=self.policy,
             ).result(timeout=30)

@@ -39,6 +39,7 @@ from astraflow.log.handoff import HandoffLatency
 
 if TYPE_CHECKING:
     from astraflow.config import ClusterConfig
+    from astraflow.delta import WeightAnnouncement
     from astraflow.engines import Engine
 
 log = logging.getLogger(__name__)
@@ -234,6 +235,7 @@ class WeightFollower:
 
     def _follow(self) -> None:
         from astraflow.log import BrokerUnavailableError, LogConsumer, Topics
+        from astraflow.delta import WeightAnnouncement
         from astraflow.log.codec import WEIGHT_ANNOUNCEMENT_SCHEMA
         from astraflow.objstore import ObjectStoreUnavailableError
         from astraflow.objstore.regional import ReplicaLagError
@@ -271,8 +273,10 @@ class WeightFollower:
                             policy = by_topic[msg.topic]
                             due.add(policy)
                             topic, first_ms, newest = announced.get(policy, (msg.topic, msg.timestamp_ms, None))
-                            announced[policy] = (topic, first_ms, _newest(newest, msg.obj))
-                            self._remember_manifest(policy, msg.obj)
+                            announcement = WeightAnnouncement.of(msg.obj)
+                            announced[policy] = (topic, first_ms, _newest(newest, announcement))
+                            if announcement is not None:
+                                self._remember_manifest(policy, announcement)
                     if s3.down or time.monotonic() - last_check > self.check_every_s:
                         due.update(self.engines)
                         last_check = time.monotonic()
@@ -301,29 +305,15 @@ class WeightFollower:
                 except Exception:
                     log.debug("closing the announcement consumer failed", exc_info=True)
 
-    def _remember_manifest(self, policy: str, announcement: object) -> None:
+    def _remember_manifest(self, policy: str, announcement: WeightAnnouncement) -> None:
         """Give the policy's store the manifest an announcement carries, so that the refresh plans
-        without reading it from the bucket (an announcement without one, or with one that does not
-        match it, is read from the bucket as before)."""
-        from pydantic import ValidationError
-
-        from astraflow.delta import Manifest
-
-        body = announcement.get("manifest_body") if isinstance(announcement, dict) else None
-        if body is None:
-            return
-        try:
-            manifest = Manifest.model_validate(body)
-        except ValidationError as exc:
-            log.warning("node %s: %s announcement with a malformed manifest, read from the bucket instead: %s",
-                        self.node_id, policy, exc)
-            return
-        if (manifest.policy, manifest.version, manifest.state_digest) != (
-                policy, announcement.get("version"), announcement.get("checksum")):
-            log.warning("node %s: %s announcement of v%s carries the manifest of %s v%d; read from the bucket instead",
-                        self.node_id, policy, announcement.get("version"), manifest.policy, manifest.version)
-            return
-        self.subscribers[policy].store.remember(manifest)
+        without reading it from the bucket (without one, or with one not its own, it is read there)."""
+        manifest = announcement.carried_manifest()
+        if manifest is not None and manifest.policy == policy:
+            self.subscribers[policy].store.remember(manifest)
+        elif announcement.manifest_body is not None:
+            log.warning("node %s: the %s announcement of v%d carries a manifest that is not its own; "
+                        "reading it from the bucket", self.node_id, policy, announcement.version)
 
     def _refresh_all(self, policies: list[str], announced: dict[str, tuple[str, int | None, int | None]]) -> None:
         """Refresh ``policies``, an announced one to the version its announcement named."""
@@ -359,10 +349,9 @@ class WeightFollower:
                 log.debug("unregistering subscriber %s failed", sub.subscriber_id, exc_info=True)
 
 
-def _newest(known: int | None, announcement: object) -> int | None:
-    """The newer of ``known`` and the version an announcement names (None if it names none: the
-    refresh then lists the bucket)."""
-    version = announcement.get("version") if isinstance(announcement, dict) else None
-    if not isinstance(version, int) or isinstance(version, bool):
+def _newest(known: int | None, announcement: WeightAnnouncement | None) -> int | None:
+    """The newer of ``known`` and the version an announcement names (None when the record is not a
+    well-formed announcement: the refresh then lists the bucket)."""
+    if announcement is None:
         return known
-    return version if known is None else max(known, version)
+    return announcement.version if known is None else max(known, announcement.version)
