@@ -234,8 +234,8 @@ class WeightFollower:
             raise RuntimeError(f"weight follower of node {self.node_id} failed: {self._error}") from self._error
 
     def _follow(self) -> None:
-        from astraflow.log import BrokerUnavailableError, LogConsumer, Topics
         from astraflow.delta import WeightAnnouncement
+        from astraflow.log import BrokerUnavailableError, LogConsumer, Topics
         from astraflow.log.codec import WEIGHT_ANNOUNCEMENT_SCHEMA
         from astraflow.objstore import ObjectStoreUnavailableError
         from astraflow.objstore.regional import ReplicaLagError
