@@ -4,10 +4,8 @@ The engine tests need vLLM, which lives in its own virtualenv (``make test-vllm`
 older transformers than the main venv's); in the main venv they skip, and the recipe test checks
 that naming ``type: vllm`` there fails when the recipe loads, naming the package to install.
 
-Tolerance: both engines run in float32; vLLM-CPU's fused GEMMs and paged attention sum in another
-order than torch's, which moves a log-prob by ~1e-4 at most (measured: 1.1e-4 over 48 greedy tokens,
-5.6e-5 over 48 sampled ones). ``LOGPROB_TOL`` = 1e-3 leaves 10x room yet is far below what a wrong
-dtype (bf16 rounding: ~1e-2), a stale weight or the wrong temperature would give.
+Both engines run in float32; the tolerance and the checks shared with the server engine's tests are in
+``engine_agreement.py``.
 """
 
 from __future__ import annotations
@@ -19,10 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-LOGPROB_TOL = 1e-3
-PROMPTS = [[1, 9690, 314, 253, 5248, 30], [1, 504, 3575, 282, 4649, 314, 2393]]
-"""Two short prompts of different lengths (token ids of SmolLM2's tokenizer)."""
+from engine_agreement import LOGPROB_TOL, PROMPTS, assert_generation_agrees, max_diff
 
 
 def test_a_recipe_naming_vllm_is_checked_when_it_loads(tmp_path):
@@ -64,39 +59,8 @@ def engines():
     return vllm, hf
 
 
-def _teacher_forced(hf, prompt, tokens, temperature):
-    """log-probs of ``tokens`` after ``prompt`` under the hf model's tempered full softmax."""
-    import torch
-
-    with torch.no_grad():
-        logits = hf.model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float()
-    return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1).tolist()
-
-
-def _max_diff(a, b):
-    return max(abs(x - y) for x, y in zip(a, b, strict=True))
-
-
 def test_vllm_logprobs_agree_with_the_hf_engine(engines):
-    from astraflow.engines import SamplingParams
-
-    vllm, hf = engines
-    greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
-    for v, h in zip(vllm.generate(PROMPTS, greedy), hf.generate(PROMPTS, greedy), strict=True):
-        assert v.token_ids == h.token_ids and v.finish_reason == h.finish_reason == "length"
-        assert _max_diff(v.logprobs, h.logprobs) < LOGPROB_TOL
-        assert v.versions == [0] * 6
-    # sampled: the log-prob of the drawn token under the temperature-scaled full softmax
-    for prompt, g in zip(PROMPTS, vllm.generate(PROMPTS, SamplingParams(max_new_tokens=6, temperature=0.7)),
-                         strict=True):
-        assert len(g.token_ids) == 6
-        assert _max_diff(g.logprobs, _teacher_forced(hf, prompt, g.token_ids, 0.7)) < LOGPROB_TOL
-    # a stop token ends the continuation and is kept, as in the hf engine
-    first = vllm.generate(PROMPTS[:1], greedy)[0].token_ids
-    (g,) = vllm.generate(PROMPTS[:1], SamplingParams(max_new_tokens=6, temperature=0.0, stop_token_ids=(first[1],)))
-    assert g.token_ids == first[:first.index(first[1]) + 1] and g.finish_reason == "stop"
-    with pytest.raises(ValueError, match="top_p"):
-        vllm.generate(PROMPTS, SamplingParams(top_p=0.9))
+    assert_generation_agrees(*engines)
 
 
 def test_concurrent_agenerate_calls_share_the_batch(engines):
@@ -113,7 +77,7 @@ def test_concurrent_agenerate_calls_share_the_batch(engines):
 
     together = [g for (g,) in asyncio.run(episodes())]
     assert [g.token_ids for g in together] == [g.token_ids for g in alone * 2]
-    assert max(_max_diff(a.logprobs, b.logprobs) for a, b in zip(together, alone * 2, strict=True)) < LOGPROB_TOL
+    assert max(max_diff(a.logprobs, b.logprobs) for a, b in zip(together, alone * 2, strict=True)) < LOGPROB_TOL
     with pytest.raises(ValueError, match="empty prompt"):
         vllm.generate([[]], greedy)
     assert not vllm._requests  # nothing left in the shared batch
@@ -136,9 +100,9 @@ def test_after_load_weights_vllm_follows_the_new_weights_and_tags_the_new_versio
     after_v, after_h = vllm.generate(PROMPTS, greedy), hf.generate(PROMPTS, greedy)
     for b, v, h in zip(before, after_v, after_h, strict=True):
         assert v.token_ids == h.token_ids and v.versions == [5] * 6
-        assert _max_diff(v.logprobs, h.logprobs) < LOGPROB_TOL
+        assert max_diff(v.logprobs, h.logprobs) < LOGPROB_TOL
     # not vacuous: the perturbation moved the outputs far more than the tolerance
-    assert any(b.token_ids != v.token_ids or _max_diff(b.logprobs, v.logprobs) > 100 * LOGPROB_TOL
+    assert any(b.token_ids != v.token_ids or max_diff(b.logprobs, v.logprobs) > 100 * LOGPROB_TOL
                for b, v in zip(before, after_v, strict=True))
 
 

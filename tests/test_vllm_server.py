@@ -19,10 +19,8 @@ import threading
 import time
 
 import pytest
+from engine_agreement import LOGPROB_TOL, PROMPTS, assert_generation_agrees, max_diff
 
-LOGPROB_TOL = 1e-3
-PROMPTS = [[1, 9690, 314, 253, 5248, 30], [1, 504, 3575, 282, 4649, 314, 2393]]
-"""Two short prompts of different lengths (token ids of SmolLM2's tokenizer)."""
 POLICY = "policy"
 
 
@@ -56,19 +54,6 @@ def served():
     assert not engine.server.alive()
 
 
-def _teacher_forced(model, prompt, tokens, temperature=1.0):
-    """log-probs of ``tokens`` after ``prompt`` under ``model``'s tempered full softmax."""
-    import torch
-
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float()
-    return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1).tolist()
-
-
-def _max_diff(a, b):
-    return max(abs(x - y) for x, y in zip(a, b, strict=True))
-
-
 def _perturbed(state, seed, names=None, dtype=None):
     """``state`` (cast to ``dtype``) with gaussian noise (5% of each tensor's std) on the float tensors
     ``names`` (all: None); tensors that share memory (SmolLM2's tied embedding and LM head) stay one
@@ -92,22 +77,8 @@ def test_server_generation_agrees_with_the_hf_model(served):
     from astraflow.engines import SamplingParams
 
     engine, hf = served
+    assert_generation_agrees(engine, hf)
     greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
-    for v, h in zip(engine.generate(PROMPTS, greedy), hf.generate(PROMPTS, greedy), strict=True):
-        assert v.token_ids == h.token_ids and v.finish_reason == h.finish_reason == "length"
-        assert _max_diff(v.logprobs, h.logprobs) < LOGPROB_TOL
-        assert v.versions == [0] * 6
-    # sampled: the log-prob of the drawn token under the temperature-scaled full softmax
-    for prompt, g in zip(PROMPTS, engine.generate(PROMPTS, SamplingParams(max_new_tokens=6, temperature=0.7)),
-                         strict=True):
-        assert len(g.token_ids) == 6
-        assert _max_diff(g.logprobs, _teacher_forced(hf.model, prompt, g.token_ids, 0.7)) < LOGPROB_TOL
-    # a stop token ends the continuation and is kept, as in the hf engine
-    first = engine.generate(PROMPTS[:1], greedy)[0].token_ids
-    (g,) = engine.generate(PROMPTS[:1], SamplingParams(max_new_tokens=6, temperature=0.0, stop_token_ids=(first[1],)))
-    assert g.token_ids == first[:first.index(first[1]) + 1] and g.finish_reason == "stop"
-    with pytest.raises(ValueError, match="top_p"):
-        engine.generate(PROMPTS, SamplingParams(top_p=0.9))
     with pytest.raises(ValueError, match="max_model_len|maximum|longer"):  # the server's 400, as a ValueError
         engine.generate([[1] * 300], greedy)
 
@@ -147,11 +118,11 @@ def test_the_follower_refreshes_the_server_from_the_bucket(served, test_cluster)
             after, ref = engine.generate(PROMPTS, greedy), hf.generate(PROMPTS, greedy)
             for v, h in zip(after, ref, strict=True):
                 assert v.token_ids == h.token_ids and v.versions == [version] * 6
-                assert _max_diff(v.logprobs, h.logprobs) < LOGPROB_TOL
+                assert max_diff(v.logprobs, h.logprobs) < LOGPROB_TOL
             if version == 1:
                 anchor_bytes = engine.fetched_bytes
                 # not vacuous: the new weights moved the outputs far more than the tolerance
-                assert any(b.token_ids != v.token_ids or _max_diff(b.logprobs, v.logprobs) > 100 * LOGPROB_TOL
+                assert any(b.token_ids != v.token_ids or max_diff(b.logprobs, v.logprobs) > 100 * LOGPROB_TOL
                            for b, v in zip(before, after, strict=True))
         assert 0 < engine.fetched_bytes < anchor_bytes / 5  # v1 -> v2 was a delta, applied by the worker
         # the worker registered the version it holds under the node's id (the GC keeps its chain)
