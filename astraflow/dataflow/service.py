@@ -76,122 +76,158 @@ def run_dataflow(
 ) -> dict[str, int]:
     """Run until ``stop_event`` is set (or, with ``stop_when_finished``, until the dataset is used
     up and nothing is in flight); returns the final counters. Resumes from the bucket checkpoint."""
-    from astraflow.log import ConsumerGroups, LogConsumer, LogProducer, Topics, ensure_topics
-    from astraflow.objstore import ObjectStore, RunLayout
-    from astraflow.objstore.errors import ObjectNotFoundError
+    service = DataflowService(cfg, section, dataset, checkpoint_every_s=checkpoint_every_s,
+                              metrics_every_s=metrics_every_s, pools=pools, task_partitions=task_partitions)
+    return service.run(stop_event, stop_when_finished=stop_when_finished)
 
-    topics = Topics(cfg.run)
-    store = ObjectStore.from_config(cfg)
-    s3 = OutageReport("dataflow: state save, S3 endpoint", str(cfg.s3.endpoint), log)
-    state_key = RunLayout(cfg.run).dataflow_key(STATE_OBJECT)
-    df = Dataflow(section, dataset)
 
-    skip_below: dict[tuple[str, int], int] = {}
-    saved_ids: dict[str, str | None] = {}
-    try:
-        saved = store.get_json(state_key)
-    except ObjectNotFoundError:
-        pass  # a fresh run
-    else:
-        df.load_state_dict(saved["dataflow"])
-        skip_below = {(t, int(p)): o for t, p, o in saved["offsets"]}
-        saved_ids = dict(saved.get("topic_ids", {}))
-        log.info("dataflow %s resumed from %s", cfg.run, state_key)
+class DataflowService:
+    """One dataflow process: resumes the :class:`Dataflow` from its checkpoint in the bucket, recovers
+    what the log lost (:mod:`astraflow.dataflow.recovery`), then reads, emits and checkpoints in a
+    loop (:meth:`run`)."""
 
-    weight_topics = {topics.weights(p): p for p in section.policies}
-    ensure_topics(
-        cfg,
-        {
-            topics.trajectories: 1,
-            topics.metrics: 1,
-            **{w: 1 for w in weight_topics},
-            **{topics.batches(p): 1 for p in section.policies},
-        },
-    )
-    ready_pools: set[str] = set()
-    placing: list[tuple[str, Any]] = []
-    """(prompt id, ack future) of task records not yet acknowledged: their positions."""
+    def __init__(self, cfg: ClusterConfig, section: DataflowConfig, dataset: Iterable[Task], *,
+                 checkpoint_every_s: float = 5.0, metrics_every_s: float = 2.0,
+                 pools: Iterable[str] = ("default",), task_partitions: int = 4) -> None:
+        from astraflow.log import ConsumerGroups, LogConsumer, LogProducer, Topics
+        from astraflow.objstore import ObjectStore, RunLayout
 
-    def ensure_pool_topic(pool: str) -> None:
-        if pool not in ready_pools:
-            ensure_topics(cfg, {topics.tasks(pool): task_partitions})
-            ready_pools.add(pool)
-            if topics.tasks(pool) not in recovery.topic_ids:
-                recovery.topic_ids.update(topic_ids(cfg, [topics.tasks(pool)]))
+        self.cfg, self.section = cfg, section
+        self.checkpoint_every_s, self.metrics_every_s = checkpoint_every_s, metrics_every_s
+        self.task_partitions = task_partitions
+        self.topics = Topics(cfg.run)
+        self.store = ObjectStore.from_config(cfg)
+        self.s3 = OutageReport("dataflow: state save, S3 endpoint", str(cfg.s3.endpoint), log)
+        self.state_key = RunLayout(cfg.run).dataflow_key(STATE_OBJECT)
+        self.df = Dataflow(section, dataset)
+        self.weight_topics = {self.topics.weights(p): p for p in section.policies}
+        self.ready_pools: set[str] = set()
+        self.placing: list[tuple[str, Any]] = []
+        """(prompt id, ack future) of task records not yet acknowledged: their positions."""
+        self.skip_below, saved_ids = self._resume()
+        self._ensure_topics(pools)
+        self.recovery = recover(cfg, self.df, self.topics, saved_ids, self.skip_below, time.time(),
+                                latest_version=lambda policy: _latest_version(cfg, policy),
+                                known_topics=[self.topics.trajectories, self.topics.metrics, *self.weight_topics,
+                                              *(self.topics.tasks(p) for p in self.ready_pools)])
+        self.offsets = dict(self.skip_below)
+        # No linger: each record here (a batch, a version's tasks) is what the trainer or a node waits for
+        # next, and the ones sent together in a loop pass still batch behind the first in flight.
+        self.producer = LogProducer(cfg, f"{cfg.run}.{COMPONENT_ID}", linger_ms=0)
+        self.consumer = LogConsumer(
+            cfg,
+            [self.topics.trajectories, self.topics.metrics, *self.weight_topics],
+            group_id=ConsumerGroups(cfg.run).dataflow,
+            # Per topic, so a wrong schema name or version on any of them is dead-lettered, not read.
+            expected_schemas={self.topics.trajectories: (trajectory.SCHEMA_NAME, trajectory.SCHEMA_VERSION),
+                              self.topics.metrics: METRICS_SCHEMA,
+                              **dict.fromkeys(self.weight_topics, WEIGHT_ANNOUNCEMENT_SCHEMA)},
+        )
+        self.window = _Window()
+        self.uncommitted: list[Any] = []
 
-    def send_task(t: Task) -> None:
-        ensure_pool_topic(t.pool)  # a dataset may name pools beyond ``pools``
-        placing.append((t.prompt_id, producer.send_table(topics.tasks(t.pool), t.prompt_id, task.to_table([t]),
-                                                         task.SCHEMA_NAME, task.SCHEMA_VERSION,
-                                                         policy=t.policy or None)))
+    def _resume(self) -> tuple[dict[tuple[str, int], int], dict[str, str | None]]:
+        """Load the checkpointed state, if any: (next offset per partition, the topic ids it saw)."""
+        from astraflow.objstore.errors import ObjectNotFoundError
 
-    for pool in {*pools, *(f.task.pool for f in df.emitter.in_flight.values())}:
-        ensure_topics(cfg, {topics.tasks(pool): task_partitions})
-        ready_pools.add(pool)
-    recovery = recover(cfg, df, topics, saved_ids, skip_below, time.time(),
-                       latest_version=lambda policy: _latest_version(cfg, policy),
-                       known_topics=[topics.trajectories, topics.metrics, *weight_topics,
-                                     *(topics.tasks(p) for p in ready_pools)])
-    offsets = dict(skip_below)
-    # No linger: each record here (a batch, a version's tasks) is what the trainer or a node waits for
-    # next, and the ones sent together in a loop pass still batch behind the first in flight.
-    producer = LogProducer(cfg, f"{cfg.run}.{COMPONENT_ID}", linger_ms=0)
-    consumer = LogConsumer(
-        cfg,
-        [topics.trajectories, topics.metrics, *weight_topics],
-        group_id=ConsumerGroups(cfg.run).dataflow,
-        # Per topic, so a wrong schema name or version on any of them is dead-lettered, not read.
-        expected_schemas={topics.trajectories: (trajectory.SCHEMA_NAME, trajectory.SCHEMA_VERSION),
-                          topics.metrics: METRICS_SCHEMA, **{w: WEIGHT_ANNOUNCEMENT_SCHEMA for w in weight_topics}},
-    )
-    for t in recovery.reemit:
-        send_task(t)
-    window = _Window()
-    uncommitted: list[Any] = []
-    last_ckpt = last_metrics = last_report = time.monotonic()
-    try:
-        while not stop_event.is_set():
-            msgs = consumer.poll(timeout_s=0.2, max_records=500)
-            now = time.time()
-            for m in msgs:
-                uncommitted.append(m)
-                tp = (m.topic, m.partition)
-                if m.offset < skip_below.get(tp, -1):
-                    continue  # already in the checkpointed state
-                offsets[tp] = m.offset + 1
-                if m.topic == topics.trajectories:
-                    _ingest(df, m, window)
-                elif m.topic in weight_topics:
-                    _on_weights(df, weight_topics[m.topic], m)
-                elif m.topic == topics.metrics:
-                    _on_metrics(df, m, window)
-            df.expire(now)
-            for b in df.take_batches():
-                producer.send_table(topics.batches(b.policy), b.batch_id, batch.to_table(b),
-                                    batch.SCHEMA_NAME, batch.SCHEMA_VERSION, policy=b.policy)
-            for t in df.next_tasks(now):
-                send_task(t)
-            _record_positions(df, placing)
-            mono = time.monotonic()
-            if mono - last_metrics >= metrics_every_s:
-                _publish_metrics(producer, topics.metrics, df, now, consumer.handoff.drain())
-                last_metrics = mono
-            if mono - last_report >= section.autoscale.interval_s:
-                _publish_report(producer, topics.metrics, df, window, section, now)
-                last_report = mono
-            if mono - last_ckpt >= checkpoint_every_s:
-                _checkpoint(producer, store, state_key, df, offsets, consumer, uncommitted, placing,
-                            recovery.topic_ids, s3)
-                last_ckpt = mono
-            if stop_when_finished and df.finished:
-                break
-        _publish_metrics(producer, topics.metrics, df, time.time(), consumer.handoff.drain())
-        _checkpoint(producer, store, state_key, df, offsets, consumer, uncommitted, placing, recovery.topic_ids,
-                    s3)
-        return df.counters()
-    finally:
-        consumer.close()
-        producer.close()
+        try:
+            saved = self.store.get_json(self.state_key)
+        except ObjectNotFoundError:
+            return {}, {}  # a fresh run
+        self.df.load_state_dict(saved["dataflow"])
+        log.info("dataflow %s resumed from %s", self.cfg.run, self.state_key)
+        return {(t, int(p)): o for t, p, o in saved["offsets"]}, dict(saved.get("topic_ids", {}))
+
+    def _ensure_topics(self, pools: Iterable[str]) -> None:
+        from astraflow.log import ensure_topics
+
+        ensure_topics(self.cfg, {self.topics.trajectories: 1, self.topics.metrics: 1,
+                                 **dict.fromkeys(self.weight_topics, 1),
+                                 **{self.topics.batches(p): 1 for p in self.section.policies}})
+        for pool in {*pools, *(f.task.pool for f in self.df.emitter.in_flight.values())}:
+            ensure_topics(self.cfg, {self.topics.tasks(pool): self.task_partitions})
+            self.ready_pools.add(pool)
+
+    def run(self, stop_event: threading.Event, *, stop_when_finished: bool = False) -> dict[str, int]:
+        """Read, emit and checkpoint until ``stop_event`` (or, with ``stop_when_finished``, until the
+        dataset is used up and nothing is in flight); a last checkpoint, then the final counters."""
+        for t in self.recovery.reemit:
+            self._send_task(t)
+        last_ckpt = last_metrics = last_report = time.monotonic()
+        try:
+            while not stop_event.is_set():
+                msgs = self.consumer.poll(timeout_s=0.2, max_records=500)
+                now = time.time()
+                self._read(msgs)
+                self._emit(now)
+                mono = time.monotonic()
+                if mono - last_metrics >= self.metrics_every_s:
+                    _publish_metrics(self.producer, self.topics.metrics, self.df, now, self.consumer.handoff.drain())
+                    last_metrics = mono
+                if mono - last_report >= self.section.autoscale.interval_s:
+                    _publish_report(self.producer, self.topics.metrics, self.df, self.window, self.section, now)
+                    last_report = mono
+                if mono - last_ckpt >= self.checkpoint_every_s:
+                    self._checkpoint()
+                    last_ckpt = mono
+                if stop_when_finished and self.df.finished:
+                    break
+            _publish_metrics(self.producer, self.topics.metrics, self.df, time.time(), self.consumer.handoff.drain())
+            self._checkpoint()
+            return self.df.counters()
+        finally:
+            self.consumer.close()
+            self.producer.close()
+
+    def _read(self, msgs: list[Any]) -> None:
+        for m in msgs:
+            self.uncommitted.append(m)
+            tp = (m.topic, m.partition)
+            if m.offset < self.skip_below.get(tp, -1):
+                continue  # already in the checkpointed state
+            self.offsets[tp] = m.offset + 1
+            if m.topic == self.topics.trajectories:
+                _ingest(self.df, m, self.window)
+            elif m.topic in self.weight_topics:
+                _on_weights(self.df, self.weight_topics[m.topic], m)
+            elif m.topic == self.topics.metrics:
+                _on_metrics(self.df, m, self.window)
+
+    def _emit(self, now: float) -> None:
+        """Expire overdue tasks, send the batches that are ready and the tasks now allowed."""
+        self.df.expire(now)
+        for b in self.df.take_batches():
+            self.producer.send_table(self.topics.batches(b.policy), b.batch_id, batch.to_table(b),
+                                     batch.SCHEMA_NAME, batch.SCHEMA_VERSION, policy=b.policy)
+        for t in self.df.next_tasks(now):
+            self._send_task(t)
+        _record_positions(self.df, self.placing)
+
+    def _send_task(self, t: Task) -> None:
+        self._ensure_pool_topic(t.pool)  # a dataset may name pools beyond ``pools``
+        self.placing.append((t.prompt_id, self.producer.send_table(
+            self.topics.tasks(t.pool), t.prompt_id, task.to_table([t]), task.SCHEMA_NAME, task.SCHEMA_VERSION,
+            policy=t.policy or None)))
+
+    def _ensure_pool_topic(self, pool: str) -> None:
+        from astraflow.log import ensure_topics
+
+        if pool not in self.ready_pools:
+            ensure_topics(self.cfg, {self.topics.tasks(pool): self.task_partitions})
+            self.ready_pools.add(pool)
+            if self.topics.tasks(pool) not in self.recovery.topic_ids:
+                self.recovery.topic_ids.update(topic_ids(self.cfg, [self.topics.tasks(pool)]))
+
+    def _checkpoint(self) -> None:
+        """Flush, save the state with the next offset per partition, then commit what was read."""
+        self.producer.flush()  # batches/tasks derived from the state must be on the log before it is saved
+        _record_positions(self.df, self.placing)  # after the flush every task record has its position
+        state = {"dataflow": self.df.state_dict(),
+                 "offsets": [[t, p, o] for (t, p), o in self.offsets.items()], "topic_ids": self.recovery.topic_ids}
+        # A restarting S3 server is waited out (one line per backoff step), not a reason to exit.
+        wait_out_outage(lambda: self.store.put_json(self.state_key, state), self.s3)
+        self.consumer.commit(self.uncommitted)
+        self.uncommitted.clear()
 
 
 def _ingest(df: Dataflow, m: Any, window: _Window) -> None:
@@ -262,18 +298,6 @@ def _publish_report(producer: Any, topic: str, df: Dataflow, window: _Window, se
     if pools:
         producer.send_json(topic, COMPONENT_ID, {**_identity(), **autoscale_report(section.autoscale, pools, now)})
     window.reset()
-
-
-def _checkpoint(producer: Any, store: Any, key: str, df: Dataflow, offsets: dict, consumer: Any,
-                uncommitted: list, placing: list[tuple[str, Any]], ids: dict[str, str | None],
-                s3: OutageReport) -> None:
-    producer.flush()  # batches/tasks derived from the state must be on the log before it is saved
-    _record_positions(df, placing)  # after the flush every task record has its position
-    state = {"dataflow": df.state_dict(), "offsets": [[t, p, o] for (t, p), o in offsets.items()], "topic_ids": ids}
-    # A restarting S3 server is waited out (one line per backoff step), not a reason to exit.
-    wait_out_outage(lambda: store.put_json(key, state), s3)
-    consumer.commit(uncommitted)
-    uncommitted.clear()
 
 
 def _record_positions(df: Dataflow, placing: list[tuple[str, Any]]) -> None:
