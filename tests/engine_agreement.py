@@ -9,18 +9,11 @@ stale weight or the wrong temperature would give.
 
 from __future__ import annotations
 
+from run_records import teacher_forced
+
 LOGPROB_TOL = 1e-3
 PROMPTS = [[1, 9690, 314, 253, 5248, 30], [1, 504, 3575, 282, 4649, 314, 2393]]
 """Two short prompts of different lengths (token ids of SmolLM2's tokenizer)."""
-
-
-def teacher_forced(model, prompt: list[int], tokens: list[int], temperature: float = 1.0) -> list[float]:
-    """log-probs of ``tokens`` after ``prompt`` under ``model``'s tempered full softmax."""
-    import torch
-
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float()
-    return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1).tolist()
 
 
 def max_diff(a: list[float], b: list[float]) -> float:

@@ -29,10 +29,10 @@ def read_trajectories(cfg, timeout_s: float = 60.0) -> list:
         consumer.close()
 
 
-def teacher_forced(model, prompt: list[int], response: list[int]) -> list[float]:
-    """log-probs of ``response`` after ``prompt`` under ``model``'s full softmax (temperature 1)."""
+def teacher_forced(model, prompt: list[int], response: list[int], temperature: float = 1.0) -> list[float]:
+    """log-probs of ``response`` after ``prompt`` under ``model``'s tempered full softmax."""
     import torch
 
     with torch.no_grad():
         logits = model(torch.tensor([prompt + response])).logits[0, len(prompt) - 1:-1].float()
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response)[:, None]).squeeze(-1).tolist()
+    return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(response)[:, None]).squeeze(-1).tolist()

