@@ -65,8 +65,10 @@ def _finish(df: Dataflow, task: Task, version: int) -> None:
 
 def test_lost_batches_rebase_the_staleness_room():
     """Two batches served, neither trained (they died with the log): without re-basing, the
-    emitter waits for the versions those batches were to produce; re-based, it emits again."""
-    df = Dataflow(DataflowConfig(policies=["s"], groups_per_batch=1, max_staleness=1), _tasks(10))
+    emitter waits for the versions those batches were to produce; re-based, it emits again. (Without
+    emit_ahead, which would send one task ahead for v1: test_scheduling_modes_units covers it.)"""
+    df = Dataflow(DataflowConfig(policies=["s"], groups_per_batch=1, max_staleness=1, emit_ahead=False),
+                  _tasks(10))
     for t in df.next_tasks(now=0.0):
         _finish(df, t, 0)
     assert len(df.take_batches()) == 2
@@ -110,8 +112,9 @@ def test_batches_the_trainer_skipped_as_duplicates_give_their_versions_back():
     """A dataflow restarted from a checkpoint taken before its first batch re-serves ids 0 and 1 after
     reading announcements up to v3: the trainer trained those ids already and skips them. Each skip
     gives back the version the staleness bound was waiting for; a skip of a batch this state never
-    served (or another policy's) changes nothing."""
-    df = Dataflow(DataflowConfig(policies=["s"], groups_per_batch=1, max_staleness=1), _tasks(20))
+    served (or another policy's) changes nothing. (Without emit_ahead, as above.)"""
+    df = Dataflow(DataflowConfig(policies=["s"], groups_per_batch=1, max_staleness=1, emit_ahead=False),
+                  _tasks(20))
     df.on_weights("s", 3)
     for t in df.next_tasks(now=0.0):
         df.ingest(_rollout(t, version=3))

@@ -21,23 +21,87 @@ def _rollout(task: Task, version: int) -> list[Trajectory]:
                        reward=float(i % 2)) for i in range(2)]
 
 
-def test_slow_trainer_stops_emission_at_the_staleness_bound():
+class _Nodes:
+    """Rollouts that finish at once, but only for tasks whose version is announced (a node holds a
+    task until it serves ``emitted_version``)."""
+
+    def __init__(self, df: Dataflow) -> None:
+        self.df, self.held, self.emitted = df, [], {}
+
+    def run(self, tasks: list[Task]) -> None:
+        for t in tasks:
+            self.emitted[t.prompt_id] = t.emitted_version
+        self.held += tasks
+        ready = [t for t in self.held if t.emitted_version <= self.df.versions["pol"]]
+        self.held = [t for t in self.held if t.emitted_version > self.df.versions["pol"]]
+        for t in ready:
+            self.df.ingest(_rollout(t, t.emitted_version))
+
+
+@pytest.mark.parametrize("emit_ahead", [True, False])
+def test_slow_trainer_stops_emission_at_the_staleness_bound(emit_ahead):
     B, eta = 2, 1
-    df = Dataflow(DataflowConfig(policies=["pol"], groups_per_batch=B, max_staleness=eta), _tasks(100))
+    df = Dataflow(DataflowConfig(policies=["pol"], groups_per_batch=B, max_staleness=eta,
+                                 emit_ahead=emit_ahead), _tasks(100))
+    nodes = _Nodes(df)
     trained_at: list[int] = []  # version at which each batch is trained (trainer: batch k at version k)
-    emitted: dict[str, int] = {}
-    for _round in range(6):  # rollouts are instant, the trainer never catches up unless told
-        for t in df.next_tasks(0.0):
-            emitted[t.prompt_id] = t.emitted_version
-            df.ingest(_rollout(t, t.emitted_version))
+    for _round in range(6):  # the trainer never catches up unless told
+        nodes.run(df.next_tasks(0.0))
         for b in df.take_batches():
             trained_at.append(len(trained_at))
             for tr in b.trajectories:
                 assert trained_at[-1] - tr.min_version <= eta
     assert len(trained_at) == eta + 1  # then the bound holds emission until a new version arrives
+    # Ahead: one batch's worth of the next version's tasks waits on the nodes, tagged with the oldest
+    # version that keeps them within the bound (v1: trained by v2).
+    assert sorted(nodes.emitted.values()) == [0] * 4 + ([1] * B if emit_ahead else [])
     assert df.next_tasks(0.0) == []
     df.on_weights("pol", 1)
-    assert len(df.next_tasks(0.0)) == B  # one more version -> one more batch worth of tasks
+    tasks = df.next_tasks(0.0)
+    assert len(tasks) == B  # one more version -> one more batch worth of tasks
+    assert {t.emitted_version for t in tasks} == ({2} if emit_ahead else {1})
+
+
+def test_tasks_emitted_ahead_keep_the_bound_and_the_trainer_fed():
+    """A trainer that trains each batch as soon as it is served, announcing its version later: every
+    batch is trained within the bound, and no more than (max_staleness x groups_per_batch) tasks wait
+    on the nodes for a version not announced yet."""
+    B, eta = 4, 1
+    df = Dataflow(DataflowConfig(policies=["pol"], groups_per_batch=B, max_staleness=eta), _tasks(400))
+    nodes = _Nodes(df)
+    trained = 0
+    for _round in range(30):
+        nodes.run(df.next_tasks(0.0))
+        assert len(nodes.held) <= eta * B
+        for b in df.take_batches():
+            assert all(trained - tr.min_version <= eta for tr in b.trajectories)
+            trained += 1
+        df.on_weights("pol", trained)  # announced after the round: the nodes learn it next round
+    assert trained >= 25
+
+
+@pytest.mark.parametrize("skip", [2, 3, 4])
+def test_a_skipped_batch_does_not_strand_tasks_emitted_ahead(skip):
+    """A served batch the trainer skips (a duplicate after a restart) trains no version, so tasks
+    tagged with the version it was to produce wait until a later batch produces it. A task's tag is
+    the version its place in line needs, so the tasks ahead of it in line fill that batch: the run
+    goes on."""
+    B, eta = 2, 1
+    df = Dataflow(DataflowConfig(policies=["pol"], groups_per_batch=B, max_staleness=eta), _tasks(400))
+    nodes = _Nodes(df)
+    queue, version, served = [], 0, 0
+    for _round in range(60):
+        nodes.run(df.next_tasks(0.0))
+        queue += df.take_batches()
+        if queue:  # the trainer takes one batch a round; the skip is known only when it gets there
+            b = queue.pop(0)
+            served += 1
+            if served == skip:
+                assert df.batch_skipped("pol", b.batch_id)
+            else:
+                version += 1
+                df.on_weights("pol", version)
+    assert version >= 40
 
 
 def test_emission_slack_keeps_versions_of_the_bound_free_for_late_groups():

@@ -44,6 +44,13 @@ class DataflowConfig(BaseModel):
     run otherwise keeps the pipeline full to the bound, so a group finishing late (a long tail, or a
     multi-phase episode whose first samples wait for the last phase) is trained beyond it. 0: emit
     up to the bound."""
+    emit_ahead: bool = True
+    """Async: emit the tasks of the next version as soon as the batch that trains it is served, tagged
+    with that version; a node holds them until it serves it. Without it they are emitted only once the
+    dataflow has read the version's announcement, so every step waits for announcement -> dataflow ->
+    task -> node instead of announcement -> node. At most ``(max_staleness - emission_slack) x
+    groups_per_batch`` tasks wait so (none at ``max_staleness: 0``). Off with an explicit
+    ``max_in_flight`` and in sync mode."""
     batch_lookahead: int | None = Field(default=None, ge=1)
     """Batches served ahead of the trainer: a full batch waits in the sampler until fewer than this
     many are untrained (judged from the announced versions, which lag by the trainer's publish lag).

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -25,6 +25,26 @@ from astraflow.records import Task
 
 LogPosition = tuple[str, int, int]
 """(topic, partition, offset) of a task record."""
+
+
+@dataclass(frozen=True, slots=True)
+class AheadRoom:
+    """Async: room to emit tasks for a version the trainer has not announced yet (``Dataflow.ahead_room``).
+
+    Such a task is tagged with the oldest version its group may be generated at and still be trained
+    within the staleness bound, never beyond the version the trainer reaches once it has trained every
+    batch served so far. A node starts it when that version is served, so the task is on the node,
+    waiting, when the version is announced, instead of following the announcement through the dataflow."""
+
+    versions: dict[str, int]
+    """Per policy, the version the served batches will produce (the newest tag)."""
+    needed: Callable[[str, int], int]
+    """``needed(policy, i)``: the oldest version the i-th task emitted in this call may start at."""
+    room: int
+    """Tasks the staleness bound allows when counted at ``versions`` (at least the plain room)."""
+    cap: int
+    """Most tasks in flight tagged above their announced version: however far the trainer lags, the
+    nodes hold no more tasks they cannot start yet."""
 
 
 @dataclass(slots=True)
@@ -72,6 +92,7 @@ class TaskEmitter:
         self.wave_shortfall = 0
         # async mode: further tasks the staleness bound allows (set by the Dataflow before each call)
         self.staleness_room: int | None = None
+        self.ahead: AheadRoom | None = None
         self._it: Iterator[Task] | None = None
 
     # -- versions ----------------------------------------------------------------------------
@@ -80,10 +101,27 @@ class TaskEmitter:
             self.versions[policy] = version
             self.selector.on_version(policy, version)
 
-    def version_for(self, task: Task) -> int:
+    def version_for(self, task: Task, versions: dict[str, int] | None = None) -> int:
+        """The version ``task`` waits for: its policy's (all policies' oldest for a task that names
+        none) in ``versions``, by default the announced ones."""
+        versions = self.versions if versions is None else versions
         if task.policy:
-            return self.versions.get(task.policy, 0)
-        return min(self.versions.values())
+            return versions.get(task.policy, 0)
+        return min(versions.values())
+
+    def _ahead_version(self, task: Task, i: int) -> int:
+        """The tag of the i-th task of this call when it is emitted ahead of the announced version."""
+        assert self.ahead is not None
+        pols = [task.policy] if task.policy else list(self.versions)
+        needed = min(self.ahead.needed(p, i) for p in pols)
+        return min(max(needed, self.version_for(task)), self.version_for(task, self.ahead.versions))
+
+    def _ahead_room(self) -> int:
+        """Tasks that may be tagged ahead of the announced version now (0 without ``ahead``)."""
+        if self.ahead is None or self.staleness_room is None:
+            return 0
+        waiting = sum(1 for f in self.in_flight.values() if f.task.emitted_version > self.version_for(f.task))
+        return max(0, min(self.ahead.room - self.staleness_room, self.ahead.cap - waiting))
 
     # -- emission ----------------------------------------------------------------------------
     def capacity(self) -> int:
@@ -91,7 +129,7 @@ class TaskEmitter:
         if self.mode == "async":
             room = self.in_flight_cap - len(self.in_flight)
             if self.staleness_room is not None:
-                room = min(room, self.staleness_room)
+                room = min(room, max(0, self.staleness_room) + self._ahead_room())
             return max(0, room)
         if self.in_flight:
             return 0
@@ -130,6 +168,9 @@ class TaskEmitter:
         k = self.capacity()
         if k <= 0:
             return []
+        # The first ``plain`` tasks are tagged with the announced version; any beyond, with the version
+        # the served batches will produce (they fit the staleness bound only at that version).
+        plain = k if self.staleness_room is None else max(0, self.staleness_room)
         out: list[Task] = []
         # Loop because a selector may skip candidates: refill and ask again until k are chosen.
         while len(out) < k:
@@ -146,7 +187,9 @@ class TaskEmitter:
             self.candidates = [t for t in self.candidates if id(t) not in gone]
             self.counters["selector_skipped"] += len(skip)
             for t in emit:
-                t = dataclasses.replace(t, emitted_version=self.version_for(t))
+                ahead = self.ahead is not None and len(out) >= plain
+                t = dataclasses.replace(
+                    t, emitted_version=self._ahead_version(t, len(out)) if ahead else self.version_for(t))
                 if self.route_pools:
                     t = dataclasses.replace(t, pool=self._freest_pool())
                 if t.prompt_id in self.in_flight:  # a dataset with repeated ids: count, never clobber

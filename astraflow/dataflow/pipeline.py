@@ -11,7 +11,7 @@ from typing import Any
 
 from astraflow.dataflow.batcher import BatchAssembler
 from astraflow.dataflow.config import DataflowConfig
-from astraflow.dataflow.emitter import TaskEmitter
+from astraflow.dataflow.emitter import AheadRoom, TaskEmitter
 from astraflow.dataflow.plugins import build_plugin
 from astraflow.dataflow.processor import TrajectoryProcessor
 from astraflow.records import Batch, Task, Trajectory
@@ -82,7 +82,7 @@ class Dataflow:
             if min(self.versions.values()) > before:
                 self._batched_this_wave.clear()
 
-    def staleness_room(self) -> int:
+    def staleness_room(self, versions: dict[str, int] | None = None) -> int:
         """Tasks that may still be emitted without any of them being trained beyond ``max_staleness``.
 
         Policy p's groups are trained in arrival order, ``groups_per_batch`` per version: the group
@@ -91,24 +91,57 @@ class Dataflow:
         only once it loaded ``emitted_version``), so staleness <= η holds iff
         g < (v - base + η + 1) * B (a group finishing out of order, behind the queue, is caught by
         the ingest filter against :meth:`train_version`); ``emission_slack`` versions of η are kept
-        free for such groups. In-flight
+        free for such groups. ``versions``: the emission version v per policy (default: the announced
+        ones; :meth:`ahead_room` counts at the versions the served batches will produce). In-flight
         alone cannot guarantee this: when the trainer is the bottleneck, finished groups queue up as
         batches and the emitter would keep refilling (every queued batch adds a version of lag).
         """
         B, eta = self.cfg.groups_per_batch, self.cfg.max_staleness - self.cfg.emission_slack
         room = None
-        for p, b in self.batchers.items():
-            ahead = b.counters["groups_batched"] + b.sampler.buffered() + sum(
-                1 for f in self.emitter.in_flight.values() if p in f.pending_policies)
+        for p in self.batchers:
+            ahead = self._groups_ahead(p)
             base = self._base_version.get(p, self.versions[p])  # version that trains batch 0
-            r = (self.versions[p] - base + eta + 1) * B - ahead
+            v = self.versions[p] if versions is None else versions[p]
+            r = (v - base + eta + 1) * B - ahead
             room = r if room is None else min(room, r)
         return max(0, room or 0)
+
+    def served_version(self, policy: str) -> int:
+        """The version ``policy``'s trainer reaches once it has trained every batch served so far (the
+        announced one when that is newer: a restarted trainer publishes its checkpoint as a new version)."""
+        announced = self.versions[policy]
+        base = self._base_version.get(policy)
+        b = self.batchers.get(policy)
+        if base is None or b is None:
+            return announced
+        return max(announced, base + b.counters["batches"])
+
+    def ahead_room(self) -> AheadRoom | None:
+        """Room to emit for versions not announced yet (``DataflowConfig.emit_ahead``): a batch served
+        is a version coming, so its successors' tasks can be on the nodes before it is announced."""
+        if not self.cfg.emit_ahead or not self.batchers:
+            return None
+        served = {p: self.served_version(p) for p in self.versions}
+        B, eta = self.cfg.groups_per_batch, self.cfg.max_staleness - self.cfg.emission_slack
+        # The group at position g is trained by base + g // B, so it may start at that minus eta.
+        first = {p: self._groups_ahead(p) for p in self.batchers}
+
+        def needed(p: str, i: int) -> int:
+            return self._base_version.get(p, self.versions[p]) + (first[p] + i) // B - eta
+
+        return AheadRoom(served, needed, self.staleness_room(served), eta * B)
+
+    def _groups_ahead(self, policy: str) -> int:
+        """Groups of ``policy`` that train before the next task's: batched, buffered and in flight."""
+        b = self.batchers[policy]
+        return b.counters["groups_batched"] + b.sampler.buffered() + sum(
+            1 for f in self.emitter.in_flight.values() if policy in f.pending_policies)
 
     def next_tasks(self, now: float) -> list[Task]:
         if self.cfg.mode == "async" and self.cfg.max_in_flight is None:
             # An explicit max_in_flight is a plain cap (the ingest filter still drops stale tokens).
             self.emitter.staleness_room = self.staleness_room()
+            self.emitter.ahead = self.ahead_room()
         if self.cfg.mode == "sync" and not self.emitter.in_flight:
             # The wave is finished; if filters left a policy short of a batch, top it up at the
             # same version instead of waiting for weights that cannot come.

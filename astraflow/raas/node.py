@@ -140,7 +140,10 @@ class RaasNode:
                 await self._on_consumer(consumer.pause)
             elif free > 0 and consumer.paused:
                 await self._on_consumer(consumer.resume)
-            msgs = await self._on_consumer(consumer.poll, timeout_s=0.2, max_records=max(free, 1))
+            # While paused the poll only keeps the group alive: a short one, so that a slot freed by
+            # a finishing episode resumes fetching within ~20 ms instead of after the full wait.
+            msgs = await self._on_consumer(consumer.poll, timeout_s=0.02 if consumer.paused else 0.2,
+                                           max_records=max(free, 1))
             for msg in msgs:
                 try:
                     if msg.table is None:

@@ -50,7 +50,9 @@ class Task:
     pool: str = "default"
     """RaaS pool (``<run>.tasks.<pool>``) that serves it."""
     emitted_version: int = 0
-    """Latest published weight version when the dataflow emitted the task."""
+    """The weight version a node must serve before it starts the task: the latest announced when the
+    dataflow emitted it, or (async, ``dataflow.emit_ahead``) the version that batches it served will
+    produce."""
     metadata: dict[str, str] = field(default_factory=dict)
     """Free-form string pairs (e.g. ``difficulty``); stored as ``map<string, string>``."""
 
