@@ -72,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
                          "stale tokens (default: the recipe's)")
     ap.add_argument("--emission-slack", type=int, default=None, metavar="N",
                     help="dataflow.emission_slack for every run: versions of max_staleness kept free when emitting")
+    ap.add_argument("--no-emit-ahead", action="store_true",
+                    help="dataflow.emit_ahead false for every run: emit a version's tasks only once its "
+                         "announcement is read (the behaviour before emit_ahead)")
     ap.add_argument("--regenerate-stale-after", type=int, default=None, metavar="N",
                     help="sampling.<policy>.regenerate_stale_after for every policy: a group's continuations with "
                          "no token within N versions of the served weights are generated again, once")
@@ -99,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
                     flow["stale_tokens"] = args.stale_tokens
                 if args.emission_slack is not None:
                     flow["emission_slack"] = args.emission_slack
+                if args.no_emit_ahead:
+                    flow["emit_ahead"] = False
                 updates: dict = {"dataflow": flow} if flow else {}
                 if args.regenerate_stale_after is not None:
                     updates["sampling"] = {p.name: {"regenerate_stale_after": args.regenerate_stale_after}
@@ -114,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     result["stale_tokens"] = args.stale_tokens or "recipe's"
     result["regenerate_stale_after"] = args.regenerate_stale_after
     result["emission_slack"] = args.emission_slack
+    result["emit_ahead"] = not args.no_emit_ahead
     for name in WORKLOADS:
         if name in result:  # trained / produced / dropped of the async run
             a = result[name]["async"]

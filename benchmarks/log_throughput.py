@@ -19,7 +19,8 @@ limits with it). Every mode uses acks=all, linger 5 ms, batch 512 KiB, no compre
 consumer group per run committing after each poll. Consume time runs from the moment the group has
 assigned the partition (join excluded, anything prefetched meanwhile rewound) to the last record. The
 consumers of every inline mode read the same records (the topic the layer wrote; raw consumers
-ignore its headers), in alternating order, so the consume figures compare consumers on equal input. Each mode runs ``--reps`` times interleaved; the median wins.
+ignore its headers), in alternating order, so the consume figures compare consumers on equal input;
+the producers also run in alternating order. Each mode runs ``--reps`` times interleaved; the median wins.
 
 Cluster: ``ASTRAFLOW_KAFKA_BOOTSTRAP``/``ASTRAFLOW_S3_ENDPOINT`` if set, else an embedded stack
 (Tansu in-memory + SeaweedFS) on free loopback ports, stopped at the end. Prints one JSON line last.
@@ -229,9 +230,10 @@ def run_case(cfg, label: str, value_bytes: int, n: int, reps: int, modes: list[s
     keys = ("produce_s", "consume_s", "produce_cpu_s", "consume_cpu_s")
     results: dict[str, dict[str, list[float]]] = {m: {k: [] for k in keys} for m in modes}
     for rep in range(reps):
-        # Produce: each mode writes a topic of its own.
+        # Produce: each mode writes a topic of its own, in an order that alternates between reps (in a
+        # fixed order the layer always wrote last, onto a broker already holding the other modes' data).
         topics: dict[str, str] = {}
-        for mode in modes:
+        for mode in modes if rep % 2 == 0 else modes[::-1]:
             mcfg = mode_cfg(cfg, mode, size)
             topic = topics[mode] = Topics(cfg.run).tasks(f"{label}-{mode.replace('_', '-')}-{rep}-{uuid.uuid4().hex[:6]}")
             ensure_topics(mcfg, {topic: 1})
