@@ -80,6 +80,18 @@ def test_tasks_emitted_ahead_keep_the_bound_and_the_trainer_fed():
     assert trained >= 25
 
 
+def test_a_task_for_a_policy_the_recipe_lacks_is_emitted_ahead_without_failing():
+    B, eta = 2, 1
+    tasks = [Task(f"p{i}", "q", [1, 2], "1", samples=2, task_type="t", policy="pol" if i < 4 else "other")
+             for i in range(8)]
+    df = Dataflow(DataflowConfig(policies=["pol"], groups_per_batch=B, max_staleness=eta), tasks)
+    nodes = _Nodes(df)
+    nodes.run(df.next_tasks(0.0))
+    assert len(df.take_batches()) == 2
+    ahead = df.next_tasks(0.0)  # the next tasks name "other": tagged with the announced version
+    assert ahead and all(t.policy == "other" and t.emitted_version == 0 for t in ahead)
+
+
 @pytest.mark.parametrize("skip", [2, 3, 4])
 def test_a_skipped_batch_does_not_strand_tasks_emitted_ahead(skip):
     """A served batch the trainer skips (a duplicate after a restart) trains no version, so tasks

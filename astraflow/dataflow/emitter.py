@@ -112,7 +112,9 @@ class TaskEmitter:
     def _ahead_version(self, task: Task, i: int) -> int:
         """The tag of the i-th task of this call when it is emitted ahead of the announced version."""
         assert self.ahead is not None
-        pols = [task.policy] if task.policy else list(self.versions)
+        pols = [p for p in ([task.policy] if task.policy else self.versions) if p in self.ahead.versions]
+        if not pols:  # a policy the recipe lacks: its trajectories are refused at ingest anyway
+            return self.version_for(task)
         needed = min(self.ahead.needed(p, i) for p in pols)
         return min(max(needed, self.version_for(task)), self.version_for(task, self.ahead.versions))
 
