@@ -44,6 +44,19 @@ def test_logprobs_match_forward_recomputation(temperature, tiny_model, prompts):
         assert g.logprobs == pytest.approx(ref, abs=1e-4)
 
 
+def test_sampling_draws_each_row_from_its_distribution_and_never_a_zero_mass_token():
+    from astraflow.engines.hf import sample_rows
+
+    rows = torch.tensor([[0.1, 0.0, 0.6, 0.3], [0.0, 0.2, 0.0, 0.2]])  # the second: a nucleus, unnormalised
+    draws = sample_rows(rows.repeat(100_000, 1), torch.Generator().manual_seed(0)).view(100_000, 2)
+    for r in range(2):
+        freq = torch.bincount(draws[:, r], minlength=4).double() / 100_000
+        assert torch.allclose(freq, (rows[r] / rows[r].sum()).double(), atol=0.006), freq
+    assert not (draws[:, 0] == 1).any() and not (draws[:, 1] % 2 == 0).any()
+    again = sample_rows(rows.repeat(100_000, 1), torch.Generator().manual_seed(0)).view(100_000, 2)
+    assert torch.equal(draws, again)  # seeded: the same draws
+
+
 def test_greedy_is_argmax_and_stops_at_eos(tiny_model, tiny_tokenizer, prompts):
     model = tiny_model
     eng = build_engine({}, model)
