@@ -170,8 +170,8 @@ class TaskEmitter:
         k = self.capacity()
         if k <= 0:
             return []
-        # The first ``plain`` tasks are tagged with the announced version; any beyond, with the version
-        # the served batches will produce (they fit the staleness bound only at that version).
+        # The first ``plain`` tasks are tagged with the announced version; any beyond it (``ahead``), with
+        # the oldest later version at which their place in line keeps them within the staleness bound.
         plain = k if self.staleness_room is None else max(0, self.staleness_room)
         out: list[Task] = []
         # Loop because a selector may skip candidates: refill and ask again until k are chosen.
