@@ -82,7 +82,8 @@ class Dataflow:
             if min(self.versions.values()) > before:
                 self._batched_this_wave.clear()
 
-    def staleness_room(self, versions: dict[str, int] | None = None) -> int:
+    def staleness_room(self, versions: dict[str, int] | None = None,
+                       groups_ahead: dict[str, int] | None = None) -> int:
         """Tasks that may still be emitted without any of them being trained beyond ``max_staleness``.
 
         Policy p's groups are trained in arrival order, ``groups_per_batch`` per version: the group
@@ -92,14 +93,15 @@ class Dataflow:
         g < (v - base + η + 1) * B (a group finishing out of order, behind the queue, is caught by
         the ingest filter against :meth:`train_version`); ``emission_slack`` versions of η are kept
         free for such groups. ``versions``: the emission version v per policy (default: the announced
-        ones; :meth:`ahead_room` counts at the versions the served batches will produce). In-flight
+        ones; :meth:`ahead_room` counts at the versions the served batches will produce);
+        ``groups_ahead``: :meth:`_groups_ahead`, when the caller has it already. In-flight
         alone cannot guarantee this: when the trainer is the bottleneck, finished groups queue up as
         batches and the emitter would keep refilling (every queued batch adds a version of lag).
         """
         B, eta = self.cfg.groups_per_batch, self.cfg.max_staleness - self.cfg.emission_slack
         room = None
-        for p in self.batchers:
-            ahead = self._groups_ahead(p)
+        groups_ahead = self._groups_ahead() if groups_ahead is None else groups_ahead
+        for p, ahead in groups_ahead.items():
             base = self._base_version.get(p, self.versions[p])  # version that trains batch 0
             v = self.versions[p] if versions is None else versions[p]
             r = (v - base + eta + 1) * B - ahead
@@ -116,32 +118,37 @@ class Dataflow:
             return announced
         return max(announced, base + b.counters["batches"])
 
-    def ahead_room(self) -> AheadRoom | None:
+    def ahead_room(self, groups_ahead: dict[str, int] | None = None) -> AheadRoom | None:
         """Room to emit for versions not announced yet (``DataflowConfig.emit_ahead``): a batch served
         is a version coming, so its successors' tasks can be on the nodes before it is announced."""
         if not self.cfg.emit_ahead or not self.batchers:
             return None
         served = {p: self.served_version(p) for p in self.versions}
         B, eta = self.cfg.groups_per_batch, self.cfg.max_staleness - self.cfg.emission_slack
-        # The group at position g is trained by base + g // B, so it may start at that minus eta.
-        first = {p: self._groups_ahead(p) for p in self.batchers}
+        first = self._groups_ahead() if groups_ahead is None else groups_ahead
 
         def needed(p: str, i: int) -> int:
+            # The group at position g is trained by base + g // B, so it may start at that minus eta.
             return self._base_version.get(p, self.versions[p]) + (first[p] + i) // B - eta
 
-        return AheadRoom(served, needed, self.staleness_room(served), eta * B)
+        return AheadRoom(served, needed, self.staleness_room(served, first), eta * B)
 
-    def _groups_ahead(self, policy: str) -> int:
-        """Groups of ``policy`` that train before the next task's: batched, buffered and in flight."""
-        b = self.batchers[policy]
-        return b.counters["groups_batched"] + b.sampler.buffered() + sum(
-            1 for f in self.emitter.in_flight.values() if policy in f.pending_policies)
+    def _groups_ahead(self) -> dict[str, int]:
+        """Per policy, the groups that train before the next task's: batched, buffered and in flight
+        (one pass over the in-flight table for all policies)."""
+        ahead = {p: b.counters["groups_batched"] + b.sampler.buffered() for p, b in self.batchers.items()}
+        for f in self.emitter.in_flight.values():
+            for p in f.pending_policies:
+                if p in ahead:
+                    ahead[p] += 1
+        return ahead
 
     def next_tasks(self, now: float) -> list[Task]:
         if self.cfg.mode == "async" and self.cfg.max_in_flight is None:
             # An explicit max_in_flight is a plain cap (the ingest filter still drops stale tokens).
-            self.emitter.staleness_room = self.staleness_room()
-            self.emitter.ahead = self.ahead_room()
+            groups_ahead = self._groups_ahead()
+            self.emitter.staleness_room = self.staleness_room(groups_ahead=groups_ahead)
+            self.emitter.ahead = self.ahead_room(groups_ahead)
         if self.cfg.mode == "sync" and not self.emitter.in_flight:
             # The wave is finished; if filters left a policy short of a batch, top it up at the
             # same version instead of waiting for weights that cannot come.
