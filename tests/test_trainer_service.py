@@ -92,6 +92,8 @@ def test_trainer_restart_resumes_from_checkpoint_without_retraining(test_cluster
 
         metrics.until(lambda items: len(steps_of(_trainer_records(metrics))) >= 3, 120, "3 steps of life 1",
                       alive=lambda: life1.poll() is None or pytest.fail((tmp_path / "life1.log").read_text()))
+        # The checkpoint of step 2 is written off the training loop: kill once it is in the bucket.
+        _wait_for_checkpoint(cfg, 2, 60)
         assert stop(life1, kill) in (0, -9), (tmp_path / "life1.log").read_text()[-3000:]
         life1_id = steps_of(_trainer_records(metrics))[0]["life"]
         _send_batches(cfg, ids[3:])
@@ -132,6 +134,24 @@ def test_trainer_restart_resumes_from_checkpoint_without_retraining(test_cluster
     assert WeightStore.from_config(cfg, "policy").latest_version() == result["version"]
     for r in two:
         assert r["wait_s"] >= 0 and r["step_s"] > 0 and r["publish_bytes"] > 0 and r["tokens"] == 12
+
+
+def _wait_for_checkpoint(cfg, step: int, timeout_s: float) -> None:
+    import time
+
+    from astraflow.objstore import ObjectNotFoundError, ObjectStore, RunLayout
+    from astraflow.objstore.layout import TRAINER_POINTER_FILE
+
+    store, key = ObjectStore.from_config(cfg), RunLayout(cfg.run).trainer_key("policy", TRAINER_POINTER_FILE)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if store.get_json(key)["step"] >= step:
+                return
+        except ObjectNotFoundError:
+            pass
+        time.sleep(0.1)
+    pytest.fail(f"no checkpoint of step {step} within {timeout_s:g} s")
 
 
 def _run_trainer_in_process(cfg, recipe, *, stop_first: bool) -> dict:

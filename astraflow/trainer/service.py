@@ -9,9 +9,10 @@ as v0 (an anchor).
 
 Exactly-once training across restarts ("restart does not re-train consumed batches"):
 a batch counts as *consumed* once its update is inside a checkpoint. Every
-``trainer.checkpoint_every`` steps (and on a clean stop, and at the end) the trainer writes model +
-optimizer + step/version + the next offset per partition + the ids of the batches trained, and only
-THEN commits the batch offsets to the consumer group. After a crash the new life loads the
+``trainer.checkpoint_every`` steps (and on a clean stop, and at the end) the trainer snapshots model +
+optimizer + step/version + the next offset per partition + the ids of the batches trained, writes
+the snapshot on a background thread while it trains on (:mod:`astraflow.trainer.checkpoint_writer`),
+and only once it is written commits the batch offsets it covers to the consumer group. After a crash the new life loads the
 checkpoint and the group hands out exactly the batches after it: every consumed batch is in the
 model exactly once, and the batches trained after the last checkpoint (whose updates died with the
 process) are trained once more, in the resumed lineage. If the crash hit between the checkpoint
@@ -42,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from astraflow.log.handoff import HandoffLatency
 from astraflow.trainer.checkpoint import CheckpointError, CheckpointStore, TrainerCheckpoint
+from astraflow.trainer.checkpoint_writer import CheckpointWriter
 
 if TYPE_CHECKING:
     from astraflow.config import ClusterConfig
@@ -163,27 +165,37 @@ class TrainerService:
         return figures
 
     # -- checkpointing -----------------------------------------------------------------------------
-    def _checkpoint(self, consumer: Any) -> None:
-        if self.step == self._last_ckpt_step and not self._uncommitted:
-            return
+    def _checkpoint(self, consumer: Any, *, wait: bool = False) -> None:
+        """Snapshot the state and save it off the loop (:mod:`astraflow.trainer.checkpoint_writer`);
+        ``wait``: until it is durable and its batches are committed (a clean stop, the end)."""
+        if self.step != self._last_ckpt_step or self._uncommitted:
+            self._commit_saved(consumer, wait=True)  # one save at a time, commits in order
+            ckpt = TrainerCheckpoint(
+                step=self.step, version=self.version, model_state=self.backend.state_dict(),
+                optimizer_state=self.backend.optimizer_state_dict(), offsets=dict(self.offsets),
+                batch_ids=list(self.batch_ids), topic_ids=dict(self.topic_ids))
+            self.checkpoint_writer.start(ckpt, self._uncommitted)
+            self._uncommitted = []
+            self._last_ckpt_step = self.step
+        self._commit_saved(consumer, wait=wait)
+
+    def _save_checkpoint(self, ckpt: TrainerCheckpoint) -> None:
+        """On the writer's thread. A restarting S3 server is waited out (one line per backoff step),
+        not a reason to exit: the save writes the same keys again, pointer last."""
         from astraflow.outage import OutageReport, wait_out_outage
 
-        t0 = time.perf_counter()
-        ckpt = TrainerCheckpoint(
-            step=self.step, version=self.version, model_state=self.backend.state_dict(),
-            optimizer_state=self.backend.optimizer_state_dict(), offsets=dict(self.offsets),
-            batch_ids=self.batch_ids, topic_ids=self.topic_ids)
-        # A restarting S3 server is waited out (one line per backoff step), not a reason to exit: the
-        # save writes the same keys again, pointer last.
         s3 = OutageReport(f"trainer {self.policy}: checkpoint, S3 endpoint", str(self.cfg.s3.endpoint), log)
         wait_out_outage(lambda: self.checkpoints.save(ckpt), s3)
-        self._last_ckpt_step = self.step
-        # Only now do the batches count as consumed for the group.
-        if self._uncommitted:
-            consumer.commit(self._uncommitted)
-            self._uncommitted = []
-        log.info("trainer %s: checkpoint at step %d / v%d in %.2fs", self.policy, self.step, self.version,
-                 time.perf_counter() - t0)
+
+    def _commit_saved(self, consumer: Any, *, wait: bool = False) -> None:
+        """Only once its checkpoint is durable do the batches it covers count as consumed for the group."""
+        saved = self.checkpoint_writer.collect(wait=wait)
+        if saved is None:
+            return
+        if saved.covered:
+            consumer.commit(saved.covered)
+        log.info("trainer %s: checkpoint at step %d / v%d saved in %.2fs (off the training loop)", self.policy,
+                 saved.checkpoint.step, saved.checkpoint.version, saved.save_s)
 
     # -- main loop ---------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -198,6 +210,8 @@ class TrainerService:
         ensure_topics(self.cfg, {topics.batches(self.policy): 1, topics.weights(self.policy): 1, topics.metrics: 1})
         self.topic_ids = topic_ids(self.cfg, [topics.batches(self.policy)])
         self.checkpoints = CheckpointStore(ObjectStore.from_config(self.cfg), self.cfg.run, self.policy)
+        self.checkpoint_writer: CheckpointWriter[list[Any]] = CheckpointWriter(
+            self._save_checkpoint, f"checkpoint-{self.policy}")
         self.backend = build_backend(self.recipe.build_policy_model(self.policy), self.spec.backend)
         self.subscriber = WeightSubscriber(self.cfg, self.policy, f"trainer-{self.life}", register=False)
         self.producer = LogProducer(self.cfg, f"{self.cfg.run}.{self.component_id}.{self.life}")
@@ -219,6 +233,7 @@ class TrainerService:
             while self.step < self.tspec.steps and not self.stop_event.is_set():
                 msgs = consumer.poll(timeout_s=self.poll_timeout_s, max_records=1)
                 self._emit_published()
+                self._commit_saved(consumer)
                 if not msgs:
                     continue
                 msg = msgs[0]
@@ -232,7 +247,7 @@ class TrainerService:
             finished = self.step >= self.tspec.steps
             self.publisher.flush()
             self._emit_published()
-            self._checkpoint(consumer)
+            self._checkpoint(consumer, wait=True)
             if finished:
                 self._emit({"event": "done", "step": self.step, "version": self.version, "skipped": self.skipped})
         finally:
