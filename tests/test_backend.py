@@ -95,6 +95,34 @@ def test_minibatches_make_the_clip_active(new_model, tiny_tokenizer):
     assert m["clip_frac"] > 0  # later minibatches see a policy that moved away from the proximal one
 
 
+def _with_a_solved_group(trajs):
+    """The batch plus a group whose samples all got reward 1: advantage 0, no learning signal."""
+    import dataclasses
+
+    solved = [dataclasses.replace(t, group_id="solved/policy", task_id="solved", reward=1.0,
+                                  episode_id=f"solved/policy/{t.sample_index}") for t in trajs[:4]]
+    return [*trajs, *solved]
+
+
+@pytest.mark.parametrize("minibatches", [1, 2])
+def test_skipping_zero_advantage_rows_leaves_the_update_unchanged(new_model, tiny_tokenizer, minibatches):
+    torch.manual_seed(0)
+    full = TorchBackend(new_model(), {"lr": 5e-3, "minibatches": minibatches, "skip_zero_advantage": False})
+    skip = TorchBackend(new_model(), {"lr": 5e-3, "minibatches": minibatches})
+    trajs = _with_a_solved_group(_batch(full.model, tiny_tokenizer))
+    solved_only = trajs[-4:]
+    for batch in (trajs, trajs, solved_only, trajs):  # the third: nothing to learn, AdamW still steps
+        m_full, m_skip = full.step(batch), skip.step(batch)
+        assert m_skip["loss"] == pytest.approx(m_full["loss"], abs=1e-6)
+        assert m_skip["grad_norm"] == pytest.approx(m_full["grad_norm"], rel=1e-5, abs=1e-7)
+    assert (m_full["trained_trajectories"], m_skip["trained_trajectories"]) == (12, 8)
+    a, b = full.state_dict(), skip.state_dict()
+    moved = TorchBackend(new_model()).state_dict()
+    assert any(not torch.equal(a[k], moved[k]) for k in a)  # they trained
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=1e-6), k
+
+
 # -- the backend section ---------------------------------------------------------------------------
 def test_build_backend_switches_on_type(tiny_model):
     from astraflow.trainer.simulated import SimulatedBackend

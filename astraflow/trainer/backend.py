@@ -61,6 +61,12 @@ class TorchBackendConfig(BaseBackendConfig):
     """Sampling temperature of the engines: logits are divided by it, so log-probs match."""
     minibatches: int = Field(default=1, ge=1)
     """Optimizer steps per batch (>1 makes the PPO clip active against the proximal policy)."""
+    skip_zero_advantage: bool = True
+    """Leave out of the forward and backward the trajectories whose advantage is 0 (every sample of
+    their group got the same reward: often half a GRPO batch). Their loss terms are exactly 0, and the
+    loss keeps the whole batch's token count as its denominator, so the update is the same; only the
+    diagnostics (clip and importance-weight fractions, ``behav_kl``) then cover the trained
+    trajectories alone. Turn off for a loss with terms that do not vanish with the advantage."""
     device: str = "cpu"
     """Torch device of the trained model."""
 

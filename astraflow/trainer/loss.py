@@ -50,12 +50,16 @@ def group_advantages(rewards: Sequence[float], group_ids: Sequence[str], eps: fl
 
 
 def policy_loss(logp, prox_logp, behav_logp, advantages, mask, *, clip_eps: float = 0.2,
-                clip_eps_high: float | None = None, is_cap: float = 2.0) -> tuple[Any, dict[str, float]]:
+                clip_eps_high: float | None = None, is_cap: float = 2.0,
+                batch_tokens: float | None = None) -> tuple[Any, dict[str, float]]:
     """The clipped surrogate loss (a scalar tensor) and diagnostics.
 
     ``logp``, ``prox_logp``, ``behav_logp``, ``mask``: ``[B, T]`` over response tokens (padding has
     mask 0); ``advantages``: ``[B]`` (one per trajectory) or ``[B, T]``. ``clip_frac`` is the
     fraction of loss tokens whose ratio lies outside ``[1 - clip_eps, 1 + clip_eps_high]``.
+    ``batch_tokens``: the loss's denominator when these rows are part of a batch whose other rows
+    were left out because their terms are 0 (zero advantage); default ``mask.sum()``. The
+    diagnostics are over these rows' tokens.
     """
     import torch
 
@@ -68,7 +72,8 @@ def policy_loss(logp, prox_logp, behav_logp, advantages, mask, *, clip_eps: floa
     raw_w = torch.exp(prox_logp - behav_logp).detach()
     w = raw_w.clamp(max=is_cap)
     n_tok = mask.sum().clamp(min=1.0)
-    loss = -(w * surr * mask).sum() / n_tok
+    denominator = n_tok if batch_tokens is None else max(float(batch_tokens), 1.0)
+    loss = -(w * surr * mask).sum() / denominator
     with torch.no_grad():
         # outside the (possibly asymmetric) trust region [1 - clip_eps, 1 + clip_eps_high]
         clipped = ((ratio < 1.0 - clip_eps) | (ratio > 1.0 + hi)).to(logp.dtype)

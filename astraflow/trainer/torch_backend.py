@@ -92,10 +92,13 @@ class TorchBackend(TrainerBackend):
         order = list(range(n))
         chunks = [order[i:: cfg.minibatches] for i in range(cfg.minibatches) if order[i:: cfg.minibatches]]
         agg: dict[str, float] = {}
+        # The rows each minibatch forwards: without the zero-advantage ones, whose terms are 0.
+        rows = {tuple(c): self._trained_rows(c, adv) for c in chunks}
         for chunk in chunks:
-            sub = [trajectories[i] for i in chunk]
+            trained = rows[tuple(chunk)]
+            sub = [trajectories[i] for i in trained]
             ids, attn, gpos, behav, mask = self._tensors(sub)
-            a = torch.tensor([adv[i] for i in chunk], dtype=torch.float32, device=self.device)
+            a = torch.tensor([adv[i] for i in trained], dtype=torch.float32, device=self.device)
             logp = self.token_logprobs(ids, attn, gpos)
             if cfg.minibatches == 1:
                 prox = logp.detach()  # one update per batch: the proximal policy is the current one
@@ -103,12 +106,13 @@ class TorchBackend(TrainerBackend):
                 if not agg:  # proximal log-probs for every minibatch, before the first update
                     with torch.no_grad():
                         prox_all = {}
-                        for c in chunks:
-                            t_ = self._tensors([trajectories[i] for i in c])
-                            prox_all[tuple(c)] = self.token_logprobs(t_[0], t_[1], t_[2])
+                        for c, r in rows.items():
+                            t_ = self._tensors([trajectories[i] for i in r])
+                            prox_all[c] = self.token_logprobs(t_[0], t_[1], t_[2])
                 prox = prox_all[tuple(chunk)]
+            chunk_tokens = sum(sum(trajectories[i].loss_mask) for i in chunk)
             loss, m = policy_loss(logp, prox, behav, a, mask, clip_eps=cfg.clip_eps,
-                                  clip_eps_high=cfg.clip_eps_high, is_cap=cfg.is_cap)
+                                  clip_eps_high=cfg.clip_eps_high, is_cap=cfg.is_cap, batch_tokens=chunk_tokens)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
@@ -121,10 +125,19 @@ class TorchBackend(TrainerBackend):
         agg.update(
             reward_mean=sum(rewards) / n,
             trajectories=float(n),
+            trained_trajectories=float(sum(len(r) for r in rows.values())),
             zero_adv_frac=sum(1 for x in adv if x == 0.0) / n,
             step_seconds=time.perf_counter() - t0,
         )
         return agg
+
+    def _trained_rows(self, chunk: list[int], adv: list[float]) -> list[int]:
+        """The rows of ``chunk`` to forward: all, or (``skip_zero_advantage``) those with a nonzero
+        advantage, and at least one, so that every parameter still gets a gradient (zero) and the
+        optimizer steps exactly as it would on the whole chunk."""
+        if not self.config.skip_zero_advantage:
+            return chunk
+        return [i for i in chunk if adv[i] != 0.0] or chunk[:1]
 
     # -- state ------------------------------------------------------------------------------------
     def state_dict(self, dtype: torch.dtype | None = None) -> dict[str, Any]:
