@@ -44,6 +44,28 @@ def test_logprobs_match_forward_recomputation(temperature, tiny_model, prompts):
         assert g.logprobs == pytest.approx(ref, abs=1e-4)
 
 
+def test_a_groups_shared_prompt_is_prefilled_once_and_each_row_samples_on_its_own(tiny_model, prompts):
+    eng = build_engine({"seed": 5}, tiny_model)
+    batches: list[int] = []
+    forward = tiny_model.forward
+
+    def counting(*args, **kwargs):
+        batches.append(kwargs["input_ids"].shape[0])
+        return forward(*args, **kwargs)
+
+    tiny_model.forward = counting
+    rows = [prompts[0]] * 16 + [prompts[1]] * 16 + [prompts[2]]
+    gens = eng.generate(rows, SamplingParams(max_new_tokens=4, temperature=1.0, stop_token_ids=(-1,)))
+    assert batches == [3, 33, 33, 33]  # one prefill row per distinct prompt, then every row decodes
+    for prompt, g in zip(rows, gens):
+        assert g.logprobs == pytest.approx(_recompute(tiny_model, prompt, g.token_ids, 1.0), abs=1e-4)
+    assert len({tuple(g.token_ids) for g in gens[:16]}) > 1  # the copies draw independently
+    batches.clear()
+    greedy = eng.generate(rows[15:18], SamplingParams(max_new_tokens=4, temperature=0.0))
+    alone = [eng.generate([p], SamplingParams(max_new_tokens=4, temperature=0.0))[0] for p in rows[15:18]]
+    assert batches[0] == 2 and [g.token_ids for g in greedy] == [g.token_ids for g in alone]
+
+
 def test_sampling_draws_each_row_from_its_distribution_and_never_a_zero_mass_token():
     from astraflow.engines.hf import sample_rows
 

@@ -44,6 +44,11 @@ class HFEngine(Engine):
         self._rng = torch.Generator(device=self.device).manual_seed(seed)
         self._batcher = RequestBatcher(self, max_batch_size)
         """Merges the ``agenerate`` calls of concurrent episodes into batched ``generate`` calls."""
+        import inspect
+
+        # Models that take it compute the lm-head at the last position only (a prompt's other
+        # positions' logits are never used).
+        self._last_logits_only = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     @property
     def weight_version(self) -> int:
@@ -97,14 +102,27 @@ class HFEngine(Engine):
         versions: list[list[int]] = [[] for _ in range(n)]
         done = [False] * n
         cache, step_ids = None, ids
+        first, copies = _distinct_rows(prompts)
+        keep = {"logits_to_keep": 1} if self._last_logits_only else {}
         with torch.no_grad():
             for _ in range(params.max_new_tokens):
                 with self._gate.step():  # a weight swap happens between steps, never inside a forward
-                    out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=positions,
-                                     past_key_values=cache, use_cache=True)
+                    if cache is None and len(first) < n:
+                        # The samples of a group share their prompt: prefill each distinct prompt once
+                        # and give every row a copy of its KV cache and next-token logits.
+                        rows = torch.tensor(first, device=self.device)
+                        out = self.model(input_ids=ids[rows], attention_mask=mask[rows], position_ids=positions[rows],
+                                         use_cache=True, **keep)
+                        of_row = torch.tensor(copies, device=self.device)
+                        out.past_key_values.reorder_cache(of_row)
+                        logits = out.logits[of_row, -1, :]
+                    else:
+                        out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=positions,
+                                         past_key_values=cache, use_cache=True, **keep)
+                        logits = out.logits[:, -1, :]
                     version = self._version
                 cache = out.past_key_values
-                logits = out.logits[:, -1, :].float()
+                logits = logits.float()
                 if params.temperature <= 0:
                     logp = torch.log_softmax(logits, dim=-1)
                     nxt = logp.argmax(dim=-1)
@@ -143,6 +161,20 @@ class HFEngine(Engine):
             sorted_p = sorted_p * keep
             probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
         return sample_rows(probs, self._rng)
+
+
+def _distinct_rows(prompts: list[list[int]]) -> tuple[list[int], list[int]]:
+    """The first row of each distinct prompt, and for every row the position of its prompt there."""
+    first: list[int] = []
+    seen: dict[tuple[int, ...], int] = {}
+    copies = []
+    for i, p in enumerate(prompts):
+        key = tuple(p)
+        if key not in seen:
+            seen[key] = len(first)
+            first.append(i)
+        copies.append(seen[key])
+    return first, copies
 
 
 def sample_rows(probs: Any, generator: Any) -> Any:
