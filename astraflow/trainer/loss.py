@@ -58,8 +58,8 @@ def policy_loss(logp, prox_logp, behav_logp, advantages, mask, *, clip_eps: floa
     mask 0); ``advantages``: ``[B]`` (one per trajectory) or ``[B, T]``. ``clip_frac`` is the
     fraction of loss tokens whose ratio lies outside ``[1 - clip_eps, 1 + clip_eps_high]``.
     ``batch_tokens``: the loss's denominator when these rows are part of a batch whose other rows
-    were left out because their terms are 0 (zero advantage); default ``mask.sum()``. The
-    diagnostics are over these rows' tokens.
+    were left out because their terms are 0 (zero advantage); default ``mask.sum()``. ``tokens`` is
+    then the batch's; the other diagnostics are over these rows' tokens.
     """
     import torch
 
@@ -79,7 +79,7 @@ def policy_loss(logp, prox_logp, behav_logp, advantages, mask, *, clip_eps: floa
         clipped = ((ratio < 1.0 - clip_eps) | (ratio > 1.0 + hi)).to(logp.dtype)
         metrics = {
             "loss": float(loss),
-            "tokens": float(mask.sum()),
+            "tokens": float(mask.sum()) if batch_tokens is None else float(batch_tokens),
             "clip_frac": float((clipped * mask).sum() / n_tok),
             "is_weight_mean": float((w * mask).sum() / n_tok),
             "is_truncated_frac": float(((raw_w > is_cap).to(logp.dtype) * mask).sum() / n_tok),
