@@ -14,7 +14,9 @@
   - ``batch_to_trainer``: batch record sent by the dataflow -> the trainer starts its step on it
     (includes the time the batch queued while the trainer was busy);
   - ``announcement_to_serving``: weight announcement sent by the trainer -> the node serves it (pull,
-    decode and load included).
+    decode and load included);
+  - ``step_to_announcement``: the trainer's step ends -> its version's announcement is acknowledged
+    (the publisher's copy, delta encode, uploads and manifest; ``publish_s`` of the step records).
 
 Prints one JSON line last: every figure, and ``ratio_to_one_process`` (distributed s/step / one-process
 s/step) per setting.
@@ -37,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 from _harness import ROOT, episode_spans, load_recipe, quantiles, run_recipe, summarize
 
 RECIPE = ROOT / "examples" / "recipes" / "math.yaml"
-HANDOFFS = ("task_to_node", "trajectory_to_dataflow", "batch_to_trainer", "announcement_to_serving")
+HANDOFFS = ("task_to_node", "trajectory_to_dataflow", "batch_to_trainer", "announcement_to_serving",
+            "step_to_announcement")
 
 
 def one_process(steps: int, seed: int) -> dict:
@@ -74,6 +77,8 @@ def handoff_figures(metrics: list[dict], run: str, since: float) -> dict[str, di
             name = handoff_name(topic, run)
             if name is not None:
                 samples[name] += figures.get("samples", [])
+        if rec.get("component") == "trainer" and rec.get("publish_s") is not None:
+            samples["step_to_announcement"].append(round(rec["publish_s"] * 1000, 1))
     return {name: {**quantiles(xs), "n": len(xs)} if xs else {"n": 0} for name, xs in samples.items()}
 
 

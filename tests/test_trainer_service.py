@@ -134,6 +134,7 @@ def test_trainer_restart_resumes_from_checkpoint_without_retraining(test_cluster
     assert WeightStore.from_config(cfg, "policy").latest_version() == result["version"]
     for r in two:
         assert r["wait_s"] >= 0 and r["step_s"] > 0 and r["publish_bytes"] > 0 and r["tokens"] == 12
+        assert 0 < r["publish_s"] < 60  # step end -> its version announced
 
 
 def _wait_for_checkpoint(cfg, step: int, timeout_s: float) -> None:

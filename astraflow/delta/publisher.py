@@ -68,6 +68,9 @@ class WeightPublisher:
         self._s3 = OutageReport(f"weight publisher {policy}: S3 endpoint",
                                 str(getattr(self.store.objects, "endpoint", "?")), log)
         self.published: list[Manifest] = []
+        self.announced_at: dict[int, float] = {}
+        """Version -> Unix time its announcement was acknowledged (or its manifest written, without
+        announcements); the caller pops what it has read."""
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, max_lag_versions))
         self._error: BaseException | None = None
         self._last_version: int | None = None
@@ -221,4 +224,5 @@ class WeightPublisher:
                 schema_name=WEIGHT_ANNOUNCEMENT_SCHEMA[0], schema_version=WEIGHT_ANNOUNCEMENT_SCHEMA[1],
                 policy=self.policy,
             ).result(timeout=30)
+        self.announced_at[version] = time.time()
         return manifest

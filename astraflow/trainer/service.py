@@ -12,12 +12,12 @@ a batch counts as *consumed* once its update is inside a checkpoint. Every
 ``trainer.checkpoint_every`` steps (and on a clean stop, and at the end) the trainer snapshots model +
 optimizer + step/version + the next offset per partition + the ids of the batches trained, writes
 the snapshot on a background thread while it trains on (:mod:`astraflow.trainer.checkpoint_writer`),
-and only once it is written commits the batch offsets it covers to the consumer group. After a crash the new life loads the
-checkpoint and the group hands out exactly the batches after it: every consumed batch is in the
-model exactly once, and the batches trained after the last checkpoint (whose updates died with the
-process) are trained once more, in the resumed lineage. If the crash hit between the checkpoint
-write and the commit, the re-delivered batches are below the checkpointed offsets or carry a
-checkpointed batch id, and are skipped.
+and only once it is written commits the batch offsets it covers to the consumer group. After a crash
+the new life loads the checkpoint and the group hands out exactly the batches after it: every
+consumed batch is in the model exactly once, and the batches trained after the last checkpoint (whose
+updates died with the process) are trained once more, in the resumed lineage. If the crash hit
+between the checkpoint write and the commit, the re-delivered batches are below the checkpointed
+offsets or carry a checkpointed batch id, and are skipped.
 
 Versions: each step publishes ``version + 1`` (its weights cast to ``trainer.publish_dtype``,
 bf16 by default; checkpoints keep the fp32 masters) off the critical path (``WeightPublisher`` encodes
@@ -28,7 +28,8 @@ publishes its checkpointed weights as a fresh version above anything published, 
 see a version number go backwards, and continues from there.
 
 Metrics (``<run>.metrics``, key ``trainer.<policy>``): one record per step once its version is
-published (``publish_bytes`` known), ``{"event": "skipped", "reason": "duplicate", "batch_id"}`` for
+published (``publish_bytes`` known; ``publish_s``: seconds from the step's end to its version's
+announcement being acknowledged), ``{"event": "skipped", "reason": "duplicate", "batch_id"}`` for
 a batch record whose id was trained already (a restarted dataflow re-produced it), and
 ``{"event": "done"}`` after ``trainer.steps`` steps.
 """
@@ -88,7 +89,8 @@ class TrainerService:
         self.skipped = {"duplicate": 0, "already_checkpointed": 0, "invalid": 0}
         self._uncommitted: list[Any] = []
         self._last_ckpt_step = 0
-        self._pending_records: dict[int, dict[str, Any]] = {}
+        self._pending_records: dict[int, tuple[dict[str, Any], float]] = {}
+        """Version -> its step's metrics record and the Unix time the step ended, until it is published."""
         self._seen_published = 0
         self.topic_ids: dict[str, str | None] = {}
         """Ids of the topics this trainer reads, as of its start (saved with each checkpoint)."""
@@ -299,6 +301,7 @@ class TrainerService:
         t0 = time.perf_counter()
         m = self.backend.step(trajs)
         step_s = time.perf_counter() - t0
+        step_end = time.time()
         self.step += 1
         self.version += 1
         self.batch_ids.append(b.batch_id)
@@ -324,7 +327,7 @@ class TrainerService:
         self.publisher.publish(served, self.version, owned=True)
         record["state_copy_s"] = t2 - t1  # the backend's copy + cast of the weights (the trainer waits)
         record["publish_blocked_s"] = time.perf_counter() - t2
-        self._pending_records[self.version] = record
+        self._pending_records[self.version] = (record, step_end)
 
     def _served_state(self) -> dict[str, Any]:
         return publishable(self.backend.state_dict(), self.tspec.publish_dtype)
@@ -338,10 +341,14 @@ class TrainerService:
         """Step records whose version is now published, with the bytes it took."""
         published = self.publisher.published
         for manifest in published[self._seen_published:]:
-            record = self._pending_records.pop(manifest.version, None)
-            if record is not None:
+            announced = self.publisher.announced_at.pop(manifest.version, None)
+            pending = self._pending_records.pop(manifest.version, None)
+            if pending is not None:
+                record, step_end = pending
+                # step end -> announcement acknowledged: the hand-off from the trainer to the nodes
+                publish_s = None if announced is None else round(announced - step_end, 4)
                 self._emit({**record, "version": manifest.version, "publish_bytes": manifest.bytes,
-                            "publish_kind": manifest.kind})
+                            "publish_kind": manifest.kind, "publish_s": publish_s})
         self._seen_published = len(published)
 
     def _emit(self, fields: dict[str, Any]) -> None:
