@@ -135,6 +135,8 @@ def test_trainer_restart_resumes_from_checkpoint_without_retraining(test_cluster
     for r in two:
         assert r["wait_s"] >= 0 and r["step_s"] > 0 and r["publish_bytes"] > 0 and r["tokens"] == 12
         assert 0 < r["publish_s"] < 60  # step end -> its version announced
+        # each batch: 2 groups of rewards 0, 1 (advantage never 0), all trained on
+        assert r["zero_adv_frac"] == 0.0 and r["trained_trajectories"] == r["trajectories"] == 4
 
 
 def _wait_for_checkpoint(cfg, step: int, timeout_s: float) -> None:

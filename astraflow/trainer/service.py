@@ -29,9 +29,9 @@ see a version number go backwards, and continues from there.
 
 Metrics (``<run>.metrics``, key ``trainer.<policy>``): one record per step once its version is
 published (``publish_bytes`` known; ``publish_s``: seconds from the step's end to its version's
-announcement being acknowledged), ``{"event": "skipped", "reason": "duplicate", "batch_id"}`` for
-a batch record whose id was trained already (a restarted dataflow re-produced it), and
-``{"event": "done"}`` after ``trainer.steps`` steps.
+announcement being acknowledged; the torch backend's ``zero_adv_frac`` and ``trained_trajectories``),
+``{"event": "skipped", "reason": "duplicate", "batch_id"}`` for a batch record whose id was trained
+already (a restarted dataflow re-produced it), and ``{"event": "done"}`` after ``trainer.steps`` steps.
 """
 
 from __future__ import annotations
@@ -321,6 +321,9 @@ class TrainerService:
             "grad_norm": float(m.get("grad_norm", 0.0)),
             "handoff_ms": handoff.drain(),
         }
+        # GRPO's share of trajectories without a learning signal, and how many the backend trained on
+        # (fewer with skip_zero_advantage), when the backend reports them
+        record.update({k: float(m[k]) for k in ("zero_adv_frac", "trained_trajectories") if k in m})
         t1 = time.perf_counter()
         served = self._served_state()
         t2 = time.perf_counter()
