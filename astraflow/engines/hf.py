@@ -106,20 +106,18 @@ class HFEngine(Engine):
         keep = {"logits_to_keep": 1} if self._last_logits_only else {}
         with torch.no_grad():
             for _ in range(params.max_new_tokens):
+                # The samples of a group share their prompt: the prefill runs on each distinct prompt
+                # once, and every row then gets a copy of its KV cache and next-token logits.
+                shared = cache is None and len(first) < n
+                rows = torch.tensor(first, device=self.device) if shared else slice(None)
                 with self._gate.step():  # a weight swap happens between steps, never inside a forward
-                    if cache is None and len(first) < n:
-                        # The samples of a group share their prompt: prefill each distinct prompt once
-                        # and give every row a copy of its KV cache and next-token logits.
-                        rows = torch.tensor(first, device=self.device)
-                        out = self.model(input_ids=ids[rows], attention_mask=mask[rows], position_ids=positions[rows],
-                                         use_cache=True, **keep)
+                    out = self.model(input_ids=step_ids[rows], attention_mask=mask[rows], position_ids=positions[rows],
+                                     past_key_values=cache, use_cache=True, **keep)
+                    logits = out.logits[:, -1, :]
+                    if shared:
                         of_row = torch.tensor(copies, device=self.device)
                         out.past_key_values.reorder_cache(of_row)
-                        logits = out.logits[of_row, -1, :]
-                    else:
-                        out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=positions,
-                                         past_key_values=cache, use_cache=True, **keep)
-                        logits = out.logits[:, -1, :]
+                        logits = logits[of_row]
                     version = self._version
                 cache = out.past_key_values
                 logits = logits.float()
