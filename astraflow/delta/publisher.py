@@ -3,7 +3,7 @@
 ``publish(state_dict, version)`` snapshots the weights to CPU (the only work on the caller's
 thread) and queues them; ``assume_published`` names a version already in the store as the base of
 the next delta. A background thread encodes the delta from the previous version, uploads
-the anchor (every ``anchor_every`` versions, and always first) and/or the delta, writes the
+the anchor (every ``anchor_every`` versions, and always first) and/or the delta side by side, writes the
 manifest last (conditional put), then announces the version on ``<run>.weights.<policy>``. The
 caller blocks only when more than ``max_lag_versions`` versions wait to be uploaded. Memory: the
 previous snapshot plus up to ``max_lag_versions + 1`` queued ones.
@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Self
 
 import torch
 
+from astraflow.background_calls import BackgroundCalls
 from astraflow.delta.announcement import WeightAnnouncement
 from astraflow.delta.codec import encode
 from astraflow.delta.errors import PublisherError, VersionExistsError
@@ -86,6 +87,8 @@ class WeightPublisher:
             ensure_topics(cfg, {self._topic: 1})
             # One record per version, awaited before the next: nothing to batch, so no linger.
             self._producer = LogProducer(cfg, producer_id or f"weights-publisher-{policy}", linger_ms=0)
+        self._side = BackgroundCalls(f"weight-publisher-{policy}-io")
+        """The bucket calls that overlap the publisher thread's own (its HEAD, an anchor's upload)."""
         self._thread = threading.Thread(target=self._run, name=f"weight-publisher-{policy}", daemon=True)
         self._thread.start()
 
@@ -133,6 +136,7 @@ class WeightPublisher:
             if self._thread.is_alive():
                 self._queue.put(_STOP)
             self._thread.join()
+            self._side.close()
             if self._producer is not None:
                 self._producer.close()
         self._raise_if_failed()
@@ -180,19 +184,23 @@ class WeightPublisher:
 
     def _publish_one(self, version: int, state: dict, prev: tuple[int, dict] | None) -> Manifest:
         # Refuse before uploading: objects of a published version must never be replaced. (Two
-        # live publishers of one policy racing on a version remain unsupported.)
-        if self._s3_call(lambda: self.store.objects.exists(self.store.layout.manifest_key(self.policy, version))):
-            raise VersionExistsError(f"{self.policy} v{version} is already published")
+        # live publishers of one policy racing on a version remain unsupported.) The HEAD runs beside
+        # the CRCs and the encode, which upload nothing, and is awaited before the first upload.
+        manifest_key = self.store.layout.manifest_key(self.policy, version)
+        published = self._side.submit(lambda: self._s3_call(lambda: self.store.objects.exists(manifest_key)))
         crcs = state_crcs(state)
-        anchor = delta = header = None
-        if prev is None or version % self.anchor_every == 0:
-            anchor = self._s3_call(lambda: self.store.put_anchor(version, state))
-        if prev is not None and prev[0] == version - 1:
-            blob = encode(prev[1], state, base_version=prev[0], target_version=version)
-            header = read_header(blob)
-            delta = self._s3_call(lambda: self.store.put_delta(version, blob))
-        elif anchor is None:  # versions skipped: no delta has a base, store the full state
-            anchor = self._s3_call(lambda: self.store.put_anchor(version, state))
+        has_base = prev is not None and prev[0] == version - 1
+        blob = encode(prev[1], state, base_version=prev[0], target_version=version) if has_base else None
+        if published.result():
+            raise VersionExistsError(f"{self.policy} v{version} is already published")
+        # An anchor falls due every ``anchor_every`` versions, first, and when versions were skipped
+        # (no delta has a base); it uploads beside the delta, so a due anchor adds no time of its own.
+        anchor_due = prev is None or version % self.anchor_every == 0 or blob is None
+        anchor_upload = (self._side.submit(lambda: self._s3_call(lambda: self.store.put_anchor(version, state)))
+                         if anchor_due else None)
+        header = read_header(blob) if blob is not None else None
+        delta = self._s3_call(lambda: self.store.put_delta(version, blob)) if blob is not None else None
+        anchor = anchor_upload.result() if anchor_upload is not None else None
         manifest = Manifest(
             policy=self.policy,
             version=version,

@@ -13,9 +13,7 @@ Manifests are immutable once published, so they are cached. Retention is describ
 
 from __future__ import annotations
 
-import queue
 import tempfile
-import threading
 import time
 from collections.abc import Collection, MutableMapping
 from concurrent.futures import Future
@@ -24,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from astraflow.background_calls import BackgroundCalls
 from astraflow.delta.bits import dtype_name, tensor_checksum
 from astraflow.delta.errors import DeltaCorruptError, NoPathError, VersionExistsError, VersionNotFoundError
 from astraflow.delta.manifest import Manifest, ObjectInfo
@@ -49,7 +48,8 @@ class WeightStore:
         self.prefix = self.layout.weights_prefix(policy)
         self._manifests: dict[int, Manifest] = {}
         self._prefetched: tuple[int, str, Future] | None = None
-        self._prefetch_jobs: queue.SimpleQueue | None = None
+        # One thread for the store's life (see BackgroundCalls on why not one per refresh).
+        self._prefetcher = BackgroundCalls(f"delta-prefetch-{policy}")
 
     @classmethod
     def from_config(cls, cfg: ClusterConfig, policy: str) -> WeightStore:
@@ -183,23 +183,7 @@ class WeightStore:
         that object, and checks it as always. A miss (no delta there, an error) only costs the request:
         ``get_delta`` reads the object itself then. Only the newest prefetch is kept."""
         key = self.layout.delta_key(self.policy, version)
-        future: Future = Future()
-        if self._prefetch_jobs is None:
-            # One thread for the store's life: starting a thread per refresh waits until the new
-            # thread gets the GIL, which on a node busy generating took ~3 ms of each refresh.
-            self._prefetch_jobs = queue.SimpleQueue()
-            threading.Thread(target=self._prefetch_loop, args=(self._prefetch_jobs,),
-                             name=f"delta-prefetch-{self.policy}", daemon=True).start()
-        self._prefetch_jobs.put((key, future))
-        self._prefetched = (version, key, future)
-
-    def _prefetch_loop(self, jobs: queue.SimpleQueue) -> None:
-        while True:
-            key, future = jobs.get()
-            try:
-                future.set_result(self.objects.get_bytes_with_sha256(key))
-            except BaseException as exc:  # noqa: BLE001 - handed to get_delta, which reads again
-                future.set_exception(exc)
+        self._prefetched = (version, key, self._prefetcher.submit(lambda: self.objects.get_bytes_with_sha256(key)))
 
     def _take_prefetched(self, version: int, key: str) -> tuple[bytes, str] | None:
         prefetched, self._prefetched = self._prefetched, None
