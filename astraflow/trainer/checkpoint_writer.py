@@ -13,13 +13,13 @@ crash mid-upload leaves the previous checkpoint in force, as a crash mid-save al
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from astraflow.background_calls import BackgroundCalls
 from astraflow.trainer.checkpoint import TrainerCheckpoint
 
 Covered = TypeVar("Covered")
@@ -40,7 +40,7 @@ class CheckpointWriter(Generic[Covered]):
 
     def __init__(self, save: Callable[[TrainerCheckpoint], object], name: str = "checkpoint-writer") -> None:
         self._save = save
-        self._name = name
+        self._uploads = BackgroundCalls(name)
         self._in_flight: tuple[Future[float], TrainerCheckpoint, Covered] | None = None
 
     @property
@@ -53,20 +53,15 @@ class CheckpointWriter(Generic[Covered]):
         save in flight first (``collect(wait=True)``); starting a second one is refused."""
         if self._in_flight is not None:
             raise RuntimeError("a checkpoint save is in flight: collect it before starting the next")
-        done: Future[float] = Future()
 
-        def upload() -> None:
+        def upload() -> float:
             t0 = time.perf_counter()
-            try:
-                self._save(checkpoint)
-            except BaseException as exc:  # noqa: BLE001 - handed to the training loop
-                done.set_exception(exc)
-            else:
-                done.set_result(time.perf_counter() - t0)
+            self._save(checkpoint)
+            return time.perf_counter() - t0
 
         # A daemon thread: a trainer that dies mid-upload must not wait for it (the previous
-        # checkpoint stays in force).
-        threading.Thread(target=upload, name=self._name, daemon=True).start()
+        # checkpoint stays in force). A failed save is raised by ``collect``, in the training loop.
+        done = self._uploads.submit(upload)
         self._in_flight = (done, checkpoint, covered)
 
     def collect(self, *, wait: bool = False) -> SavedCheckpoint[Covered] | None:
