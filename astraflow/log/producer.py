@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from concurrent.futures import Future
+import threading
+from collections import deque
 from typing import TYPE_CHECKING, Any, Self
 
 import pyarrow as pa
 
+from astraflow.log.ack import AckFuture
 from astraflow.log.admin import open_kafka_client
 from astraflow.log.claim_check import ClaimCheck
 from astraflow.log.codec import ARROW_STREAM, JSON, ArrowCodec, RecordMeta, max_record_bytes
-from astraflow.log.errors import LogError, ProduceRefusedError
+from astraflow.log.errors import LogError
 from astraflow.log.lag import OffsetLedger
-from astraflow.log.message import Ack
 from astraflow.log.topics import validate_topic_name
 
 if TYPE_CHECKING:
@@ -29,8 +30,9 @@ across retries."""
 
 
 class LogProducer:
-    """Writes records per docs/record-format.md. A record is *acknowledged* when its future resolves:
-    every in-sync replica has it (``acks="all"``), and :attr:`ledger` holds its offset."""
+    """Writes records per docs/record-format.md. A record is *acknowledged* when its
+    :class:`~astraflow.log.ack.AckFuture` resolves: every in-sync replica has it (``acks="all"``). The
+    :attr:`ledger` counts acknowledged records in the order sent, up to the first still in flight."""
 
     def __init__(
         self,
@@ -51,7 +53,10 @@ class LogProducer:
 
         self.cfg = cfg
         self.producer_id = producer_id
-        self.ledger = OffsetLedger()
+        self._ledger = OffsetLedger()
+        self._unrecorded: deque[Any] = deque()
+        """kafka-python futures of the records sent and not yet in the ledger, in the order sent."""
+        self._unrecorded_lock = threading.Lock()
         self.codec = ArrowCodec()
         self._claims = ClaimCheck(cfg, store)
         kwargs = {
@@ -76,7 +81,7 @@ class LogProducer:
         schema_name: str,
         schema_version: int,
         policy: str | None = None,
-    ) -> Future[Ack]:
+    ) -> AckFuture:
         """Send ``table`` as one Arrow IPC stream; a value above the inline limit goes to the bucket."""
         return self._send(topic, key, self.codec.encode_table(table), ARROW_STREAM, schema_name, schema_version, policy)
 
@@ -88,7 +93,7 @@ class LogProducer:
         schema_name: str = "json",
         schema_version: int = 1,
         policy: str | None = None,
-    ) -> Future[Ack]:
+    ) -> AckFuture:
         """Send a small control record (weight announcement, metrics) as a JSON document."""
         return self._send(topic, key, self.codec.encode_json(obj), JSON, schema_name, schema_version, policy)
 
@@ -101,7 +106,7 @@ class LogProducer:
         schema_name: str,
         schema_version: int,
         policy: str | None,
-    ) -> Future[Ack]:
+    ) -> AckFuture:
         from kafka.errors import KafkaError
 
         validate_topic_name(topic)
@@ -120,7 +125,6 @@ class LogProducer:
             claim_sha256=digest,
             claim_size=size if claim_key else None,
         )
-        result: Future[Ack] = Future()
         try:
             sent = self._producer.send(
                 topic,
@@ -130,17 +134,26 @@ class LogProducer:
             )
         except KafkaError as exc:
             raise LogError(f"producer {self.producer_id}: cannot send to {topic}: {exc}") from exc
+        with self._unrecorded_lock:
+            self._unrecorded.append(sent)
+        self._record_acked()
+        return AckFuture(sent, self.producer_id, topic, size, claim_key)
 
-        def on_ack(md: Any) -> None:
-            self.ledger.record(md.topic, md.partition, md.offset)
-            result.set_result(Ack(md.topic, md.partition, md.offset, size, claim_key))
+    # -- the ledger ------------------------------------------------------------------------------
+    @property
+    def ledger(self) -> OffsetLedger:
+        """End offset and count of the acknowledged records per partition (see the class docstring)."""
+        self._record_acked()
+        return self._ledger
 
-        def on_error(exc: BaseException) -> None:
-            result.set_exception(ProduceRefusedError(f"producer {self.producer_id}: {topic} did not acknowledge: {exc}"))
-
-        sent.add_callback(on_ack)
-        sent.add_errback(on_error)
-        return result
+    def _record_acked(self) -> None:
+        # Read from kafka-python's futures on the caller's thread: a callback per record on the
+        # producer's network thread costs throughput (astraflow/log/ack.py).
+        with self._unrecorded_lock:
+            while self._unrecorded and self._unrecorded[0].is_done:
+                sent = self._unrecorded.popleft()
+                if sent.succeeded():
+                    self._ledger.record(sent.value.topic, sent.value.partition, sent.value.offset)
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def flush(self, timeout_s: float | None = None) -> None:

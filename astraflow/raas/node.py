@@ -190,7 +190,7 @@ class RaasNode:
                 fut = self.producer.send_table(topics.trajectories, task.prompt_id, traj_rec.to_table(trajs),
                                                traj_rec.SCHEMA_NAME, traj_rec.SCHEMA_VERSION,
                                                policy=trajs[0].policy if len({t.policy for t in trajs}) == 1 else None)
-                await asyncio.wrap_future(fut)  # acknowledged by the broker: now the task may be committed
+                await asyncio.wrap_future(fut.as_concurrent_future())  # acknowledged by the broker: now the task may be committed
                 self.counters.episodes += 1
                 self.counters.trajectories += len(trajs)
                 self.counters.tokens += sum(int(sum(t.loss_mask)) for t in trajs)
