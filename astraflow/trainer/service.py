@@ -43,6 +43,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from astraflow.log.handoff import HandoffLatency
+from astraflow.log.until_acked import UntilAcked
 from astraflow.trainer.checkpoint import CheckpointError, CheckpointStore, TrainerCheckpoint
 from astraflow.trainer.checkpoint_writer import CheckpointWriter
 
@@ -217,6 +218,8 @@ class TrainerService:
         self.backend = build_backend(self.recipe.build_policy_model(self.policy), self.spec.backend)
         self.subscriber = WeightSubscriber(self.cfg, self.policy, f"trainer-{self.life}", register=False)
         self.producer = LogProducer(self.cfg, f"{self.cfg.run}.{self.component_id}.{self.life}")
+        self.records = UntilAcked(self.producer)
+        """The step, start, skipped and done records: each is the only one of its kind, so a refused one is sent again."""
         self.publisher = WeightPublisher(
             self.cfg, self.policy, anchor_every=self.tspec.anchor_every,
             max_lag_versions=self.tspec.max_publish_lag,
@@ -235,6 +238,7 @@ class TrainerService:
             while self.step < self.tspec.steps and not self.stop_event.is_set():
                 msgs = consumer.poll(timeout_s=self.poll_timeout_s, max_records=1)
                 self._emit_published()
+                self.records.resend_refused()
                 self._commit_saved(consumer)
                 if not msgs:
                     continue
@@ -257,7 +261,8 @@ class TrainerService:
                 self.publisher.close()
             finally:
                 consumer.close()
-            self.producer.flush(10)
+            if not self.records.settle(10):
+                log.warning("trainer %s: some metrics records were not acknowledged before exit", self.policy)
             self.producer.close()
         return {"step": self.step, "version": self.version, "finished": finished, "skipped": dict(self.skipped),
                 "life": self.life}
@@ -359,7 +364,7 @@ class TrainerService:
 
         rec = {"component": "trainer", "id": self.component_id, "time": time.time(), "policy": self.policy,
                "life": self.life, **fields}
-        self.producer.send_json(Topics(self.cfg.run).metrics, self.component_id, rec)
+        self.records.send_json(Topics(self.cfg.run).metrics, self.component_id, rec)
 
 
 def run_trainer(cfg: ClusterConfig, recipe: Recipe, policy: str, stop_event: threading.Event,
