@@ -54,9 +54,14 @@ def _archive_a_source_run(cfg, group_size: int) -> set[str]:
                                             trajectory.SCHEMA_NAME, trajectory.SCHEMA_VERSION))
             if g % 4 == 3:
                 version = g // 4 + 1
+                # Replay orders the two topics by record timestamp (ms); at one millisecond the order
+                # across topics is undefined, and a group could land after the next announcement
+                # (stale). A run's announcements are milliseconds apart from its trajectories.
+                time.sleep(0.003)
                 acks.append(producer.send_json(topics.weights("policy"), str(version),
                                                {"version": version, "kind": "delta", "policy": "policy"},
                                                schema_name="weight-announcement", policy="policy"))
+                time.sleep(0.003)
         for ack in acks:
             ack.result(timeout=30)
     archiver = Archiver(cfg, ["policy"])
