@@ -1,11 +1,13 @@
 """UntilAcked sends a refused record again, forgets acknowledged ones, and settle() waits for them all.
 
-The producer here hands out kafka-python's own futures, resolved by the test, so that a refusal can be
-chosen; the whole-run check is benchmarks/chaos.py (its ``steps_without_record`` after bucket kills)."""
+The first two tests' producer hands out kafka-python's own futures, resolved by the test, so that a
+refusal can be chosen; the last one has the real stack refuse a record while the log's bucket restarts.
+The whole-run check is benchmarks/chaos.py (its ``steps_without_record`` after bucket kills)."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 from kafka.errors import UnknownError
 from kafka.producer.future import FutureProduceResult, FutureRecordMetadata
@@ -61,3 +63,43 @@ def test_settle_waits_for_late_acknowledgements_and_gives_up_at_its_deadline():
     assert len(producer.sent) == 2
     records.send_json(TOPIC, "trainer", {"event": "never answered"})
     assert records.settle(0.3) is False
+
+
+def test_a_record_refused_while_the_logs_bucket_restarts_reaches_the_log_once(tmp_path):
+    """Real stack (Tansu keeps its log in the embedded SeaweedFS): with the bucket down, Tansu refuses
+    produce requests. A plain send is lost; the record sent through UntilAcked is in the log once."""
+    import uuid
+
+    from astraflow.config import ClusterConfig
+    from astraflow.embedded import EmbeddedStack
+    from astraflow.log import LogConsumer, LogProducer, Topics, ensure_topics
+
+    stack, _ = EmbeddedStack.start_private(tmp_path / "state", storage="s3")
+    try:
+        cfg = ClusterConfig(run=f"acked-{uuid.uuid4().hex[:6]}", state_dir=tmp_path / "state").resolve()
+        topic = Topics(cfg.run).metrics
+        ensure_topics(cfg, {topic: 1})
+        with LogProducer(cfg, "trainer-test") as producer:
+            producer.send_json(topic, "trainer", {"step": 0}).result(30)
+            records = UntilAcked(producer)
+            stack.s3.kill()
+            plain = producer.send_json(topic, "trainer", {"step": "plain"})
+            records.send_json(topic, "trainer", {"step": 1})
+            refusal = plain.exception(60)
+            time.sleep(1.0)
+            records.resend_refused()  # refused meanwhile: sent again, and refused again while the bucket is down
+            stack.start_service(stack.s3.name)
+            assert records.settle(60) is True
+        assert refusal is not None, "the outage refused nothing: this test does not exercise a refusal"
+        assert records.resent >= 1
+        with LogConsumer(cfg, [topic], f"reader-{cfg.run}") as consumer:
+            seen: list = []
+            for _ in range(60):
+                seen += [m.obj["step"] for m in consumer.poll(0.5)]
+                if 1 in seen:
+                    time.sleep(1.0)  # a duplicate would arrive with it
+                    seen += [m.obj["step"] for m in consumer.poll(0.5)]
+                    break
+        assert seen.count(1) == 1 and "plain" not in seen, seen
+    finally:
+        stack.down()
