@@ -193,9 +193,9 @@ class WeightPublisher:
         blob = encode(prev[1], state, base_version=prev[0], target_version=version) if has_base else None
         if published.result():
             raise VersionExistsError(f"{self.policy} v{version} is already published")
-        # An anchor falls due every ``anchor_every`` versions, first, and when versions were skipped
-        # (no delta has a base); it uploads beside the delta, so a due anchor adds no time of its own.
-        anchor_due = prev is None or version % self.anchor_every == 0 or blob is None
+        # An anchor falls due every ``anchor_every`` versions, and when there is no delta (the first
+        # version, or versions skipped); it uploads beside the delta, so a due anchor adds no time of its own.
+        anchor_due = blob is None or version % self.anchor_every == 0
         anchor_upload = (self._side.submit(lambda: self._s3_call(lambda: self.store.put_anchor(version, state)))
                          if anchor_due else None)
         header = read_header(blob) if blob is not None else None
