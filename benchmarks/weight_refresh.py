@@ -17,9 +17,12 @@ paused only while the changed entries are written, checksums verified after), re
 ``patch`` next to v1's ``apply_inplace`` (the baseline: verify, write, verify, all paused), and
 ``cache_line_floor_s``: a strided pass touching as many cache lines as the patch writes, with no index
 array (:func:`touch_floor_s`), which the pause cannot go below on this machine.
+``--device cuda`` puts the serving tensors on a GPU (the trainer side stays on the host, as a
+trainer's published copies are): the patch is then XORed in on the device, the timings wait for the
+device, and there is no cache-line floor.
 Prints one JSON line last.
 
-    nice -n 10 python benchmarks/weight_refresh.py [--models 0.5b,1.5b] [--changed 0.01]
+    nice -n 10 python benchmarks/weight_refresh.py [--models 0.5b,1.5b] [--changed 0.01] [--device cpu]
 """
 
 from __future__ import annotations
@@ -127,7 +130,18 @@ class AnnouncementWatch:
         self.consumer.close()
 
 
-def bench_model(cfg, name: str, changed: float) -> dict:
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA kernels run asynchronously), so that a timing ends
+    when the tensors are written."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.cpu().view(torch.int16), b.cpu().view(torch.int16))
+
+
+def bench_model(cfg, name: str, changed: float, device: torch.device) -> dict:
     from astraflow.delta import WeightPublisher, WeightSubscriber
     from astraflow.log import LogConsumer, Topics
     from astraflow.log.codec import WEIGHT_ANNOUNCEMENT_SCHEMA
@@ -151,9 +165,10 @@ def bench_model(cfg, name: str, changed: float) -> dict:
         publisher.publish(v0, 0)
         publisher.flush()
         anchor_publish_s = time.perf_counter() - t0
-        serving = {k: torch.empty_like(v) for k, v in v0.items()}  # the engine's own tensors
+        serving = {k: torch.empty_like(v, device=device) for k, v in v0.items()}  # the engine's own tensors
         t0 = time.perf_counter()
         _, anchor_bytes = subscriber.apply_to(serving, 0)  # no copy kept by the subscriber
+        synchronize(device)
         anchor_pull_s = time.perf_counter() - t0
         out["full_checkpoint"] = {"publish_s": round(anchor_publish_s, 2), "pull_and_load_s": round(anchor_pull_s, 2),
                                   "mb": round(anchor_bytes / 1e6, 1),
@@ -170,9 +185,10 @@ def bench_model(cfg, name: str, changed: float) -> dict:
         announced_ms = announcements.wait(1)
         t_apply = time.perf_counter()
         version, delta_bytes = subscriber.apply_to(serving, 1)
+        synchronize(device)
         apply_s = time.perf_counter() - t_apply
         announce_to_serving_s = time.time() - announced_ms / 1000.0
-        exact = all(torch.equal(serving[k].view(torch.int16), v1[k].view(torch.int16)) for k in v1)
+        exact = all(same_bits(serving[k], v1[k]) for k in v1)
         manifest = subscriber.store.manifest(1)
         out["delta"] = {
             "trainer_blocked_s": round(blocked_s, 3),
@@ -201,26 +217,27 @@ def bench_model(cfg, name: str, changed: float) -> dict:
         t0 = time.perf_counter()
         patch = subscriber.prepare_patch(serving, 2)
         prepare_s = time.perf_counter() - t0
+        synchronize(device)
         t0 = time.perf_counter()
         patch.write(serving)  # an engine runs this between two decoding steps (HFEngine.patch_weights)
+        synchronize(device)
         paused_s = time.perf_counter() - t0
         announce_to_serving_s = time.time() - announced_ms / 1000.0
         subscriber.patched(patch)
         t0 = time.perf_counter()
         mismatched = patch.verify(serving)
         verify_s = time.perf_counter() - t0
-        floor_s = touch_floor_s(serving, patch.changes, torch.get_num_threads())
+        floor_s = touch_floor_s(serving, patch.changes, torch.get_num_threads()) if device.type == "cpu" else None
         decoded_mb = sum(c.nbytes for c in patch.changes) / 1e6
         out["patch"] = {
             "prepare_s": round(prepare_s, 3),
             "engine_paused_s": round(paused_s, 3),
-            "cache_line_floor_s": round(floor_s, 3),
+            "cache_line_floor_s": None if floor_s is None else round(floor_s, 3),
             "announce_to_serving_s": round(announce_to_serving_s, 2),
             "verify_after_s": round(verify_s, 2),
             "subscriber_extra_mb": round(decoded_mb + patch.bytes / 1e6, 1),
             "largest_tensor_mb": round(max(t.numel() * t.element_size() for t in serving.values()) / 1e6, 1),
-            "bit_exact": not mismatched and all(torch.equal(serving[k].view(torch.int16), v2[k].view(torch.int16))
-                                                for k in v2),
+            "bit_exact": not mismatched and all(same_bits(serving[k], v2[k]) for k in v2),
         }
         out["patch"]["paused_vs_apply_in_place"] = round(paused_s / max(apply_s, 1e-9), 3)
         print(f"  patch: {out['patch']}", file=sys.stderr, flush=True)
@@ -236,13 +253,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="0.5b,1.5b", help=f"comma-separated, of {sorted(SHAPES)}")
     ap.add_argument("--changed", type=float, default=0.01, help="share of entries changed per version (0.01)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="torch device of the serving tensors (cpu, cuda)")
     args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: torch sees no CUDA device")
     torch.set_num_threads(args.threads)
 
     from astraflow.config import ClusterConfig
     from astraflow.embedded import EmbeddedStack
 
-    result: dict = {"benchmark": "weight_refresh", "changed": args.changed, "threads": args.threads}
+    result: dict = {"benchmark": "weight_refresh", "changed": args.changed, "threads": args.threads,
+                    "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
     with tempfile.TemporaryDirectory(prefix="af-refresh-") as tmp:
         stack, _ = EmbeddedStack.start_private(Path(tmp) / "stack")
         try:
@@ -250,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in [m.strip() for m in args.models.split(",") if m.strip()]:
                 if name not in SHAPES:
                     ap.error(f"unknown model {name!r}; choose from {sorted(SHAPES)}")
-                result[name] = bench_model(cfg, name, args.changed)
+                result[name] = bench_model(cfg, name, args.changed, device)
         finally:
             stack.down()
     last = result[[m for m in SHAPES if m in result][-1]]

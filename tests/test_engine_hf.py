@@ -315,3 +315,59 @@ def test_a_waiting_swap_goes_before_the_next_step():
             order.append(f"step {i}")
     t.join()
     assert order[:3] == ["step 1", "swap", "step 2"]
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@needs_cuda
+def test_a_cuda_engine_decodes_as_the_cpu_engine(tiny_checkpoint, prompts):
+    """Greedy tokens and log-probs as on the CPU; sampled tokens' log-probs match a CPU recomputation."""
+    cpu = build_engine({"seed": 3}, load_model(tiny_checkpoint))
+    gpu = build_engine({"seed": 3, "device": "cuda"}, load_model(tiny_checkpoint))
+    assert all(p.is_cuda for p in gpu.model.parameters())
+    greedy = SamplingParams(max_new_tokens=6, temperature=0.0, stop_token_ids=(-1,))
+    for a, b in zip(cpu.generate(prompts, greedy), gpu.generate(prompts, greedy), strict=True):
+        assert b.token_ids == a.token_ids
+        assert b.logprobs == pytest.approx(a.logprobs, abs=1e-4)
+    reference = load_model(tiny_checkpoint)
+    sampled = SamplingParams(max_new_tokens=6, temperature=0.7, stop_token_ids=(-1,))
+    for prompt, g in zip(prompts, gpu.generate(prompts, sampled), strict=True):
+        assert g.logprobs == pytest.approx(_recompute(reference, prompt, g.token_ids, 0.7), abs=1e-4)
+
+
+def _nudged(state: dict, every: int) -> dict:
+    """A copy with every ``every``-th entry of each storage one ulp up (tied names keep one tensor)."""
+    out, by_storage = {}, {}
+    for name, t in state.items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset())
+        if key not in by_storage:
+            bits = t.detach().cpu().clone().view(torch.int16).reshape(-1)
+            bits[::every] += 1
+            by_storage[key] = bits.view(t.dtype).reshape(t.shape)
+        out[name] = by_storage[key]
+    return out
+
+
+@needs_cuda
+def test_a_delta_chain_patches_a_bf16_cuda_engine_bit_exact(tiny_checkpoint, prompts):
+    """A node's refresh on a GPU: two deltas folded into one patch, written into the engine's CUDA
+    tensors between decoding steps, bit-exact to the trainer's weights, verified by checksum."""
+    from astraflow.delta import encode
+    from astraflow.delta.patch import prepare_patch
+
+    engine = build_engine({"device": "cuda"}, load_model(tiny_checkpoint).to(torch.bfloat16), version=0)
+    v0 = {k: v.cpu().clone() for k, v in engine.live_weights().items()}
+    v1 = _nudged(v0, 37)
+    v2 = _nudged(v1, 53)
+    deltas = [(1, encode(v0, v1, base_version=0, target_version=1)),
+              (2, encode(v1, v2, base_version=1, target_version=2))]
+    live = engine.live_weights()
+    patch = prepare_patch(live, deltas, base_version=0)
+    assert patch.changed and all(c.new_bits is None for c in patch.changes)  # XOR on the device
+    engine.patch_weights(patch.write, patch.version)
+    assert engine.weight_version == 2 and patch.verify(live) == []
+    for name, t in engine.live_weights().items():
+        assert t.is_cuda and torch.equal(t.cpu().view(torch.int16), v2[name].view(torch.int16)), name
+    gens = engine.generate(prompts, SamplingParams(max_new_tokens=3, stop_token_ids=(-1,)))
+    assert all(v == 2 for g in gens for v in g.versions)

@@ -14,6 +14,9 @@ from connectors.megatron.convert import DecoderShape, hf_to_megatron, megatron_t
 
 needs_megatron = pytest.mark.skipif(importlib.util.find_spec("megatron") is None,
                                     reason="needs megatron-core (`pip install 'astraflow[megatron]'`)")
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                reason="needs a CUDA device"))]
+"""CPU everywhere; CUDA where a GPU is (Megatron's own CUDA rotary embedding, NCCL group)."""
 
 
 def _qwen2(tied: bool = True):
@@ -116,30 +119,36 @@ def _batch(model, vocab: int = 300):
 
 
 @needs_megatron
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("make", [_qwen2, _llama], ids=["qwen2", "llama"])
-def test_gpt_model_computes_the_hf_logits(make):
+def test_gpt_model_computes_the_hf_logits(make, device):
+    import copy
+
     from connectors.megatron.backend import MegatronBackend
 
     model = make()
-    backend = MegatronBackend(model, {"type": "megatron"})
+    backend = MegatronBackend(copy.deepcopy(model), {"type": "megatron", "device": device})
     assert type(backend.model).__name__ == "GPTModel"
-    ids = torch.randint(0, 300, (3, 12), generator=torch.Generator().manual_seed(0))
+    assert all(p.device.type == device for p in backend.model.parameters())
+    model.to(device)
+    ids = torch.randint(0, 300, (3, 12), generator=torch.Generator().manual_seed(0)).to(device)
     with torch.no_grad():
         diff = (model(input_ids=ids).logits - backend.logits(ids, torch.ones_like(ids))).abs().max().item()
     assert diff < 1e-5
 
 
 @needs_megatron
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("make", [_qwen2, _llama], ids=["qwen2", "llama"])
-def test_a_step_equals_the_torch_backends_and_publishes_hf_names(make):
+def test_a_step_equals_the_torch_backends_and_publishes_hf_names(make, device):
     import copy
 
     from astraflow.trainer.backend import build_backend
 
     model = make()
     trajs = _batch(model)
-    torch_backend = build_backend(copy.deepcopy(model), {"type": "torch", "lr": 1e-2})
-    megatron = build_backend(copy.deepcopy(model), {"type": "megatron", "lr": 1e-2})
+    torch_backend = build_backend(copy.deepcopy(model), {"type": "torch", "lr": 1e-2, "device": device})
+    megatron = build_backend(copy.deepcopy(model), {"type": "megatron", "lr": 1e-2, "device": device})
     assert type(megatron).__name__ == "MegatronBackend"
     before = megatron.state_dict()
     assert list(before) == list(model.state_dict())  # the weight plane sees the HF names, in HF order
@@ -149,9 +158,15 @@ def test_a_step_equals_the_torch_backends_and_publishes_hf_names(make):
     after, reference = megatron.state_dict(), torch_backend.state_dict()
     changed = sum(not torch.equal(after[k], before[k]) for k in after)
     assert changed == len(after)  # AdamW's first step moves every tensor
-    # Adam moves each weight by ~lr on the first step; the two backends agree to 1% of that move.
-    worst = max((after[k] - reference[k]).abs().max().item() for k in after)
-    assert worst < 1e-2 * 1e-2
+    # Adam moves each weight by ~lr on the first step; on the CPU the two backends agree to 1% of that
+    # move in every entry. On a GPU, entries whose gradient is ~0 move by a sign that the kernels'
+    # summation order decides (test_backend.update_disagreement): the update is compared as a whole.
+    if device == "cpu":
+        assert max((after[k] - reference[k]).abs().max().item() for k in after) < 1e-2 * 1e-2
+    else:
+        from test_backend import update_disagreement
+
+        assert update_disagreement(before, reference, after) < 1e-3  # 2.5e-5 and 4.9e-5 on an H200
 
 
 @needs_megatron

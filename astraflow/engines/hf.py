@@ -15,6 +15,7 @@ sequence's tokens can carry several versions, which is exactly what the per-toke
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,8 @@ from astraflow.engines.swap_gate import SwapGate
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+log = logging.getLogger(__name__)
 
 
 class HFEngine(Engine):
@@ -35,6 +38,8 @@ class HFEngine(Engine):
 
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
+        log.info("hf engine: %s (%s) on %s", type(model).__name__, next(model.parameters()).dtype,
+                 self.device if self.device.type != "cuda" else f"{self.device} ({torch.cuda.get_device_name(self.device)})")
         cfg = model.config
         self.eos_token_id = cfg.eos_token_id if eos_token_id is None else eos_token_id
         self.pad_token_id = (cfg.pad_token_id if pad_token_id is None else pad_token_id) or 0

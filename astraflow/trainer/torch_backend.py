@@ -5,6 +5,7 @@ LM, fp32 master weights, the objective of ``astraflow.trainer.loss``. Options:
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
     from astraflow.records import Trajectory
+
+log = logging.getLogger(__name__)
 
 
 class TorchBackend(TrainerBackend):
@@ -35,6 +38,8 @@ class TorchBackend(TrainerBackend):
             self.model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
         )
         self.steps = 0
+        log.info("training %s on %s", type(self.model).__name__, self.device if self.device.type != "cuda"
+                 else f"{self.device} ({torch.cuda.get_device_name(self.device)})")
 
     # -- batch preparation ------------------------------------------------------------------------
     def _tensors(self, trajs: Sequence[Trajectory]) -> tuple[torch.Tensor, ...]:
