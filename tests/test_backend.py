@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from update_agreement import update_disagreement
 
 from astraflow.config import ConfigError
 from astraflow.models import load_model
@@ -185,15 +186,3 @@ def test_a_step_on_cuda_equals_the_step_on_cpu(new_model, tiny_tokenizer):
     assert all(t.device.type == "cpu" for t in b.values())
     start = new_model().state_dict()
     assert update_disagreement(start, a, b) < 1e-3  # 1.3e-4 on an H200
-
-
-def update_disagreement(start: dict, a: dict, b: dict) -> float:
-    """||(b - start) - (a - start)|| / ||a - start|| over all tensors: how far two updates of the same
-    weights differ, relative to the update. Not the largest entry: Adam divides each gradient by its
-    own magnitude, so an entry whose gradient is ~0 moves by a sign that summation order decides."""
-    diff = sum(float((b[k].double() - a[k].double()).square().sum()) for k in a)
-    move = sum(float((a[k].double() - start[k].double()).square().sum()) for k in a)
-    assert move > 0  # it trained
-    print(f"update disagreement {(diff / move) ** 0.5:.2e}, largest entry "
-          f"{max((a[k] - b[k]).abs().max().item() for k in a):.2e}")
-    return (diff / move) ** 0.5

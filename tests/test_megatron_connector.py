@@ -164,7 +164,7 @@ def test_a_step_equals_the_torch_backends_and_publishes_hf_names(make, device):
     if device == "cpu":
         assert max((after[k] - reference[k]).abs().max().item() for k in after) < 1e-2 * 1e-2
     else:
-        from test_backend import update_disagreement
+        from update_agreement import update_disagreement
 
         assert update_disagreement(before, reference, after) < 1e-3  # 2.5e-5 and 4.9e-5 on an H200
 
