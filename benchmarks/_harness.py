@@ -90,9 +90,10 @@ class RunRecords:
 
 
 def run_recipe(recipe: Any, cfg: Any, *, runs_dir: Path, label: str, timeout_s: float = 300.0,
-               threads: int = 1, run_id: str | None = None) -> RunRecords:
+               threads: int | None = None, run_id: str | None = None) -> RunRecords:
     """Launch ``recipe`` (``astraflow run``'s code path: every component a separate process) and read
-    back its records. ``run_id``: default ``<label>-<random>``."""
+    back its records. ``run_id``: default ``<label>-<random>``; ``threads``: torch threads per
+    component, default ``astraflow run``'s (the cores divided among the trainers and nodes)."""
     from rich.console import Console
 
     from astraflow.launcher import RunOptions, launch

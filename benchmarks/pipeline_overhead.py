@@ -83,8 +83,11 @@ def handoff_figures(metrics: list[dict], run: str, since: float) -> dict[str, di
 
 
 def distributed(cfg, fetch_wait_ms: int, steps: int, warmup: int, runs_dir: Path, timeout_s: float,
-                threads: int = 1) -> dict:
+                threads: int | None = None) -> dict:
+    from astraflow.launcher.plan import threads_per_component
+
     recipe = load_recipe(RECIPE, trainer={"steps": steps})
+    threads = threads or threads_per_component(recipe)
     run_cfg = cfg.model_copy(update={"kafka": cfg.kafka.model_copy(update={"fetch_max_wait_ms": fetch_wait_ms})})
     rec = run_recipe(recipe, run_cfg, runs_dir=runs_dir, label=f"overhead-{fetch_wait_ms}", timeout_s=timeout_s,
                      threads=threads)
@@ -121,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
                          "(default 500 = kafka-python's default, and 20)")
     ap.add_argument("--log-storage", choices=["memory", "s3"], default="memory",
                     help="the embedded broker's log storage (default memory; s3 is the durable default of runs)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per component (astraflow run's default 1)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads per component (default: astraflow run's, the cores divided among the "
+                    "trainer and the node: 1 on 2 cores)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per distributed run")
     args = ap.parse_args(argv)

@@ -401,3 +401,18 @@ def test_stack_watch_restarts_a_dead_server_then_gives_up(tmp_path: Path) -> Non
         assert str(stack.kafka.log_file) in str(exc.value) and watch.restarts() == {"tansu": 1}
     finally:
         stack.down()
+
+
+def test_components_share_the_cores_among_trainers_and_nodes() -> None:
+    from astraflow.launcher.plan import child_env, threads_per_component
+    from astraflow.recipe import Recipe
+
+    recipes = Path(__file__).parent.parent / "examples" / "recipes"
+    math = Recipe.load(recipes / "math.yaml")  # one trainer, one node
+    two = Recipe.load(recipes / "solver_verifier.yaml")  # two trainers, one node
+    assert [threads_per_component(math, cores) for cores in (1, 2, 3, 16)] == [1, 1, 1, 8]
+    assert [threads_per_component(two, cores) for cores in (2, 16)] == [1, 5]
+    bigger = math.model_copy(update={"pools": [math.pools[0].model_copy(update={"nodes": 3})]})
+    assert threads_per_component(bigger, 16) == 4
+    env = child_env(Path("cluster.yaml"), "r", threads_per_component(math, 16))
+    assert env["OMP_NUM_THREADS"] == env["ASTRAFLOW_TORCH_THREADS"] == "8"

@@ -38,6 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--max-restarts", type=int, default=5, metavar="N",
                      help="restarts allowed per component within 10 minutes (backoff 1 s doubling to "
                      "30 s); one more death fails the run; 0 never restarts (default: %(default)s)")
+    run.add_argument("--threads", type=int, metavar="N",
+                     help="torch threads per component process (default: the cores this process may use, "
+                     "divided among the trainers and nodes, at least 1)")
     run.add_argument("--no-live", action="store_true", help="print progress lines instead of a live table")
     run.add_argument("--no-archive", action="store_true",
                      help="do not start the archiver (Parquet of the run's log under <run>/archive/)")
@@ -97,7 +100,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             opts = RunOptions(run_id=args.run_id, steps=args.steps, nodes=parse_nodes(args.nodes),
                               runs_dir=args.runs_dir, grace_s=args.grace, timeout_s=args.timeout,
                               live=False if args.no_live else None, archive=not args.no_archive,
-                              from_archive=args.from_archive,
+                              from_archive=args.from_archive, threads=args.threads,
                               restart=RestartPolicy(max_restarts=args.max_restarts))
             with open_run_cluster(load_cluster(args), log_storage=args.log_storage,
                                   announce=lambda m: console.print(m, highlight=False)) as cluster:

@@ -85,14 +85,30 @@ def run_topics(recipe: Recipe, run_id: str) -> dict[str, int]:
     return topics
 
 
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity: a container's or taskset's share)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def threads_per_component(recipe: Recipe, cores: int | None = None) -> int:
+    """Torch threads for each component process: the cores shared by the processes that compute
+    (one trainer per policy, the pools' nodes), at least one. Two cores and a trainer plus a node get
+    one each (oversubscribed OpenMP threads spin on shared cores); sixteen cores give them eight."""
+    computing = len(recipe.policies) + sum(pool.nodes for pool in recipe.pools)
+    return max(1, (cores or available_cores()) // max(1, computing))
+
+
 def child_env(cluster_file: Path, run_id: str, threads: int = 1) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAFLOW_")}
     env.update({
         "ASTRAFLOW_CONFIG": str(cluster_file),
         "ASTRAFLOW_RUN": run_id,
         "PYTHONUNBUFFERED": "1",
-        # One intra-op thread per process: several components share few cores, and oversubscribed
-        # BLAS threads cost more than they give on tiny models.
+        # threads_per_component: several components share the cores; oversubscribed BLAS threads
+        # cost more than they give.
         "OMP_NUM_THREADS": str(threads),
         "MKL_NUM_THREADS": str(threads),
         "ASTRAFLOW_TORCH_THREADS": str(threads),

@@ -11,6 +11,7 @@ budget is exhausted.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 import uuid
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from astraflow.launcher.plan import (
     node_spec,
     run_topics,
     slot_shortfall,
+    threads_per_component,
     write_recipe,
 )
 from astraflow.launcher.progress import RunProgress
@@ -57,8 +59,9 @@ class RunOptions:
     """Stop the run (non-zero exit) if not done after this many seconds."""
     live: bool | None = None
     """Rich live table (default: when stdout is a terminal); else a progress line every few seconds."""
-    threads: int = 1
-    """Torch threads per component process."""
+    threads: int | None = None
+    """Torch threads per component process; None: the cores shared by the trainers and nodes
+    (:func:`~astraflow.launcher.plan.threads_per_component`)."""
     archive: bool = True
     """Start the archiver (``astraflow archive``): the run's log as Parquet under ``<run>/archive/``."""
     from_archive: str | None = None
@@ -226,6 +229,8 @@ def launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console=None) -
     with interrupt_guard() as guard:
         run_id = opts.run_id or default_run_id(recipe)
         recipe = effective_recipe(recipe, run_id=run_id, steps=opts.steps, nodes=opts.nodes)
+        if opts.threads is None:
+            opts = dataclasses.replace(opts, threads=threads_per_component(recipe))
         return _launch(recipe, cluster_for_run(cfg, run_id), opts, console, guard)
 
 
@@ -257,7 +262,8 @@ def _launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console, guard
     live_enabled = console.is_terminal if opts.live is None else opts.live
     t0 = time.monotonic()
     console.print(f"[bold]run {run_id}[/bold]: {len(specs)} components "
-                  f"({', '.join(s.name for s in specs)}); logs in {run_dir / 'logs'}")
+                  f"({', '.join(s.name for s in specs)}), {opts.threads} torch "
+                  f"thread{'s' if opts.threads != 1 else ''} each; logs in {run_dir / 'logs'}")
     if (hint := slot_shortfall(recipe)) is not None and not opts.from_archive:
         console.print(f"[yellow]note:[/yellow] {escape(hint)}", highlight=False)
     monitor = None
