@@ -416,3 +416,32 @@ def test_components_share_the_cores_among_trainers_and_nodes() -> None:
     assert threads_per_component(bigger, 16) == 4
     env = child_env(Path("cluster.yaml"), "r", threads_per_component(math, 16))
     assert env["OMP_NUM_THREADS"] == env["ASTRAFLOW_TORCH_THREADS"] == "8"
+
+
+def test_a_recipe_placing_models_on_a_missing_gpu_is_refused_naming_the_fields(tmp_path: Path) -> None:
+    import torch
+
+    from astraflow.launcher.plan import unavailable_devices
+    from astraflow.recipe import Recipe
+
+    recipes = Path(__file__).parent.parent / "examples" / "recipes"
+    assert unavailable_devices(Recipe.load(recipes / "math.yaml")) == []  # all on the CPU: torch not even needed
+    on_gpu = Recipe.load(recipes / "math_cuda.yaml")
+    missing = unavailable_devices(on_gpu)
+    if torch.cuda.is_available():
+        assert missing == []
+    else:
+        assert [m.split(" is ")[0] for m in missing] == ["policies.0.backend.device", "pools.0.engine.device"]
+        assert all("sees no CUDA device" in m for m in missing)
+    far = on_gpu.model_copy(update={"pools": [on_gpu.pools[0].model_copy(update={
+        "engine": on_gpu.pools[0].engine.model_copy(update={"device": "cuda:64"})})]})
+    assert [m.split(" is ")[0] for m in unavailable_devices(far)][-1] == "pools.0.engine.device"
+    if not torch.cuda.is_available():
+        # `astraflow run` says so before it starts a stack or a component
+        state = tmp_path / "state"
+        proc = subprocess.run([sys.executable, "-m", "astraflow.cli.main", "run", str(recipes / "math_cuda.yaml"),
+                               "--no-live", "--state-dir", str(state), "--runs-dir", str(tmp_path / "runs")],
+                              capture_output=True, text=True, timeout=120)
+        out = " ".join((proc.stdout + proc.stderr).split())
+        assert proc.returncode == 1 and "pools.0.engine.device is 'cuda'" in out, out
+        assert not state.exists() and not (tmp_path / "runs").exists()

@@ -101,6 +101,35 @@ def threads_per_component(recipe: Recipe, cores: int | None = None) -> int:
     return max(1, (cores or available_cores()) // max(1, computing))
 
 
+def unavailable_devices(recipe: Recipe) -> list[str]:
+    """What the recipe places on a torch device this machine lacks (a ``device`` of a policy's
+    backend or a pool's engine: ``cuda`` without a GPU, ``cuda:3`` with two), one line each naming
+    the field. Torch is imported only when some device is not ``cpu``."""
+    placed = [(f"policies.{i}.backend.device", getattr(p.backend, "device", None))
+              for i, p in enumerate(recipe.policies)]
+    placed += [(f"pools.{i}.engine.device", getattr(pool.engine, "device", None))
+               for i, pool in enumerate(recipe.pools)]
+    placed = [(field, device) for field, device in placed if device not in (None, "cpu")]
+    if not placed:
+        return []
+    import torch
+
+    out = []
+    for field, device in placed:
+        try:
+            d = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            out.append(f"{field} {device!r} is not a torch device: {exc}")
+            continue
+        if d.type != "cuda":
+            continue  # mps, xpu, ...: left to torch, which names them
+        if not torch.cuda.is_available():
+            out.append(f"{field} is {device!r}, but torch {torch.__version__} on this machine sees no CUDA device")
+        elif d.index is not None and d.index >= torch.cuda.device_count():
+            out.append(f"{field} is {device!r}, but this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return out
+
+
 def child_env(cluster_file: Path, run_id: str, threads: int = 1) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAFLOW_")}
     env.update({
