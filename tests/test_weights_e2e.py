@@ -330,3 +330,34 @@ def test_publish_blocks_only_beyond_max_lag(test_cluster):
     blocked.join()
     pub.close()
     assert store.versions() == [0, 1, 2, 3]
+
+
+def test_a_subscriber_rewrites_its_record_at_most_every_record_every_s(published):
+    """A node refreshing every step writes its GC record every ``record_every_s``, not per version; the
+    lagging record makes the GC keep more, and the subscriber still gets to the latest version."""
+    cfg, truth = published
+    store = WeightStore.from_config(cfg, POLICY)
+    now = [0.0]
+    sub = WeightSubscriber(cfg, POLICY, "throttled", record_every_s=10.0, clock=lambda: now[0])
+
+    def recorded() -> int | None:
+        return {s.id: s.version for s in store.subscribers()}.get("throttled")
+
+    sub.pull(3)
+    assert recorded() == 3  # the first one at once
+    now[0] = 9.9
+    sub.pull(6)
+    sub.heartbeat()
+    assert sub.version == 6 and recorded() == 3  # behind by less than 10 s: not rewritten
+    plan = store.gc(RetentionPolicy(keep_versions=2, subscriber_ttl_s=60), dry_run=True)
+    assert set(range(4, LAST + 1)) <= set(plan.keep)  # kept from the record's version on: more, not less
+    now[0] = 10.0
+    sub.heartbeat()
+    assert recorded() == 6
+    state, v, _ = sub.pull()
+    assert v == LAST and recorded() == 6  # 10 s not passed again
+    assert_bits_equal(state, truth[LAST])
+    every = WeightSubscriber(cfg, POLICY, "every")  # the default: a record at each new version
+    every.pull(5)
+    every.pull(7)
+    assert {s.id: s.version for s in store.subscribers()}["every"] == 7

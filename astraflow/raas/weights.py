@@ -44,6 +44,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+RECORD_EVERY_S = 10.0
+"""How often a node rewrites its subscriber record (the version it holds, for the weight GC) while it
+refreshes: not at every version, which would be a PUT per node per trainer step. 60x inside the GC's
+default subscriber TTL (600 s)."""
+
 
 class WeightFollower:
     """Keeps each policy's engine on the newest published weights."""
@@ -60,7 +65,8 @@ class WeightFollower:
         # One reader for every policy: the regional replica's when the cluster config names one.
         self.objects = open_reader(cfg)
         # Registered under the node id, so the weight store's GC keeps the chain this node is on.
-        self.subscribers = {p: WeightSubscriber(cfg, p, node_id, store=WeightStore(self.objects, cfg.run, p))
+        self.subscribers = {p: WeightSubscriber(cfg, p, node_id, store=WeightStore(self.objects, cfg.run, p),
+                                                record_every_s=RECORD_EVERY_S)
                             for p in engines}
         self.refreshes = 0
         self.refresh_s = 0.0
