@@ -90,7 +90,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from astraflow.launcher import RunOptions, launch
     from astraflow.launcher.cluster import open_run_cluster
     from astraflow.launcher.interrupts import interrupt_guard, signal_name
-    from astraflow.launcher.plan import unavailable_devices
+    from astraflow.launcher.plan import refuse_unavailable_devices
     from astraflow.launcher.restarts import RestartPolicy
     from astraflow.recipe import Recipe
 
@@ -98,9 +98,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     with interrupt_guard():
         try:
             recipe = Recipe.load(args.recipe)
-            if missing := unavailable_devices(recipe):  # before an embedded stack starts for nothing
-                raise ValueError(f"{args.recipe} places models on devices this machine lacks:\n  "
-                                 + "\n  ".join(missing))
+            refuse_unavailable_devices(recipe, str(args.recipe))  # before an embedded stack starts for nothing
             opts = RunOptions(run_id=args.run_id, steps=args.steps, nodes=parse_nodes(args.nodes),
                               runs_dir=args.runs_dir, grace_s=args.grace, timeout_s=args.timeout,
                               live=False if args.no_live else None, archive=not args.no_archive,

@@ -19,6 +19,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from astraflow.devices import describe as describe_device
 from astraflow.engines.base import Engine, Generation, SamplingParams
 from astraflow.engines.batching import RequestBatcher
 from astraflow.engines.swap_gate import SwapGate
@@ -39,7 +40,7 @@ class HFEngine(Engine):
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         log.info("hf engine: %s (%s) on %s", type(model).__name__, next(model.parameters()).dtype,
-                 self.device if self.device.type != "cuda" else f"{self.device} ({torch.cuda.get_device_name(self.device)})")
+                 describe_device(self.device))
         cfg = model.config
         self.eos_token_id = cfg.eos_token_id if eos_token_id is None else eos_token_id
         self.pad_token_id = (cfg.pad_token_id if pad_token_id is None else pad_token_id) or 0

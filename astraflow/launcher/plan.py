@@ -130,6 +130,12 @@ def unavailable_devices(recipe: Recipe) -> list[str]:
     return out
 
 
+def refuse_unavailable_devices(recipe: Recipe, source: str = "the recipe") -> None:
+    """Raise ValueError naming every field of :func:`unavailable_devices` (nothing when there is none)."""
+    if missing := unavailable_devices(recipe):
+        raise ValueError(f"{source} places models on devices this machine lacks:\n  " + "\n  ".join(missing))
+
+
 def child_env(cluster_file: Path, run_id: str, threads: int = 1) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAFLOW_")}
     env.update({

@@ -28,10 +28,10 @@ from astraflow.launcher.plan import (
     component_specs,
     effective_recipe,
     node_spec,
+    refuse_unavailable_devices,
     run_topics,
     slot_shortfall,
     threads_per_component,
-    unavailable_devices,
     write_recipe,
 )
 from astraflow.launcher.progress import RunProgress
@@ -230,8 +230,7 @@ def launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console=None) -
     with interrupt_guard() as guard:
         run_id = opts.run_id or default_run_id(recipe)
         recipe = effective_recipe(recipe, run_id=run_id, steps=opts.steps, nodes=opts.nodes)
-        if missing := unavailable_devices(recipe):
-            raise ValueError("the recipe places models on devices this machine lacks:\n  " + "\n  ".join(missing))
+        refuse_unavailable_devices(recipe)
         if opts.threads is None:
             opts = dataclasses.replace(opts, threads=threads_per_component(recipe))
         return _launch(recipe, cluster_for_run(cfg, run_id), opts, console, guard)

@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from astraflow.devices import describe as describe_device
 from astraflow.trainer.backend import TorchBackendConfig
 from astraflow.trainer.base import TrainerBackend
 from astraflow.trainer.loss import group_advantages, policy_loss
@@ -38,8 +39,7 @@ class TorchBackend(TrainerBackend):
             self.model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
         )
         self.steps = 0
-        log.info("training %s on %s", type(self.model).__name__, self.device if self.device.type != "cuda"
-                 else f"{self.device} ({torch.cuda.get_device_name(self.device)})")
+        log.info("training %s on %s", type(self.model).__name__, describe_device(self.device))
 
     # -- batch preparation ------------------------------------------------------------------------
     def _tensors(self, trajs: Sequence[Trajectory]) -> tuple[torch.Tensor, ...]:
