@@ -18,6 +18,11 @@
   - ``step_to_announcement``: the trainer's step ends -> its version's announcement is acknowledged
     (the publisher's copy, delta encode, uploads and manifest; ``publish_s`` of the step records).
 
+CPU: the seconds each role (trainer, raas node, dataflow, archive, tansu, seaweedfs) used per steady
+step, read from ``/proc``; their sum divided by the cores gives ``cpu_bound_s_per_step``, the least
+s/step that much work allows here however well it overlaps (``cpu_bound_ratio`` against the one-process
+s/step). The one-process loop's CPU per step (all its threads) is given beside it.
+
 Prints one JSON line last: every figure, and ``ratio_to_one_process`` (distributed s/step / one-process
 s/step) per setting.
 
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -36,9 +42,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
+from _cpu import ProcessCpu
 from _harness import ROOT, episode_spans, load_recipe, quantiles, run_recipe, summarize
 
 RECIPE = ROOT / "examples" / "recipes" / "math.yaml"
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 HANDOFFS = ("task_to_node", "trajectory_to_dataflow", "batch_to_trainer", "announcement_to_serving",
             "step_to_announcement")
 
@@ -51,7 +59,7 @@ def one_process(steps: int, seed: int) -> dict:
     torch.set_num_threads(2)
     res = rl_inprocess.run_recipe(str(RECIPE), {"trainer.steps": steps}, seed, quiet=True)
     return {"s_per_step": round(res["rl_seconds"] / steps, 4), "rl_seconds": res["rl_seconds"],
-            "steps": steps, "wall_s": res["wall_seconds"]}
+            "cpu_s_per_step": round(res["rl_cpu_seconds"] / steps, 4), "steps": steps, "wall_s": res["wall_seconds"]}
 
 
 def handoff_name(topic: str, run: str) -> str | None:
@@ -89,14 +97,19 @@ def distributed(cfg, fetch_wait_ms: int, steps: int, warmup: int, runs_dir: Path
     recipe = load_recipe(RECIPE, trainer={"steps": steps})
     threads = threads or threads_per_component(recipe)
     run_cfg = cfg.model_copy(update={"kafka": cfg.kafka.model_copy(update={"fetch_max_wait_ms": fetch_wait_ms})})
-    rec = run_recipe(recipe, run_cfg, runs_dir=runs_dir, label=f"overhead-{fetch_wait_ms}", timeout_s=timeout_s,
-                     threads=threads)
+    with ProcessCpu() as cpu:
+        rec = run_recipe(recipe, run_cfg, runs_dir=runs_dir, label=f"overhead-{fetch_wait_ms}", timeout_s=timeout_s,
+                         threads=threads)
     figures = summarize(rec, warmup_steps=warmup)
     policy = figures["policies"][recipe.policies[0].name]
     trainer_steps = sorted((r for r in rec.metrics if r.get("component") == "trainer" and "step_s" in r),
                            key=lambda r: r["step"])
     since = trainer_steps[warmup]["time"] if len(trainer_steps) > warmup else 0.0
     spans = episode_spans(rec.trajectories)
+    measured = len(trainer_steps) - 1 - warmup
+    cpu_s = cpu.between(since, trainer_steps[-1]["time"]) if measured > 0 else {}
+    cpu_per_step = {role: round(s / measured, 4) for role, s in sorted(cpu_s.items(), key=lambda kv: -kv[1])}
+    total = sum(cpu_s.values()) / measured if cpu_s else None
     return {
         "fetch_max_wait_ms": fetch_wait_ms,
         "threads": threads,
@@ -107,6 +120,10 @@ def distributed(cfg, fetch_wait_ms: int, steps: int, warmup: int, runs_dir: Path
                                if figures["rollout_idle_fraction"] is not None else None),
         "step_s_mean": policy["step_s_mean"],
         "handoff_ms": handoff_figures(rec.metrics, rec.run_id, since),
+        "cpu_s_per_step": cpu_per_step,
+        "cpu_s_per_step_total": round(total, 4) if total else None,
+        # the least s/step that much CPU allows on this machine's cores, however well it overlapped
+        "cpu_bound_s_per_step": round(total / CORES, 4) if total else None,
         "trajectories_produced": figures["trajectories_produced"],
         "trajectories_dropped": figures["trajectories_dropped"],
         "nodes": len(spans),
@@ -151,11 +168,17 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"distributed, fetch_max_wait_ms={wait} ...", file=sys.stderr, flush=True)
                 d = distributed(cfg, wait, args.steps, args.warmup, Path(tmp) / "runs", args.timeout, args.threads)
                 d["ratio_to_one_process"] = round(d["s_per_step"] / result["one_process"]["s_per_step"], 2)
+                if d["cpu_bound_s_per_step"]:
+                    d["cpu_bound_ratio"] = round(d["cpu_bound_s_per_step"] / result["one_process"]["s_per_step"], 2)
                 result["distributed"].append(d)
                 p50s = {k: v.get("p50") for k, v in d["handoff_ms"].items()}
                 print(f"  {d['s_per_step']:.3f} s/step ({d['ratio_to_one_process']}x), trainer busy "
                       f"{d['trainer_busy_fraction']:.0%}, node busy {d['node_busy_fraction']}, hand-off p50 ms {p50s}",
                       file=sys.stderr, flush=True)
+                if d["cpu_bound_s_per_step"]:
+                    print(f"  CPU per step {d['cpu_s_per_step_total']:.3f} s {d['cpu_s_per_step']} (one process "
+                          f"{result['one_process']['cpu_s_per_step']:.3f}): on {CORES} cores at least "
+                          f"{d['cpu_bound_s_per_step']:.3f} s/step = {d['cpu_bound_ratio']}x", file=sys.stderr, flush=True)
         finally:
             stack.down()
     best = min(result["distributed"], key=lambda d: d["s_per_step"])

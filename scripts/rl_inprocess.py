@@ -80,7 +80,7 @@ def run_recipe(path: str, overrides: dict, seed: int, quiet: bool) -> dict:
             result["policies"][name][stage] = asyncio.run(workflow.evaluate(name, client, heldout))
 
     evaluate("pre_rl")
-    t_rl = time.perf_counter()
+    t_rl, cpu_rl = time.perf_counter(), time.process_time()
     stream = dataset.stream("train", seed=seed)
     curve = []
     for step in range(rl["steps"]):
@@ -109,10 +109,11 @@ def run_recipe(path: str, overrides: dict, seed: int, quiet: bool) -> dict:
         if not quiet:
             print(json.dumps(row), flush=True)
     rl_seconds = time.perf_counter() - t_rl
+    rl_cpu_seconds = time.process_time() - cpu_rl  # every thread of this process
     for name, client in clients.items():  # evaluate the final trainer weights
         client.engine.load_weights(history[name][-1], len(history[name]) - 1)
     evaluate("post_rl")
-    result.update(rl_seconds=round(rl_seconds, 1), wall_seconds=round(time.perf_counter() - t_start, 1),
+    result.update(rl_seconds=round(rl_seconds, 1), rl_cpu_seconds=round(rl_cpu_seconds, 2), wall_seconds=round(time.perf_counter() - t_start, 1),
                   rl=rl, reward_first5={k: v for k, v in curve[0].items()} if curve else {},
                   reward_last={k: v for k, v in curve[-1].items()} if curve else {})
     return result
