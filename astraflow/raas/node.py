@@ -8,8 +8,8 @@ Life of a task record (one Arrow table of Task rows on ``<run>.tasks.<pool>``):
 3. the episode's trajectories (``node_id`` set) are produced to ``<run>.trajectories`` as one
    record keyed by the task's prompt id, and the node waits for the broker's acknowledgement;
 4. when every row of the record is acknowledged (or rejected: the workflow returned None, or it
-   raised), the record is handed to ``LogConsumer.commit``, which commits only the contiguous
-   processed prefix of the partition.
+   raised), the record is handed to ``LogConsumer.commit`` with the next poll (one commit for every
+   record finished since the last), which commits only the contiguous processed prefix of the partition.
 
 A clean stop (SIGTERM: the launcher stopping a run or its actuator scaling the pool down) drains the
 node: it polls no new task, lets its running episodes finish for up to ``drain_timeout_s`` (the pool's
@@ -65,6 +65,8 @@ class RaasNode:
         self.drain_timeout_s = drain_timeout_s
         self.counters = NodeCounters(node_id, pool)
         self.inflight: InFlightTasks[Any] = InFlightTasks()
+        self._finished: list[Any] = []
+        """Task records whose every task is done, committed with the next poll (one commit for all)."""
 
     def run(self) -> NodeCounters:
         """Serve until ``stop_event`` is set; returns the final counters."""
@@ -106,6 +108,8 @@ class RaasNode:
                 client_id=f"raas-{self.node_id}"))
             self._consumer = consumer
             await self._serve(topics, consumer)
+            finished, self._finished = self._finished, []
+            await self._on_consumer(consumer.commit, finished)
             # A commit refused during the drain (the group rebalancing as nodes come and go) has no
             # next commit to cover it: retry it, or the finished tasks would all be run again.
             await self._on_consumer(consumer.commit_pending)
@@ -142,8 +146,9 @@ class RaasNode:
                 await self._on_consumer(consumer.resume)
             # While paused the poll only keeps the group alive: a short one, so that a slot freed by
             # a finishing episode resumes fetching within ~20 ms instead of after the full wait.
-            msgs = await self._on_consumer(consumer.poll, timeout_s=0.02 if consumer.paused else 0.2,
-                                           max_records=max(free, 1))
+            finished, self._finished = self._finished, []
+            msgs = await self._on_consumer(_commit_then_poll, consumer, finished,
+                                           timeout_s=0.02 if consumer.paused else 0.2, max_records=max(free, 1))
             for msg in msgs:
                 try:
                     if msg.table is None:
@@ -153,11 +158,11 @@ class RaasNode:
                     log.error("node %s: skipping task record %s:%d@%d: %s", self.node_id, msg.topic,
                               msg.partition, msg.offset, exc)
                     self.counters.rejected += 1
-                    await self._on_consumer(consumer.commit, [msg])
+                    self._finished.append(msg)
                     continue
                 self.inflight.add(msg, len(tasks))
                 if not tasks:
-                    await self._on_consumer(consumer.commit, [msg])
+                    self._finished.append(msg)
                 for t in tasks:
                     episodes.add(asyncio.create_task(self._episode(topics, consumer, msg, t)))
             # No sleep when full: the paused consumer's poll waits out its timeout on the consumer thread
@@ -213,7 +218,7 @@ class RaasNode:
             self.counters.busy_s += time.perf_counter() - t0
         ready = self.inflight.task_done(msg)
         if ready is not None:
-            await self._on_consumer(consumer.commit, [ready])
+            self._finished.append(ready)
 
     async def _await_weights(self, task: Any) -> None:
         """A task emitted for version v starts only once the engines it uses serve v or newer.
@@ -259,6 +264,16 @@ class RaasNode:
              **(follower.serving.drain() if follower else {})},
             follower.region_record() if follower else None,
         )
+
+
+def _commit_then_poll(consumer: Any, finished: list[Any], **poll: Any) -> list[Any]:
+    """On the consumer's thread: commit the records finished since the last poll, then poll. One
+    commit per poll instead of one per task record (a round trip each, on the broker and on this
+    process's IO thread); a record waits at most one poll (0.2 s) longer to be committed, which only
+    widens what a SIGKILL re-delivers."""
+    if finished:
+        consumer.commit(finished)
+    return consumer.poll(**poll)
 
 
 def run_raas_node(cfg: ClusterConfig, recipe: Recipe, pool: str, node_id: str,
