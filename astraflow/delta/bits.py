@@ -7,6 +7,7 @@ payloads and -0.0 survive bit for bit. Checksums are CRC-32C of the little-endia
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import crc32c
@@ -33,8 +34,9 @@ def dtype_from_name(name: str) -> torch.dtype:
     return dtype
 
 
+@functools.cache
 def itemsize(dtype: torch.dtype) -> int:
-    size = torch.empty((), dtype=dtype).element_size()
+    size = dtype.itemsize
     if size not in _INT_VIEW or dtype.is_complex:
         raise DeltaFormatError(f"dtype {dtype} is not supported by the delta codec")
     return size
