@@ -17,6 +17,11 @@ if TYPE_CHECKING:
 C = TypeVar("C")
 
 
+CLIENT_METRICS_OFF = {"metrics_enabled": False}
+"""For consumers and producers: kafka-python's own client metrics (sensors updated on every request,
+fetch and record) are read by nothing here and cost CPU on every hand-off."""
+
+
 def open_kafka_client(factory: Callable[..., C], who: str, cfg: ClusterConfig, timeout_s: float, /,
                       **kwargs: Any) -> C:
     """A kafka-python client ``factory`` connected with the cluster config's settings, waiting at most

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
 from astraflow.config import BACKGROUND_FETCH_MAX_WAIT_MS, KAFKA_FETCH_MAX_WAIT_MS
-from astraflow.log.admin import open_kafka_client
+from astraflow.log.admin import CLIENT_METRICS_OFF, open_kafka_client
 from astraflow.log.claim_check import ClaimCheck
 from astraflow.log.codec import (
     ARROW_STREAM,
@@ -95,6 +95,7 @@ class LogConsumer:
             "max_poll_interval_ms": max_poll_interval_ms,
             "max_partition_fetch_bytes": max_record_bytes(cfg.inline_limit_bytes),
             "fetch_max_wait_ms": cfg.kafka.fetch_max_wait_ms or KAFKA_FETCH_MAX_WAIT_MS,
+            **CLIENT_METRICS_OFF,
         }
         if background:
             kwargs["fetch_max_wait_ms"] = max(kwargs["fetch_max_wait_ms"], BACKGROUND_FETCH_MAX_WAIT_MS)

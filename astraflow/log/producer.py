@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Self
 import pyarrow as pa
 
 from astraflow.log.ack import AckFuture
-from astraflow.log.admin import open_kafka_client
+from astraflow.log.admin import CLIENT_METRICS_OFF, open_kafka_client
 from astraflow.log.claim_check import ClaimCheck
 from astraflow.log.codec import ARROW_STREAM, JSON, ArrowCodec, RecordMeta, max_record_bytes
 from astraflow.log.errors import LogError
@@ -67,6 +67,7 @@ class LogProducer:
             "compression_type": compression_type,
             "max_request_size": max_record_bytes(cfg.inline_limit_bytes),
             **RETRYING_PRODUCER,
+            **CLIENT_METRICS_OFF,
         }
         kwargs.update(kafka_overrides)
         self._producer = open_kafka_client(KafkaProducer, f"producer {producer_id}", cfg, bootstrap_timeout_s,
