@@ -5,8 +5,9 @@ Life of a task record (one Arrow table of Task rows on ``<run>.tasks.<pool>``):
 1. polled by this node as a member of group ``<run>.raas.<pool>``;
 2. each row runs as one ``workflow.run_episode`` coroutine; at most ``pool.concurrency`` rows run at
    once (the consumer is paused, but still polled, while the node is full, so it stays in the group);
-3. the episode's trajectories (``node_id`` set) are produced to ``<run>.trajectories`` as one
-   record keyed by the task's prompt id, and the node waits for the broker's acknowledgement;
+3. the episode's trajectories (``node_id`` set) are produced to ``<run>.trajectories`` in one record
+   with those of the other episodes that finished in the same turn of the event loop
+   (:class:`~astraflow.raas.outbox.TrajectoryOutbox`), and the node waits for the broker's acknowledgement;
 4. when every row of the record is acknowledged (or rejected: the workflow returned None, or it
    raised), the record is handed to ``LogConsumer.commit`` with the next poll (one commit for every
    record finished since the last), which commits only the contiguous processed prefix of the partition.
@@ -74,6 +75,7 @@ class RaasNode:
 
     async def _run(self) -> NodeCounters:
         from astraflow.log import ConsumerGroups, LogConsumer, LogProducer, Topics, ensure_topics
+        from astraflow.raas.outbox import TrajectoryOutbox
         from astraflow.raas.setup import build_policy_clients, build_recipe_workflow
         from astraflow.raas.weights import WeightFollower
         from astraflow.records import task as task_rec
@@ -90,6 +92,7 @@ class RaasNode:
         self._weights_served = asyncio.Event()
         self.follower.on_served(functools.partial(loop.call_soon_threadsafe, self._weights_served.set))
         self.producer = LogProducer(self.cfg, f"{self.cfg.run}.raas.{self.node_id}")
+        self.outbox = TrajectoryOutbox(self.producer, topics.trajectories)
         self._consumer_thread = ThreadPoolExecutor(1, thread_name_prefix=f"tasks-{self.node_id}")
         consumer = None
         try:
@@ -164,7 +167,7 @@ class RaasNode:
                 if not tasks:
                     self._finished.append(msg)
                 for t in tasks:
-                    episodes.add(asyncio.create_task(self._episode(topics, consumer, msg, t)))
+                    episodes.add(asyncio.create_task(self._episode(msg, t)))
             # No sleep when full: the paused consumer's poll waits out its timeout on the consumer thread
             # while episodes run on this loop, and a group rebalance that completes outside a poll is
             # dropped and started over by kafka-python 3.0 (one more round trip, ~3 s on Tansu).
@@ -182,9 +185,7 @@ class RaasNode:
             log.info("node %s: drained: %d episodes finished, %d handed back", self.node_id,
                      len(episodes) - len(pending), len(pending))
 
-    async def _episode(self, topics: Any, consumer: Any, msg: Any, task: Any) -> None:
-        from astraflow.records import trajectory as traj_rec
-
+    async def _episode(self, msg: Any, task: Any) -> None:
         t0 = time.perf_counter()
         try:
             await self._await_weights(task)
@@ -192,10 +193,7 @@ class RaasNode:
             if trajs:
                 for tr in trajs:
                     tr.node_id = self.node_id
-                fut = self.producer.send_table(topics.trajectories, task.prompt_id, traj_rec.to_table(trajs),
-                                               traj_rec.SCHEMA_NAME, traj_rec.SCHEMA_VERSION,
-                                               policy=trajs[0].policy if len({t.policy for t in trajs}) == 1 else None)
-                await asyncio.wrap_future(fut.as_concurrent_future())  # acknowledged by the broker: now the task may be committed
+                await self.outbox.send(task.prompt_id, trajs)  # acknowledged by the broker: now the task may be committed
                 self.counters.episodes += 1
                 self.counters.trajectories += len(trajs)
                 self.counters.tokens += sum(int(sum(t.loss_mask)) for t in trajs)
