@@ -44,6 +44,14 @@ def read_until(consumer, want: int, timeout_s: float = 30.0, pred=lambda m: True
     return got
 
 
+def read_tasks(consumer, want: int, timeout_s: float = 30.0) -> list[str]:
+    """Prompt ids of the task rows read until ``want`` of them came (a record may hold several)."""
+    got, deadline = [], time.monotonic() + timeout_s
+    while len(got) < want and time.monotonic() < deadline:
+        got += [t.prompt_id for m in consumer.poll(timeout_s=0.3) for t in task.from_table(m.table)]
+    return got
+
+
 def test_duplicate_trained_once_stale_dropped_and_resume(test_cluster):
     from astraflow.log import LogConsumer, LogProducer, Topics
     from astraflow.objstore import ObjectStore, RunLayout
@@ -60,8 +68,7 @@ def test_duplicate_trained_once_stale_dropped_and_resume(test_cluster):
     metrics_c = LogConsumer(cfg, topics.metrics, "test-metrics")
     batches_c = LogConsumer(cfg, topics.batches("solver"), "test-trainer")
     try:
-        tmsgs = read_until(tasks_c, 2)
-        assert sorted(task.from_table(m.table)[0].prompt_id for m in tmsgs) == ["p0", "p1"]  # cap = 1 x (1+1)
+        assert sorted(read_tasks(tasks_c, 2)) == ["p0", "p1"]  # cap = 1 x (1+1)
         prod.send_json(topics.weights("solver"), "3", {"version": 3}, *WEIGHT_ANNOUNCEMENT_SCHEMA).result(10)
         seen_v3 = read_until(metrics_c, 1, pred=lambda m: (m.obj or {}).get("versions", {}).get("solver") == 3)
         assert seen_v3, "dataflow never saw the weight announcement"
@@ -84,7 +91,7 @@ def test_duplicate_trained_once_stale_dropped_and_resume(test_cluster):
         eps = sorted(t.episode_id for b in got.values() for t in b.trajectories)
         assert eps == ["p0/solver/0", "p0/solver/1", "p1/solver/1"]  # duplicate once, stale gone
         assert all(b.trainer_version == 3 for b in got.values())
-        assert [task.from_table(m.table)[0].prompt_id for m in read_until(tasks_c, 1)] == ["p2"]
+        assert read_tasks(tasks_c, 1) == ["p2"]
     finally:
         stop.set()
         th.join(30)
@@ -142,7 +149,7 @@ def test_resume_onto_a_lost_log_reemits_in_flight_tasks_at_once(test_cluster, un
     prod = LogProducer(cfg, "test-raas")
     try:
         with LogConsumer(cfg, topics.tasks("default"), unique_name("raas")) as tasks_c:
-            assert sorted(task.from_table(m.table)[0].prompt_id for m in read_until(tasks_c, 2)) == ["p0", "p1"]
+            assert sorted(read_tasks(tasks_c, 2)) == ["p0", "p1"]
         for i in range(3):  # trajectories offsets 0..2 in the old log: the checkpoint will skip below 3
             prod.send_table(topics.trajectories, f"x{i}", trajectory.to_table([traj("zz", i, 0, 1.0)]),
                             trajectory.SCHEMA_NAME, trajectory.SCHEMA_VERSION).result(10)
@@ -164,9 +171,9 @@ def test_resume_onto_a_lost_log_reemits_in_flight_tasks_at_once(test_cluster, un
     stop, th, result = start(cfg, section, dataset)
     try:
         with LogConsumer(cfg, topics.tasks("default"), unique_name("raas")) as tasks_c:
-            again = read_until(tasks_c, 2, timeout_s=30)
+            again = read_tasks(tasks_c, 2, timeout_s=30)
             reemit_s = time.monotonic() - t0
-            assert sorted(task.from_table(m.table)[0].prompt_id for m in again) == ["p0", "p1"]
+            assert sorted(again) == ["p0", "p1"]
         # offset 0 of the new trajectories topic is read although the checkpoint said "skip below 3"
         prod.send_table(topics.trajectories, "p0", trajectory.to_table([traj("p0", 0, 0, 1.0), traj("p0", 1, 0, 0.0)]),
                         trajectory.SCHEMA_NAME, trajectory.SCHEMA_VERSION).result(10)
@@ -182,3 +189,39 @@ def test_resume_onto_a_lost_log_reemits_in_flight_tasks_at_once(test_cluster, un
     assert c["tasks.reemitted_lost"] == 2 and c["tasks.expired"] == 0
     assert reemit_s < 20, reemit_s  # start-up included; task_timeout_s is 900 s
     assert c["tasks.finished"] == 1 and c["trajectories.kept"] == 2
+
+
+def test_tasks_emitted_together_share_a_record_per_partition_each_in_its_own_keys_partition(test_cluster,
+                                                                                           unique_name):
+    """The dataflow sends the tasks it emits at once as one record per partition, and each task lands in
+    the partition kafka's default partitioner gives its prompt id: the nodes get the same tasks as with
+    a record per task, in fewer records."""
+    from astraflow.dataflow.service import key_partition
+    from astraflow.log import LogConsumer, LogProducer, Topics, ensure_topics
+
+    cfg, topics = test_cluster, Topics(test_cluster.run)
+    section = DataflowConfig(policies=["solver"], groups_per_batch=12, max_staleness=0, min_group_samples=1,
+                             epochs=1, max_in_flight=12)
+    dataset = [Task(f"prompt-{i}", f"q{i}", answer=str(i), samples=2) for i in range(12)]
+    stop, th, _result = start(cfg, section, dataset)
+    try:
+        with LogConsumer(cfg, topics.tasks("default"), unique_name("raas")) as tasks_c:
+            records, rows = [], 0
+            deadline = time.monotonic() + 30
+            while rows < 12 and time.monotonic() < deadline:
+                for m in tasks_c.poll(timeout_s=0.3):
+                    records.append((m.partition, [t.prompt_id for t in task.from_table(m.table)]))
+                    rows += len(records[-1][1])
+    finally:
+        stop.set()
+        th.join(30)
+    assert sorted(p for _, ids in records for p in ids) == sorted(t.prompt_id for t in dataset)
+    partitions = {p: key_partition(p, 4) for _, ids in records for p in ids}
+    assert all(partitions[p] == partition for partition, ids in records for p in ids)
+    assert len(records) == len(set(partitions.values())) < 12  # one record per partition used
+    # key_partition is the producer's own choice: a record keyed by each prompt id lands there
+    probe = unique_name("probe-topic")
+    ensure_topics(cfg, {probe: 4})
+    with LogProducer(cfg, unique_name("probe")) as prod:
+        acks = {p: prod.send_json(probe, p, {}).result(10) for p in partitions}
+    assert {p: ack.partition for p, ack in acks.items()} == partitions

@@ -151,8 +151,7 @@ class DataflowService:
     def run(self, stop_event: threading.Event, *, stop_when_finished: bool = False) -> dict[str, int]:
         """Read, emit and checkpoint until ``stop_event`` (or, with ``stop_when_finished``, until the
         dataset is used up and nothing is in flight); a last checkpoint, then the final counters."""
-        for t in self.recovery.reemit:
-            self._send_task(t)
+        self._send_tasks(self.recovery.reemit)
         last_ckpt = last_metrics = last_report = time.monotonic()
         try:
             while not stop_event.is_set():
@@ -199,15 +198,24 @@ class DataflowService:
         for b in self.df.take_batches():
             self.producer.send_table(self.topics.batches(b.policy), b.batch_id, batch.to_table(b),
                                      batch.SCHEMA_NAME, batch.SCHEMA_VERSION, policy=b.policy)
-        for t in self.df.next_tasks(now):
-            self._send_task(t)
+        self._send_tasks(self.df.next_tasks(now))
         _record_positions(self.df, self.placing)
 
-    def _send_task(self, t: Task) -> None:
-        self._ensure_pool_topic(t.pool)  # a dataset may name pools beyond ``pools``
-        self.placing.append((t.prompt_id, self.producer.send_table(
-            self.topics.tasks(t.pool), t.prompt_id, task.to_table([t]), task.SCHEMA_NAME, task.SCHEMA_VERSION,
-            policy=t.policy or None)))
+    def _send_tasks(self, tasks: Iterable[Task]) -> None:
+        """The tasks emitted together, one record per pool and partition: each task lands in the
+        partition its own prompt id hashes to (so the same node takes it as with a record per task),
+        and a node reads, decodes and commits a few records per batch of tasks instead of one each."""
+        records: dict[tuple[str, int], list[Task]] = {}
+        for t in tasks:
+            self._ensure_pool_topic(t.pool)  # a dataset may name pools beyond ``pools``
+            records.setdefault((t.pool, key_partition(t.prompt_id, self.task_partitions)), []).append(t)
+        for (pool, _partition), group in records.items():
+            policies = {t.policy for t in group}
+            # keyed by the first prompt id: it hashes to the partition every task of the group does
+            ack = self.producer.send_table(self.topics.tasks(pool), group[0].prompt_id, task.to_table(group),
+                                           task.SCHEMA_NAME, task.SCHEMA_VERSION,
+                                           policy=(next(iter(policies)) or None) if len(policies) == 1 else None)
+            self.placing.extend((t.prompt_id, ack) for t in group)
 
     def _ensure_pool_topic(self, pool: str) -> None:
         from astraflow.log import ensure_topics
@@ -298,6 +306,13 @@ def _publish_report(producer: Any, topic: str, df: Dataflow, window: _Window, se
     if pools:
         producer.send_json(topic, COMPONENT_ID, {**_identity(), **autoscale_report(section.autoscale, pools, now)})
     window.reset()
+
+
+def key_partition(key: str, partitions: int) -> int:
+    """The partition kafka's default partitioner gives a record keyed ``key`` (murmur2 of its UTF-8 bytes)."""
+    from kafka.partitioner.default import murmur2
+
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
 
 
 def _record_positions(df: Dataflow, placing: list[tuple[str, Any]]) -> None:

@@ -3,8 +3,9 @@
 Life of a task record (one Arrow table of Task rows on ``<run>.tasks.<pool>``):
 
 1. polled by this node as a member of group ``<run>.raas.<pool>``;
-2. each row runs as one ``workflow.run_episode`` coroutine; at most ``pool.concurrency`` rows run at
-   once (the consumer is paused, but still polled, while the node is full, so it stays in the group);
+2. each row runs as one ``workflow.run_episode`` coroutine; about ``pool.concurrency`` rows run at
+   once, fewer than one record's rows more at most (the consumer is paused, but still polled, while
+   the node is full, so it stays in the group);
 3. the episode's trajectories (``node_id`` set) are produced to ``<run>.trajectories`` in one record
    with those of the other episodes that finished in the same turn of the event loop
    (:class:`~astraflow.raas.outbox.TrajectoryOutbox`), and the node waits for the broker's acknowledgement;
@@ -137,6 +138,10 @@ class RaasNode:
 
         episodes: set[asyncio.Task] = set()
         last_metrics = time.monotonic()
+        # A record may hold several tasks (the dataflow sends the tasks it emits together in one record
+        # per partition): take as many records as the free slots hold at the last record's size, so
+        # the slots are overrun by less than one record's tasks.
+        rows_per_record = 1
         while not self.stop_event.is_set():
             self.follower.check()
             for ep in [e for e in episodes if e.done()]:
@@ -151,7 +156,8 @@ class RaasNode:
             # a finishing episode resumes fetching within ~20 ms instead of after the full wait.
             finished, self._finished = self._finished, []
             msgs = await self._on_consumer(_commit_then_poll, consumer, finished,
-                                           timeout_s=0.02 if consumer.paused else 0.2, max_records=max(free, 1))
+                                           timeout_s=0.02 if consumer.paused else 0.2,
+                                           max_records=max(free // rows_per_record, 1))
             for msg in msgs:
                 try:
                     if msg.table is None:
@@ -164,6 +170,7 @@ class RaasNode:
                     self._finished.append(msg)
                     continue
                 self.inflight.add(msg, len(tasks))
+                rows_per_record = max(len(tasks), 1)
                 if not tasks:
                     self._finished.append(msg)
                 for t in tasks:
