@@ -94,9 +94,12 @@ def raw_produce(cfg, topic: str, n: int, table: pa.Table, value: bytes | None,
                 ordered: bool = False) -> tuple[float, float]:
     from kafka import KafkaProducer
 
+    from astraflow.log.admin import CLIENT_METRICS_OFF
     from astraflow.log.producer import RETRYING_PRODUCER
 
-    p = KafkaProducer(**cfg.kafka.client_kwargs(), acks="all", linger_ms=LINGER_MS, batch_size=BATCH_SIZE,
+    # the client settings the layer uses too (kafka-python's own metrics off): the gap is the layer's
+    p = KafkaProducer(**cfg.kafka.client_kwargs(), **CLIENT_METRICS_OFF, acks="all", linger_ms=LINGER_MS,
+                      batch_size=BATCH_SIZE,
                       max_request_size=max(MiB, cfg.inline_limit_bytes + 64 * 1024),
                       **(RETRYING_PRODUCER if ordered else {}))
     p.send(topic, value=b"warm").get(10)  # metadata + connection outside the timing
@@ -113,7 +116,9 @@ def raw_produce(cfg, topic: str, n: int, table: pa.Table, value: bytes | None,
 def raw_consume(cfg, topic: str, n: int, parse: bool) -> tuple[float, float]:
     from kafka import KafkaConsumer
 
-    c = KafkaConsumer(topic, **cfg.kafka.client_kwargs(), group_id=f"raw-{uuid.uuid4().hex[:8]}",
+    from astraflow.log.admin import CLIENT_METRICS_OFF
+
+    c = KafkaConsumer(topic, **cfg.kafka.client_kwargs(), **CLIENT_METRICS_OFF, group_id=f"raw-{uuid.uuid4().hex[:8]}",
                       enable_auto_commit=False, auto_offset_reset="earliest", session_timeout_ms=6000,
                       heartbeat_interval_ms=1000, max_partition_fetch_bytes=max(MiB, cfg.inline_limit_bytes + 64 * 1024))
     while not c.assignment():  # join the group outside the timing, rewinding anything fetched
