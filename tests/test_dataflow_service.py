@@ -196,8 +196,8 @@ def test_tasks_emitted_together_share_a_record_per_partition_each_in_its_own_key
     """The dataflow sends the tasks it emits at once as one record per partition, and each task lands in
     the partition kafka's default partitioner gives its prompt id: the nodes get the same tasks as with
     a record per task, in fewer records."""
-    from astraflow.dataflow.service import key_partition
     from astraflow.log import LogConsumer, LogProducer, Topics, ensure_topics
+    from astraflow.log.producer import key_partition
 
     cfg, topics = test_cluster, Topics(test_cluster.run)
     section = DataflowConfig(policies=["solver"], groups_per_batch=12, max_staleness=0, min_group_samples=1,

@@ -39,6 +39,7 @@ from astraflow.dataflow.pipeline import Dataflow
 from astraflow.dataflow.recovery import recover
 from astraflow.log.codec import METRICS_SCHEMA, WEIGHT_ANNOUNCEMENT_SCHEMA
 from astraflow.log.identity import topic_ids
+from astraflow.log.producer import key_partition
 from astraflow.outage import OutageReport, wait_out_outage
 from astraflow.records import RecordSchemaError, Task, batch, task, trajectory
 
@@ -306,13 +307,6 @@ def _publish_report(producer: Any, topic: str, df: Dataflow, window: _Window, se
     if pools:
         producer.send_json(topic, COMPONENT_ID, {**_identity(), **autoscale_report(section.autoscale, pools, now)})
     window.reset()
-
-
-def key_partition(key: str, partitions: int) -> int:
-    """The partition kafka's default partitioner gives a record keyed ``key`` (murmur2 of its UTF-8 bytes)."""
-    from kafka.partitioner.default import murmur2
-
-    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
 
 
 def _record_positions(df: Dataflow, placing: list[tuple[str, Any]]) -> None:

@@ -29,6 +29,14 @@ plain producer that keeps retrying is the right one; one request in flight keeps
 across retries."""
 
 
+def key_partition(key: str, partitions: int) -> int:
+    """The partition :class:`LogProducer` (kafka-python's default partitioner) sends a record keyed
+    ``key`` to, on a topic of ``partitions`` partitions: murmur2 of the key's UTF-8 bytes."""
+    from kafka.partitioner.default import murmur2
+
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+
+
 class LogProducer:
     """Writes records per docs/record-format.md. A record is *acknowledged* when its
     :class:`~astraflow.log.ack.AckFuture` resolves: every in-sync replica has it (``acks="all"``). The
