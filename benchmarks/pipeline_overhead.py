@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -46,7 +45,6 @@ from _cpu import ProcessCpu
 from _harness import ROOT, episode_spans, load_recipe, quantiles, run_recipe, summarize
 
 RECIPE = ROOT / "examples" / "recipes" / "math.yaml"
-CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 HANDOFFS = ("task_to_node", "trajectory_to_dataflow", "batch_to_trainer", "announcement_to_serving",
             "step_to_announcement")
 
@@ -92,7 +90,7 @@ def handoff_figures(metrics: list[dict], run: str, since: float) -> dict[str, di
 
 def distributed(cfg, fetch_wait_ms: int, steps: int, warmup: int, runs_dir: Path, timeout_s: float,
                 threads: int | None = None) -> dict:
-    from astraflow.launcher.plan import threads_per_component
+    from astraflow.launcher.plan import available_cores, threads_per_component
 
     recipe = load_recipe(RECIPE, trainer={"steps": steps})
     threads = threads or threads_per_component(recipe)
@@ -123,7 +121,8 @@ def distributed(cfg, fetch_wait_ms: int, steps: int, warmup: int, runs_dir: Path
         "cpu_s_per_step": cpu_per_step,
         "cpu_s_per_step_total": round(total, 4) if total else None,
         # the least s/step that much CPU allows on this machine's cores, however well it overlapped
-        "cpu_bound_s_per_step": round(total / CORES, 4) if total else None,
+        "cores": available_cores(),
+        "cpu_bound_s_per_step": round(total / available_cores(), 4) if total else None,
         "trajectories_produced": figures["trajectories_produced"],
         "trajectories_dropped": figures["trajectories_dropped"],
         "nodes": len(spans),
@@ -177,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr, flush=True)
                 if d["cpu_bound_s_per_step"]:
                     print(f"  CPU per step {d['cpu_s_per_step_total']:.3f} s {d['cpu_s_per_step']} (one process "
-                          f"{result['one_process']['cpu_s_per_step']:.3f}): on {CORES} cores at least "
+                          f"{result['one_process']['cpu_s_per_step']:.3f}): on {d['cores']} cores at least "
                           f"{d['cpu_bound_s_per_step']:.3f} s/step = {d['cpu_bound_ratio']}x", file=sys.stderr, flush=True)
         finally:
             stack.down()
