@@ -1,11 +1,12 @@
-"""The node's trajectory outbox (unit): episodes finishing in one event-loop turn share one record, and
-each episode returns only once that record is acknowledged. The broker's side of it runs in the node
-tests on the real stack (tests/test_raas.py)."""
+"""The node's trajectory outbox: episodes finishing in one event-loop turn share one record, and each
+episode returns only once that record is acknowledged. Units against a recording producer (when each
+record is acknowledged, failures), then the same on the real embedded broker."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import time
 
 import pytest
 
@@ -102,3 +103,31 @@ def test_a_bad_episode_fails_alone():
             await unbuildable
 
     asyncio.run(body())
+
+
+@pytest.mark.integration
+def test_on_the_real_broker_one_turns_episodes_are_one_acknowledged_record(test_cluster, unique_name):
+    """Through a LogProducer on the embedded broker: three episodes queued in one turn come back as one
+    record holding all their trajectories, and each send returned only after the broker acknowledged it."""
+    from astraflow.log import LogConsumer, LogProducer, Topics, ensure_topics
+
+    topic = Topics(test_cluster.run).trajectories
+    ensure_topics(test_cluster, {topic: 1})
+    producer = LogProducer(test_cluster, unique_name("node"))
+    try:
+        async def body():
+            outbox = TrajectoryOutbox(producer, topic)
+            await asyncio.wait_for(asyncio.gather(
+                *(outbox.send(f"t{k}", [traj(f"t{k}", 0), traj(f"t{k}", 1)]) for k in range(3))), 30)
+            return outbox.records
+
+        assert asyncio.run(body()) == 1
+    finally:
+        producer.close()
+    with LogConsumer(test_cluster, topic, unique_name("reader")) as reader:
+        records, deadline = [], time.monotonic() + 30
+        while not records and time.monotonic() < deadline:
+            records = reader.poll(timeout_s=0.5)
+        # what the sends awaited was acknowledged: it is on the log, one record, every trajectory in it
+        assert [[t.episode_id for t in traj_rec.from_table(m.table)] for m in records] == [
+            ["t0#0", "t0#1", "t1#0", "t1#1", "t2#0", "t2#1"]]
