@@ -183,7 +183,6 @@ def codec_cost(value_bytes: int, n: int = 2000) -> dict:
     from collections import namedtuple
 
     from astraflow.log.codec import ARROW_STREAM, RecordMeta
-    from astraflow.log.consumer import LogConsumer
 
     table = trajectory_table(value_bytes)
 
@@ -201,16 +200,15 @@ def codec_cost(value_bytes: int, n: int = 2000) -> dict:
     Rec = namedtuple("Rec", "topic partition offset key value headers timestamp")
     rec = Rec("bench.trajectories", 0, 1, b"k1", value, headers, 0)
     from astraflow.config import ClusterConfig
+    from astraflow.log.decoder import RecordDecoder
 
-    consumer = LogConsumer.__new__(LogConsumer)  # decode path only, no broker connection
-    consumer.expected_schemas, consumer.codec, consumer._claims = {"trajectory": 1}, __import__(
-        "astraflow.log.codec", fromlist=["ArrowCodec"]).ArrowCodec(), None
-    # The inline limit above the value: the oversized-record check passes, as for a conforming producer.
-    consumer.cfg = ClusterConfig(inline_limit_bytes=max(value_bytes * 2, 1024 * 1024))
+    # The consumer's decode path, no broker connection. The inline limit above the value: the
+    # oversized-record check passes, as for a conforming producer.
+    decoder = RecordDecoder(ClusterConfig(inline_limit_bytes=max(value_bytes * 2, 1024 * 1024)), {"trajectory": 1})
     raw_enc = best(lambda: ipc_bytes(table))
     layer_enc = best(lambda: (ipc_bytes(table), RecordMeta("trajectory", 1, "bench", ARROW_STREAM, policy="pi").to_headers()))
     raw_dec = best(lambda: pa.ipc.open_stream(value).read_all())
-    layer_dec = best(lambda: consumer._decode(rec))
+    layer_dec = best(lambda: decoder.decode(rec))
     return {"encode_us": {"arrow_by_hand": round(raw_enc, 1), "layer": round(layer_enc, 1)},
             "decode_us": {"arrow_by_hand": round(raw_dec, 1), "layer": round(layer_dec, 1)}}
 

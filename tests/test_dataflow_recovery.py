@@ -1,5 +1,6 @@
 """The rules of resuming onto a log that lost records (no broker: the real-log path is in
-test_dataflow_service.py): which in-flight tasks are lost, re-emission, staleness re-basing."""
+test_dataflow_service.py): which in-flight tasks are lost, re-emission, adoption of tasks sent after the
+saved state, staleness re-basing."""
 
 from __future__ import annotations
 
@@ -53,6 +54,33 @@ def test_reemit_keeps_the_task_in_flight_restarts_its_clock_and_counts():
     assert df2.next_tasks(now=5000.0) == []  # still in flight: the cap holds, nothing new drawn
     # 900 s timeout: p0 (emitted at t=100) expires at t=5899, p1's clock restarted at its re-emission
     assert [t.prompt_id for t in df2.expire(now=5000.0 + 899)] == ["p0"]
+
+
+def test_an_adopted_task_is_in_flight_and_never_drawn_again_across_a_save():
+    """Tasks a lost life sent after the saved state: one still among the saved candidates, one drawn
+    beyond the saved cursor. Adopted, both are in flight as sent; neither is drawn again, even after
+    another save and restore; the accounting emitted = finished + in flight holds."""
+    cfg = DataflowConfig(policies=["s"], groups_per_batch=2, max_in_flight=2, candidate_pool=4)
+    df = Dataflow(cfg, _tasks(6))
+    assert [t.prompt_id for t in df.next_tasks(now=1.0)] == ["p0", "p1"]
+    state = json.loads(json.dumps(df.state_dict()))  # the lost life's last save: p2, p3 are candidates
+    df2 = Dataflow(cfg, _tasks(6))
+    df2.load_state_dict(state)
+    sent = [Task("p2", "q2", answer="2", samples=2, emitted_version=3), Task("p4", "q4", answer="4", samples=2)]
+    assert df2.emitter.adopt(sent[0], ("r.tasks.default", 1, 7), now=2.0)
+    assert df2.emitter.adopt(sent[1], ("r.tasks.default", 2, 9), now=2.0)
+    assert not df2.emitter.adopt(Task("p1", "q1"), ("r.tasks.default", 0, 8), now=2.0)  # already in flight
+    assert [t.prompt_id for t in df2.emitter.candidates] == ["p3"] and df2.emitter.adopted == {"p4"}
+    assert df2.emitter.in_flight["p2"].task.emitted_version == 3  # as the record says
+    assert df2.emitter.in_flight["p4"].position == ("r.tasks.default", 2, 9)
+    for t in (df2.emitter.task("p0"), df2.emitter.task("p1"), sent[0], sent[1]):
+        df2.emitter.group_done(t.prompt_id, "s")
+    df3 = Dataflow(cfg, _tasks(6))
+    df3.load_state_dict(json.loads(json.dumps(df2.state_dict())))
+    assert [t.prompt_id for t in df3.next_tasks(now=3.0)] == ["p3", "p5"]  # p2 and p4 skipped
+    c = df3.counters()
+    assert c["tasks.adopted"] == 2 and c["tasks.emitted"] == 6 == c["tasks.finished"] + c["tasks.in_flight"]
+    assert df3.next_tasks(now=3.0) == [] and df3.emitter.adopted == set()
 
 
 def _finish(df: Dataflow, task: Task, version: int) -> None:

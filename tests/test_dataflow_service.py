@@ -191,6 +191,69 @@ def test_resume_onto_a_lost_log_reemits_in_flight_tasks_at_once(test_cluster, un
     assert c["tasks.finished"] == 1 and c["trajectories.kept"] == 2
 
 
+def test_a_restart_adopts_the_tasks_its_lost_life_sent_after_its_last_save(test_cluster, unique_name):
+    """A dataflow killed between two state saves has sent tasks the saved state does not know, and nodes
+    run them. Its next life reads them back from the task topic and takes them in flight: their
+    trajectories are trained (not dropped as unknown_task) and the prompts are not emitted again."""
+    from astraflow.log import LogConsumer, LogProducer, Topics
+    from astraflow.objstore import ObjectStore, RunLayout
+    from astraflow.objstore.errors import ObjectNotFoundError
+
+    cfg, topics = test_cluster, Topics(test_cluster.run)
+    store, key = ObjectStore.from_config(cfg), RunLayout(cfg.run).dataflow_key(STATE_OBJECT)
+    section = DataflowConfig(policies=["solver"], groups_per_batch=1, max_staleness=1, min_group_samples=1,
+                             epochs=1, max_in_flight=2, task_timeout_s=900)
+    dataset = [Task(f"p{i}", f"q{i}", answer=str(i), samples=2) for i in range(5)]
+
+    def saved_in_flight() -> list[str]:
+        try:
+            return sorted(f["task"]["prompt_id"] for f in store.get_json(key)["dataflow"]["emitter"]["in_flight"])
+        except ObjectNotFoundError:
+            return []
+
+    def send(prompt_id: str) -> None:
+        prod.send_table(topics.trajectories, prompt_id,
+                        trajectory.to_table([traj(prompt_id, 0, 0, 1.0), traj(prompt_id, 1, 0, 0.0)]),
+                        trajectory.SCHEMA_NAME, trajectory.SCHEMA_VERSION).result(10)
+
+    prod = LogProducer(cfg, "test-raas")
+    tasks_c = LogConsumer(cfg, topics.tasks("default"), unique_name("raas"))
+    stop, th, result = start(cfg, section, dataset)
+    try:
+        assert sorted(read_tasks(tasks_c, 2)) == ["p0", "p1"]
+        deadline = time.monotonic() + 30
+        while saved_in_flight() != ["p0", "p1"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        last_save = store.get_json(key)  # the save the lost life will have made last
+        send("p0")  # finishes p0: the dataflow emits p2, which that save does not know
+        assert read_tasks(tasks_c, 1) == ["p2"]
+    finally:
+        stop.set()
+        th.join(30)
+    # As if the dataflow had been killed before it saved again: its later saves never happened.
+    store.put_json(key, last_save)
+
+    stop, th, result = start(cfg, section, dataset)
+    try:
+        # p0's trajectories again: a killed life would not have committed them (here the clean stop did)
+        send("p0")
+        send("p2")  # the nodes' work on the task the lost life sent
+        with LogConsumer(cfg, topics.batches("solver"), unique_name("trainer")) as batches_c:
+            trained = read_until(batches_c, 2, pred=lambda m: batch.from_table(m.table).trajectories[0].task_id == "p2")
+        assert trained, "p2's trajectories were not batched"
+        # p0 and p2 finished, p1 in flight: the next task is p3 (p2 is not drawn again)
+        assert read_tasks(tasks_c, 1) == ["p3"]
+    finally:
+        stop.set()
+        th.join(30)
+        tasks_c.close()
+        prod.close()
+    c = result["counters"]
+    assert c["tasks.adopted"] == 1 and c.get("trajectories.unknown_task", 0) == 0
+    assert c["tasks.finished"] == 2 and c["tasks.in_flight"] == 2  # p0 and p2; p1 and p3
+    assert c["tasks.emitted"] == c["tasks.finished"] + c["tasks.in_flight"]
+
+
 def test_tasks_emitted_together_share_a_record_per_partition_each_in_its_own_keys_partition(test_cluster,
                                                                                            unique_name):
     """The dataflow sends the tasks it emits at once as one record per partition, and each task lands in

@@ -383,3 +383,28 @@ def test_rebalance_redelivers_only_uncommitted_records(test_cluster: ClusterConf
         a.close()
         if b is not None:
             b.close()
+
+
+def test_range_reader_reads_each_partition_from_its_start_to_its_end(test_cluster: ClusterConfig) -> None:
+    """No group, no commit: every record from the given offsets to the partitions' ends, decoded; a
+    partition with nothing past its start, and a start beyond the log, give nothing; a record of
+    another schema is refused and counted, not returned."""
+    from astraflow.log.producer import key_partition
+    from astraflow.log.range_reader import read_to_end
+
+    topic = Topics(test_cluster.run).tasks("default")
+    ensure_topics(test_cluster, {topic: 3})
+    keys = [k for k in (f"k{i}" for i in range(200)) if key_partition(k, 3) in (0, 1)][:6]
+    with LogProducer(test_cluster, "raas-1") as producer:
+        acks = {k: producer.send_table(topic, k, _table(int(k[1:])), *SCHEMA).result(20) for k in keys}
+        odd = producer.send_json(topic, keys[0], {"x": 1}, "metrics", 1).result(20)
+    first = {p: min(a.offset for a in acks.values() if a.partition == p) for p in (0, 1)}
+    # partition 0 from its second record, 1 from its start, 2 (empty) from 0
+    read = read_to_end(test_cluster, {(topic, 0): first[0] + 1, (topic, 1): 0, (topic, 2): 0},
+                       expected_schemas={topic: SCHEMA})
+    assert read.complete and read.refused == 1  # the JSON record, after every table of its partition
+    want = {(a.partition, a.offset, k) for k, a in acks.items() if (a.partition, a.offset) != (0, first[0])}
+    assert {(m.partition, m.offset, m.key) for m in read.messages} == want
+    assert all(m.table.equals(_table(int(m.key[1:]))) for m in read.messages)
+    beyond = read_to_end(test_cluster, {(topic, 0): odd.offset + 50}, expected_schemas={topic: SCHEMA})
+    assert beyond.complete and beyond.messages == []

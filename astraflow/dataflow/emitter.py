@@ -9,6 +9,9 @@ dataflow neither skips nor re-emits prompts beyond what the log redelivers.
 Each in-flight task remembers where its record landed on the log (``position``, set when the broker
 acknowledges it), so that a resumed dataflow can tell which of them the log has lost and re-emit
 those (:meth:`TaskEmitter.reemit`, counted ``reemitted_lost``) instead of waiting for them to expire.
+Tasks its lost life emitted after the state it resumes from are read back from the log and taken in
+flight as they were sent (:meth:`TaskEmitter.adopt`, counted ``adopted``), so the nodes' work on them
+is trained instead of dropped, and they are not drawn again.
 """
 
 from __future__ import annotations
@@ -86,6 +89,8 @@ class TaskEmitter:
         self.position = 0
         """Tasks drawn from the dataset in the current epoch."""
         self.exhausted = False
+        self.adopted: set[str] = set()
+        """Prompt ids adopted (see :meth:`adopt`) that the dataset cursor has not passed yet: skipped when drawn."""
         self.counters: Counter[str] = Counter()
         # sync mode: version the current wave was emitted for, and tasks still owed to it
         self.wave_version = -1
@@ -155,6 +160,8 @@ class TaskEmitter:
                     return None
                 self.epoch += 1
                 self.position = 0
+                # An id adopted from an earlier epoch can no longer be drawn (ids carry their epoch).
+                self.adopted = {pid for pid in self.adopted if pid.endswith(f"~e{self.epoch}")}
                 if self.epochs is not None and self.epoch >= self.epochs:
                     self.exhausted = True
                 continue
@@ -162,6 +169,9 @@ class TaskEmitter:
             meta = {**t.metadata, SOURCE_ID_KEY: t.metadata.get(SOURCE_ID_KEY, t.prompt_id)}
             # Ids stay unique across epochs, so episode-id dedup never hits a legitimate re-run.
             pid = t.prompt_id if self.epoch == 0 else f"{t.prompt_id}~e{self.epoch}"
+            if pid in self.adopted:  # emitted by a lost life after the state this one resumed from
+                self.adopted.discard(pid)
+                continue
             return dataclasses.replace(t, prompt_id=pid, metadata=meta)
         return None
 
@@ -234,6 +244,23 @@ class TaskEmitter:
         if f is not None:
             f.position = position
 
+    def adopt(self, task: Task, position: LogPosition, now: float) -> bool:
+        """Take in flight a task that a lost life of this dataflow emitted after the state this one
+        resumed from, as its record on the log says (version tag and pool included): its trajectories
+        are then ingested instead of dropped as ``unknown_task``, and it is not drawn again. False for
+        a task already in flight (a re-emitted one). Counted ``emitted`` and ``adopted``."""
+        if task.prompt_id in self.in_flight:
+            return False
+        pols = {task.policy} if task.policy else set(self.policies)
+        self.in_flight[task.prompt_id] = InFlight(task, now, pols, position)
+        before = len(self.candidates)
+        self.candidates = [t for t in self.candidates if t.prompt_id != task.prompt_id]
+        if len(self.candidates) == before:  # drawn beyond the saved cursor: skip it when the cursor gets there
+            self.adopted.add(task.prompt_id)
+        self.counters["emitted"] += 1
+        self.counters["adopted"] += 1
+        return True
+
     def reemit(self, prompt_ids: Iterable[str], now: float) -> list[Task]:
         """In-flight tasks whose records the log lost, to send again as they were: still in flight
         (their groups and pending policies unchanged), their timeout restarted, counted
@@ -270,6 +297,7 @@ class TaskEmitter:
             "epoch": self.epoch,
             "position": self.position,
             "exhausted": self.exhausted,
+            "adopted": sorted(self.adopted),
             "counters": dict(self.counters),
             "wave_version": self.wave_version,
             "wave_shortfall": self.wave_shortfall,
@@ -286,6 +314,7 @@ class TaskEmitter:
                                                    (pos[0], int(pos[1]), int(pos[2])) if pos else None)
         self.candidates = [Task(**t) for t in s["candidates"]]
         self.epoch, self.position, self.exhausted = s["epoch"], s["position"], s["exhausted"]
+        self.adopted = set(s.get("adopted", ()))
         self.counters = Counter(s["counters"])
         self.wave_version, self.wave_shortfall = s["wave_version"], s["wave_shortfall"]
         self.selector.load_state_dict(s["selector"])

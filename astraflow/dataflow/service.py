@@ -14,7 +14,9 @@ commit may not have happened) are skipped, so nothing is counted twice and nothi
 The state also records the ids of the run's topics and where each in-flight task's record landed,
 so a dataflow resumed onto a log that lost records (an in-memory log restarted, topics re-created,
 retention) notices it at start-up and re-emits the lost tasks at once
-(:mod:`astraflow.dataflow.recovery`).
+(:mod:`astraflow.dataflow.recovery`). And it records when it was saved and where the task records
+ended, so that a dataflow killed between two saves is followed by one that adopts the tasks sent after
+the last save instead of dropping the nodes' work on them (:mod:`astraflow.dataflow.adoption`).
 
 Control records read (JSON): a weight announcement is ``{"version": int, ...}`` (the record key is
 used when there is no ``version`` field); a trainer metrics record carrying ``wait_s`` and
@@ -33,6 +35,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from astraflow.config import ClusterConfig
+from astraflow.dataflow.adoption import adopt_lost_emissions
 from astraflow.dataflow.autoscaler import autoscale_report
 from astraflow.dataflow.config import DataflowConfig
 from astraflow.dataflow.pipeline import Dataflow
@@ -105,13 +108,17 @@ class DataflowService:
         self.ready_pools: set[str] = set()
         self.placing: list[tuple[str, Any]] = []
         """(prompt id, ack future) of task records not yet acknowledged: their positions."""
-        self.skip_below, saved_ids = self._resume()
+        saved = self._resume()
+        self.skip_below = {(t, int(p)): o for t, p, o in saved.get("offsets", [])}
         self._ensure_topics(pools)
-        self.recovery = recover(cfg, self.df, self.topics, saved_ids, self.skip_below, time.time(),
-                                latest_version=lambda policy: _latest_version(cfg, policy),
+        task_topics = [self.topics.tasks(p) for p in self.ready_pools]
+        self.recovery = recover(cfg, self.df, self.topics, dict(saved.get("topic_ids", {})), self.skip_below,
+                                time.time(), latest_version=lambda policy: _latest_version(cfg, policy),
                                 known_topics=[self.topics.trajectories, self.topics.metrics, *self.weight_topics,
-                                              *(self.topics.tasks(p) for p in self.ready_pools)])
+                                              *task_topics])
         self.offsets = dict(self.skip_below)
+        self.task_ends: dict[tuple[str, int], int] = self._task_ends(saved, task_topics)
+        """Per task partition, the end of this dataflow's acknowledged task records (for the next life)."""
         # No linger: each record here (a batch, a version's tasks) is what the trainer or a node waits for
         # next, and the ones sent together in a loop pass still batch behind the first in flight.
         self.producer = LogProducer(cfg, f"{cfg.run}.{COMPONENT_ID}", linger_ms=0)
@@ -127,17 +134,29 @@ class DataflowService:
         self.window = _Window()
         self.uncommitted: list[Any] = []
 
-    def _resume(self) -> tuple[dict[tuple[str, int], int], dict[str, str | None]]:
-        """Load the checkpointed state, if any: (next offset per partition, the topic ids it saw)."""
+    def _resume(self) -> dict[str, Any]:
+        """Load the checkpointed state, if any; the saved object ({} for a fresh run)."""
         from astraflow.objstore.errors import ObjectNotFoundError
 
         try:
             saved = self.store.get_json(self.state_key)
         except ObjectNotFoundError:
-            return {}, {}  # a fresh run
+            return {}  # a fresh run
         self.df.load_state_dict(saved["dataflow"])
         log.info("dataflow %s resumed from %s", self.cfg.run, self.state_key)
-        return {(t, int(p)): o for t, p, o in saved["offsets"]}, dict(saved.get("topic_ids", {}))
+        return saved
+
+    def _task_ends(self, saved: dict[str, Any], task_topics: list[str]) -> dict[tuple[str, int], int]:
+        """Where the task records ended: 0 on every partition in a fresh run; else the saved ends, moved
+        past the records that the lost life sent after its last save, whose tasks are adopted."""
+        if not saved:
+            return {(t, p): 0 for t in task_topics for p in range(self.task_partitions)}
+        ends = {(t, int(p)): o for t, p, o in saved.get("task_ends", [])}
+        if "saved_at_ms" not in saved:  # saved before saves recorded their time: nothing to compare against
+            return ends
+        standing = [t for t in task_topics if t not in self.recovery.recreated]
+        return adopt_lost_emissions(self.cfg, self.df, standing, self.task_partitions, ends,
+                                    int(saved["saved_at_ms"]), time.time())
 
     def _ensure_topics(self, pools: Iterable[str]) -> None:
         from astraflow.log import ensure_topics
@@ -200,7 +219,7 @@ class DataflowService:
             self.producer.send_table(self.topics.batches(b.policy), b.batch_id, batch.to_table(b),
                                      batch.SCHEMA_NAME, batch.SCHEMA_VERSION, policy=b.policy)
         self._send_tasks(self.df.next_tasks(now))
-        _record_positions(self.df, self.placing)
+        _record_positions(self.df, self.placing, self.task_ends)
 
     def _send_tasks(self, tasks: Iterable[Task]) -> None:
         """The tasks emitted together, one record per pool and partition: each task lands in the
@@ -230,9 +249,12 @@ class DataflowService:
     def _checkpoint(self) -> None:
         """Flush, save the state with the next offset per partition, then commit what was read."""
         self.producer.flush()  # batches/tasks derived from the state must be on the log before it is saved
-        _record_positions(self.df, self.placing)  # after the flush every task record has its position
+        # After the flush: every task record has its position, and each created later is not in the state.
+        saved_at_ms = int(time.time() * 1000)
+        _record_positions(self.df, self.placing, self.task_ends)
         state = {"dataflow": self.df.state_dict(),
-                 "offsets": [[t, p, o] for (t, p), o in self.offsets.items()], "topic_ids": self.recovery.topic_ids}
+                 "offsets": [[t, p, o] for (t, p), o in self.offsets.items()], "topic_ids": self.recovery.topic_ids,
+                 "saved_at_ms": saved_at_ms, "task_ends": [[t, p, o] for (t, p), o in self.task_ends.items()]}
         # A restarting S3 server is waited out (one line per backoff step), not a reason to exit.
         wait_out_outage(lambda: self.store.put_json(self.state_key, state), self.s3)
         self.consumer.commit(self.uncommitted)
@@ -309,9 +331,9 @@ def _publish_report(producer: Any, topic: str, df: Dataflow, window: _Window, se
     window.reset()
 
 
-def _record_positions(df: Dataflow, placing: list[tuple[str, Any]]) -> None:
+def _record_positions(df: Dataflow, placing: list[tuple[str, Any]], ends: dict[tuple[str, int], int]) -> None:
     """Move the acknowledged task records' positions into the in-flight table (kept in ``placing``:
-    those not acknowledged yet). A record the broker refused ends the process (:class:`TaskNotWritten`):
+    those not acknowledged yet) and the ends of the task partitions past them. A record the broker refused ends the process (:class:`TaskNotWritten`):
     kafka-python's producer stays failed after a fatal broker error (seen when Tansu's storage, the
     bucket, restarted under it), so carrying on would leave the task in flight until it expires; the
     supervisor restarts the dataflow, which re-emits what it emitted after its last state save."""
@@ -324,6 +346,7 @@ def _record_positions(df: Dataflow, placing: list[tuple[str, Any]]) -> None:
         else:
             ack = fut.result()
             df.emitter.placed(prompt_id, (ack.topic, ack.partition, ack.offset))
+            ends[(ack.topic, ack.partition)] = max(ends.get((ack.topic, ack.partition), 0), ack.offset + 1)
     placing[:] = waiting
 
 

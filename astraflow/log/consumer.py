@@ -13,17 +13,10 @@ from typing import TYPE_CHECKING, Any, Self
 
 from astraflow.config import BACKGROUND_FETCH_MAX_WAIT_MS, KAFKA_FETCH_MAX_WAIT_MS
 from astraflow.log.admin import CLIENT_METRICS_OFF, open_kafka_client
-from astraflow.log.claim_check import ClaimCheck
-from astraflow.log.codec import (
-    ARROW_STREAM,
-    ArrowCodec,
-    ExpectedSchemas,
-    RecordMeta,
-    check_schema,
-    max_record_bytes,
-)
+from astraflow.log.codec import ExpectedSchemas, max_record_bytes
 from astraflow.log.dead_letters import DeadLetterPublisher
-from astraflow.log.errors import DecodeError, OversizedRecordError, PayloadError
+from astraflow.log.decoder import RecordDecoder, message_of
+from astraflow.log.errors import DecodeError
 from astraflow.log.handoff import HandoffLatency
 from astraflow.log.message import Message
 from astraflow.log.offsets import Partition, ProcessedOffsets
@@ -74,9 +67,7 @@ class LogConsumer:
         self.cfg = cfg
         self.group_id = group_id
         self.topics = [topics] if isinstance(topics, str) else list(topics)
-        self.expected_schemas = dict(expected_schemas or {})
-        self.codec = ArrowCodec()
-        self._claims = ClaimCheck(cfg, store)
+        self._decoder = RecordDecoder(cfg, expected_schemas, store)
         self._dead_letters = DeadLetterPublisher(cfg, group_id)
         self._offsets = ProcessedOffsets()
         self._paused = False
@@ -146,7 +137,7 @@ class LogConsumer:
                         out.append(self._undecoded(record))
                         continue
                     try:
-                        out.append(self._decode(record))
+                        out.append(self._decoder.decode(record))
                     except DecodeError as exc:
                         self._dead_letters.publish(record, exc.reason, str(exc))
                         self._offsets.processed(key, record.offset)
@@ -159,47 +150,11 @@ class LogConsumer:
             raise
         return out
 
-    def _decode(self, record: Any) -> Message:
-        meta = RecordMeta.from_headers(record.headers)
-        check_schema(meta, record.topic, self.expected_schemas)
-        if meta.claim_key is not None:
-            payload = self._claims.get(meta.claim_key, meta.claim_sha256 or "", meta.claim_size)
-        elif record.value is None:
-            raise PayloadError("record has no value (tombstone) and no claim")
-        elif len(record.value) > self.cfg.inline_limit_bytes:
-            raise OversizedRecordError(
-                f"inline value of {len(record.value)} bytes is above the inline limit of "
-                f"{self.cfg.inline_limit_bytes} bytes (a conforming producer claim-checks it)"
-            )
-        else:
-            payload = record.value
-        decoded = self.codec.decode(meta, payload)
-        msg = self._message(record)
-        msg.schema_name, msg.schema_version = meta.schema_name, meta.schema_version
-        msg.producer, msg.policy, msg.claim_key = meta.producer, meta.policy, meta.claim_key
-        msg.value_bytes = len(payload)
-        if meta.content_type == ARROW_STREAM:
-            msg.table = decoded
-        else:
-            msg.obj = decoded
-        return msg
-
     def _undecoded(self, record: Any) -> Message:
-        msg = self._message(record)
+        msg = message_of(record)
         msg.value = record.value
         msg.value_bytes = len(record.value or b"")
         return msg
-
-    @staticmethod
-    def _message(record: Any) -> Message:
-        return Message(
-            topic=record.topic,
-            partition=record.partition,
-            offset=record.offset,
-            key=None if record.key is None else record.key.decode("utf-8", "replace"),
-            headers={k: (v or b"").decode("utf-8", "replace") for k, v in (record.headers or [])},
-            timestamp_ms=record.timestamp,
-        )
 
     # -- committing --------------------------------------------------------------------------------
     def commit(self, messages: Iterable[Message] = ()) -> dict[Partition, int]:
