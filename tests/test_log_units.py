@@ -154,3 +154,24 @@ def test_commit_during_a_broker_outage_stays_pending_and_is_retried() -> None:
     consumer._consumer.fail_with.retriable = False
     with pytest.raises(UnknownTopicOrPartitionError):
         consumer._commit_prefix(consumer._offsets.to_commit())
+
+
+def test_the_decoder_parses_each_header_set_once_and_never_mixes_them_up() -> None:
+    """Records alternate between header sets: each message carries its own; a set the consumer does
+    not expect is refused every time it comes, however often an accepted one came before it."""
+    from collections import namedtuple
+
+    from astraflow.config import ClusterConfig
+    from astraflow.log.decoder import RecordDecoder
+
+    Rec = namedtuple("Rec", "topic partition offset key value headers timestamp")
+    value = bytes(ArrowCodec.encode_table(pa.table({"x": [1, 2]})))
+    sets = {p: RecordMeta("trajectory", 1, f"node-{p}", ARROW_STREAM, policy=p).to_headers() for p in ("a", "b")}
+    wrong = RecordMeta("trajectory", 2, "node-c", ARROW_STREAM, policy="c").to_headers()
+    decoder = RecordDecoder(ClusterConfig(), {"trajectory": 1})
+    for i, p in enumerate("abba" * 3):
+        m = decoder.decode(Rec("r.trajectories", 0, i, b"k", value, sets[p], 0))
+        assert (m.policy, m.producer, m.headers["policy"], m.offset) == (p, f"node-{p}", p, i)
+        m.headers["policy"] = "mutated"  # a message's headers are its own
+        with pytest.raises(SchemaMismatchError):
+            decoder.decode(Rec("r.trajectories", 0, i, b"k", value, wrong, 0))

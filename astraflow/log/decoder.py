@@ -19,6 +19,11 @@ if TYPE_CHECKING:
     from astraflow.objstore import ObjectStore
 
 
+HEADER_CACHE_SIZE = 256
+"""Distinct header sets whose parse a decoder keeps. A stream's records mostly repeat one set (schema,
+producer, content type, policy); parsing it costs ~3 us a record, ~5% of reading a 64 KiB record."""
+
+
 class RecordDecoder:
     """Decodes kafka-python ``ConsumerRecord``s; :meth:`decode` raises
     :class:`~astraflow.log.errors.DecodeError` (with its reason) for a record it refuses."""
@@ -29,9 +34,21 @@ class RecordDecoder:
         self.expected_schemas = dict(expected_schemas or {})
         self.codec = ArrowCodec()
         self.claims = ClaimCheck(cfg, store)
+        self._parsed: dict[tuple, tuple[RecordMeta, dict[str, str]]] = {}
+
+    def _headers(self, headers: Any) -> tuple[RecordMeta, dict[str, str]]:
+        """The record's metadata and its headers as text, parsed once per distinct set."""
+        key = tuple(headers or ())
+        parsed = self._parsed.get(key)
+        if parsed is None:
+            parsed = RecordMeta.from_headers(headers), text_headers(headers)
+            if len(self._parsed) >= HEADER_CACHE_SIZE:  # e.g. claim-checked records: each set is new
+                self._parsed.clear()
+            self._parsed[key] = parsed
+        return parsed
 
     def decode(self, record: Any) -> Message:
-        meta = RecordMeta.from_headers(record.headers)
+        meta, headers = self._headers(record.headers)
         check_schema(meta, record.topic, self.expected_schemas)
         if meta.claim_key is not None:
             payload = self.claims.get(meta.claim_key, meta.claim_sha256 or "", meta.claim_size)
@@ -45,7 +62,7 @@ class RecordDecoder:
         else:
             payload = record.value
         decoded = self.codec.decode(meta, payload)
-        msg = message_of(record)
+        msg = message_of(record, dict(headers))
         msg.schema_name, msg.schema_version = meta.schema_name, meta.schema_version
         msg.producer, msg.policy, msg.claim_key = meta.producer, meta.policy, meta.claim_key
         msg.value_bytes = len(payload)
@@ -56,13 +73,17 @@ class RecordDecoder:
         return msg
 
 
-def message_of(record: Any) -> Message:
-    """A record's position, key, headers and timestamp, nothing decoded."""
+def message_of(record: Any, headers: dict[str, str] | None = None) -> Message:
+    """A record's position, key, headers (``headers``: already as text) and timestamp, nothing decoded."""
     return Message(
         topic=record.topic,
         partition=record.partition,
         offset=record.offset,
         key=None if record.key is None else record.key.decode("utf-8", "replace"),
-        headers={k: (v or b"").decode("utf-8", "replace") for k, v in (record.headers or [])},
+        headers=text_headers(record.headers) if headers is None else headers,
         timestamp_ms=record.timestamp,
     )
+
+
+def text_headers(headers: Any) -> dict[str, str]:
+    return {k: (v or b"").decode("utf-8", "replace") for k, v in (headers or [])}
