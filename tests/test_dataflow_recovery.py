@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from astraflow.dataflow import Dataflow, DataflowConfig
 from astraflow.dataflow.emitter import InFlight
 from astraflow.dataflow.recovery import lost_tasks
@@ -134,6 +136,61 @@ def test_restart_from_checkpoint_rereads_trajectories_of_tasks_emitted_after_it(
     life2.ingest(_rollout(p2))  # the re-run: same episode ids
     c = life2.counters()
     assert c["tasks.finished"] == 2 and c.get("trajectories.duplicate", 0) == 0 and c["trajectories.kept"] == 4
+
+
+def _lost_life_after_a_save(sampler: dict) -> tuple[dict, list, list[Task], DataflowConfig]:
+    """A life that served batch 0 (p3, p4, p5), saved its state with p1 buffered and half of p0 pending,
+    then finished p0 and p2 and served batch 1 before it was killed: (the save, its batches after the
+    save, the tasks, the config)."""
+    section = DataflowConfig(policies=["s"], groups_per_batch=3, max_in_flight=9, min_group_samples=1,
+                             sampler=sampler)
+    life = Dataflow(section, _tasks(9))
+    t = life.next_tasks(now=0.0)
+    life.ingest(_rollout(t[3]) + _rollout(t[4]) + _rollout(t[5]))
+    assert [b.batch_id for b in life.take_batches()] == ["s-00000000"]
+    life.ingest(_rollout(t[1]) + _rollout(t[0])[:1])  # p1 buffered, p0 pending
+    save = json.loads(json.dumps(life.state_dict()))
+    life.ingest(_rollout(t[0])[1:] + _rollout(t[2]))
+    return save, life.take_batches(), t, section
+
+
+@pytest.mark.parametrize("sampler", ["fifo", "oldest_first", "mixing"])
+def test_an_adopted_batch_is_served_once_its_groups_leave_the_buffers_and_copies_are_duplicates(sampler):
+    """Adopted, the lost life's batch 1 (p0: half pending in the save, p1: buffered in the save, p2: new)
+    finishes the three tasks and empties the buffers of those groups; their copies read again are
+    duplicates; the next batch is number 2, and every trajectory is in exactly one counter."""
+    save, (lost,), t, section = _lost_life_after_a_save({"type": sampler})
+    assert lost.batch_id == "s-00000001" and {x.task_id for x in lost.trajectories} == {"p0", "p1", "p2"}
+    life2 = Dataflow(section, _tasks(9))
+    life2.load_state_dict(save)
+    assert life2.adopt_batch(lost) and not life2.adopt_batch(lost)  # a batch is adopted once
+    assert life2.batchers["s"].sampler.buffered() == 0 and life2.processor.pending == {}
+    assert not {"p0", "p1", "p2"} & set(life2.emitter.in_flight)
+    life2.ingest(_rollout(t[0]) + _rollout(t[1]) + _rollout(t[2]))  # read again from the saved offsets
+    life2.ingest(_rollout(t[3])[:1] + _rollout(t[6]) + _rollout(t[7]) + _rollout(t[8]))
+    (after,) = life2.take_batches()
+    assert after.batch_id == "s-00000002" and {x.task_id for x in after.trajectories} == {"p6", "p7", "p8"}
+    c = life2.counters()
+    assert c["trajectories.duplicate"] == 6 + 1  # p0, p1 and p2 again, and a sample of p3 (batch 0)
+    assert c["batches.s.batches"] == 3 and c["batches.s.groups_batched"] == 9
+    assert c["trajectories.groups_finished"] == c["trajectories.groups_kept"] == 9
+    assert life2.processor.unaccounted() == 0
+    assert c["tasks.finished"] == 9 and c["tasks.in_flight"] == 0
+
+
+def test_an_adopted_batch_with_a_replayed_group_counts_it_as_replayed():
+    """With the replay sampler the lost life's batch 1 holds two fresh groups and one trained before
+    (batch 0): adopted, the replayed group is counted as such and finishes nothing; the fresh ones as
+    above; p2, which the lost life left buffered, is in flight until its trajectories are read again."""
+    save, (lost,), _, section = _lost_life_after_a_save({"type": "replay", "options": {"replay_ratio": 0.34}})
+    groups = {x.task_id for x in lost.trajectories}
+    assert lost.batch_id == "s-00000001" and {"p0", "p1"} < groups and len(groups & {"p3", "p4", "p5"}) == 1
+    life2 = Dataflow(section, _tasks(9))
+    life2.load_state_dict(save)
+    assert life2.adopt_batch(lost)
+    c = life2.counters()
+    assert c["batches.s.groups_replayed"] == 1 and c["batches.s.groups_batched"] == 3 + 2
+    assert set(life2.emitter.in_flight) == {"p2", "p6", "p7", "p8"} and life2.processor.unaccounted() == 0
 
 
 def test_batches_the_trainer_skipped_as_duplicates_give_their_versions_back():

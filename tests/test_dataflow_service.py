@@ -191,10 +191,12 @@ def test_resume_onto_a_lost_log_reemits_in_flight_tasks_at_once(test_cluster, un
     assert c["tasks.finished"] == 1 and c["trajectories.kept"] == 2
 
 
-def test_a_restart_adopts_the_tasks_its_lost_life_sent_after_its_last_save(test_cluster, unique_name):
-    """A dataflow killed between two state saves has sent tasks the saved state does not know, and nodes
-    run them. Its next life reads them back from the task topic and takes them in flight: their
-    trajectories are trained (not dropped as unknown_task) and the prompts are not emitted again."""
+def test_a_restart_adopts_the_tasks_and_batches_its_lost_life_sent_after_its_last_save(test_cluster, unique_name):
+    """A dataflow killed between two state saves has sent a task and a batch the saved state does not
+    know; a node runs the task and the trainer trains the batch. Its next life reads both back from the
+    log: the task's trajectories are trained (not dropped as unknown_task) and its prompt is not drawn
+    again; the batch's trajectories, read again, are duplicates, and the next batch gets the next id
+    (not the trained batch's id, which the trainer would skip)."""
     from astraflow.log import LogConsumer, LogProducer, Topics
     from astraflow.objstore import ObjectStore, RunLayout
     from astraflow.objstore.errors import ObjectNotFoundError
@@ -216,8 +218,14 @@ def test_a_restart_adopts_the_tasks_its_lost_life_sent_after_its_last_save(test_
                         trajectory.to_table([traj(prompt_id, 0, 0, 1.0), traj(prompt_id, 1, 0, 0.0)]),
                         trajectory.SCHEMA_NAME, trajectory.SCHEMA_VERSION).result(10)
 
+    def batches_of(consumer, want: int) -> list[tuple[str, str]]:
+        """(batch id, task id) of the batches read until ``want`` came."""
+        return [(b.batch_id, b.trajectories[0].task_id)
+                for b in (batch.from_table(m.table) for m in read_until(consumer, want))]
+
     prod = LogProducer(cfg, "test-raas")
     tasks_c = LogConsumer(cfg, topics.tasks("default"), unique_name("raas"))
+    batches_c = LogConsumer(cfg, topics.batches("solver"), unique_name("trainer"))
     stop, th, result = start(cfg, section, dataset)
     try:
         assert sorted(read_tasks(tasks_c, 2)) == ["p0", "p1"]
@@ -225,7 +233,8 @@ def test_a_restart_adopts_the_tasks_its_lost_life_sent_after_its_last_save(test_
         while saved_in_flight() != ["p0", "p1"] and time.monotonic() < deadline:
             time.sleep(0.2)
         last_save = store.get_json(key)  # the save the lost life will have made last
-        send("p0")  # finishes p0: the dataflow emits p2, which that save does not know
+        send("p0")  # finishes p0: the dataflow serves its batch and emits p2, which that save does not know
+        assert batches_of(batches_c, 1) == [("solver-00000000", "p0")]
         assert read_tasks(tasks_c, 1) == ["p2"]
     finally:
         stop.set()
@@ -237,21 +246,22 @@ def test_a_restart_adopts_the_tasks_its_lost_life_sent_after_its_last_save(test_
     try:
         # p0's trajectories again: a killed life would not have committed them (here the clean stop did)
         send("p0")
-        send("p2")  # the nodes' work on the task the lost life sent
-        with LogConsumer(cfg, topics.batches("solver"), unique_name("trainer")) as batches_c:
-            trained = read_until(batches_c, 2, pred=lambda m: batch.from_table(m.table).trajectories[0].task_id == "p2")
-        assert trained, "p2's trajectories were not batched"
+        send("p2")  # the node's work on the task the lost life sent
+        assert batches_of(batches_c, 1) == [("solver-00000001", "p2")]  # p0's batch is not made again
         # p0 and p2 finished, p1 in flight: the next task is p3 (p2 is not drawn again)
         assert read_tasks(tasks_c, 1) == ["p3"]
     finally:
         stop.set()
         th.join(30)
-        tasks_c.close()
+        for c_ in (tasks_c, batches_c):
+            c_.close()
         prod.close()
     c = result["counters"]
     assert c["tasks.adopted"] == 1 and c.get("trajectories.unknown_task", 0) == 0
+    assert c["trajectories.duplicate"] == 2 and c["trajectories.kept"] == 4 and c["batches.solver.batches"] == 2
     assert c["tasks.finished"] == 2 and c["tasks.in_flight"] == 2  # p0 and p2; p1 and p3
     assert c["tasks.emitted"] == c["tasks.finished"] + c["tasks.in_flight"]
+    assert c["trajectories.received"] == c["trajectories.duplicate"] + c["trajectories.kept"]
 
 
 def test_tasks_emitted_together_share_a_record_per_partition_each_in_its_own_keys_partition(test_cluster,

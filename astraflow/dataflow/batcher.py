@@ -47,10 +47,37 @@ class BatchAssembler:
 
     def served(self, batch_id: str) -> bool:
         """True if ``batch_id`` is one of the batches this assembler (in its current state) served."""
+        seq = self.seq_of(batch_id)
+        return seq is not None and seq < self.seq
+
+    def seq_of(self, batch_id: str) -> int | None:
+        """The sequence number in one of this assembler's batch ids; None for another id."""
         prefix = f"{self.policy}-"
         if not batch_id.startswith(prefix) or not batch_id[len(prefix):].isdigit():
-            return False
-        return int(batch_id[len(prefix):]) < self.seq
+            return None
+        return int(batch_id[len(prefix):])
+
+    def withdraw(self, group_ids: set[str]) -> list[Group]:
+        """Take the buffered groups in ``group_ids`` out of the sampler; the others keep their order."""
+        out, keep = [], []
+        for g in self.sampler.drain():
+            (out if g.group_id in group_ids else keep).append(g)
+        for g in keep:
+            self.sampler.add(g)
+        return out
+
+    def adopt(self, batch_id: str, groups: int, trajectories: int, replayed: int) -> None:
+        """Count a batch that a lost life of the dataflow served after the state this one resumed from
+        (``groups`` fresh groups of ``trajectories`` trajectories, ``replayed`` groups served before);
+        the next batch gets the id after it."""
+        seq = self.seq_of(batch_id)
+        if seq is None:
+            raise ValueError(f"{batch_id!r} is not a batch id of policy {self.policy!r}")
+        self.seq = max(self.seq, seq + 1)
+        self.counters["batches"] += 1
+        self.counters["groups_batched"] += groups
+        self.counters["trajectories_batched"] += trajectories
+        self.counters["groups_replayed"] += replayed
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -190,6 +190,31 @@ class Dataflow:
             self._batched_this_wave.discard(policy)
             self.emitter.wave_version = -1
 
+    def adopt_batch(self, b: Batch) -> bool:
+        """A batch that a lost life of this dataflow served after the state this one resumed from (read
+        back from the batch topic, :mod:`astraflow.dataflow.adoption`): its groups count as kept and
+        served, leave the sampler and the pending table, and finish their tasks; their episodes are
+        remembered, so the copies read again are duplicates, not judged again; the next batch gets the
+        next id. Without it the batch would be made again under its id, and the trainer, which trained
+        that id, would skip it. False for a batch this state served already."""
+        asm = self.batchers.get(b.policy)
+        if asm is None or asm.seq_of(b.batch_id) is None or asm.served(b.batch_id) or not b.trajectories:
+            return False
+        groups: dict[str, list[Trajectory]] = {}
+        for t in b.trajectories:
+            groups.setdefault(t.group_id, []).append(t)
+        self._base_version.setdefault(b.policy, self.versions[b.policy] - asm.counters["batches"])
+        buffered = {g.group_id for g in asm.withdraw(set(groups))}  # kept and counted in this state already
+        fresh = trajectories = 0
+        for group_id, trajs in groups.items():
+            if group_id in buffered or self.processor.adopt_group(trajs):
+                fresh += 1
+                trajectories += len(trajs)
+                self.emitter.group_done(trajs[0].task_id, b.policy)
+        asm.adopt(b.batch_id, fresh, trajectories, len(groups) - fresh)
+        self._batched_this_wave.add(b.policy)
+        return True
+
     def batch_skipped(self, policy: str, batch_id: str) -> bool:
         """The trainer skipped ``batch_id`` as a duplicate: a batch this dataflow served trains no
         version. Happens after a restart from a checkpoint older than the batches the lost life

@@ -141,6 +141,25 @@ class TrajectoryProcessor:
         c["kept"] += n
         return GroupResult(group, True)
 
+    def adopt_group(self, trajectories: list[Trajectory]) -> bool:
+        """One group of a batch that a lost life of the dataflow served after the state this one resumed
+        from: counted as that life counted it (its trajectories received and kept, a group finished and
+        kept) and its episodes remembered, so their copies read again are duplicates. Its part pending
+        in this state is in the batch. False, counting nothing, for a group whose every episode this
+        state has seen and that is not pending: one served before (a replay)."""
+        group_id = trajectories[0].group_id
+        pending = self.pending.pop(group_id, None)
+        if pending is None and all(t.episode_id in self.seen for t in trajectories):
+            return False
+        c = self.counters
+        c["received"] += len(trajectories) - (len(pending.trajectories) if pending else 0)
+        c["kept"] += len(trajectories)
+        c["groups_finished"] += 1
+        c["groups_kept"] += 1
+        for t in trajectories:
+            self._remember(t.episode_id)
+        return True
+
     def discard_task(self, task_id: str) -> int:
         """Drop the pending groups of an expired task; their trajectories are counted ``expired``."""
         gone = [gid for gid, g in self.pending.items() if g.task_id == task_id]

@@ -14,9 +14,10 @@ commit may not have happened) are skipped, so nothing is counted twice and nothi
 The state also records the ids of the run's topics and where each in-flight task's record landed,
 so a dataflow resumed onto a log that lost records (an in-memory log restarted, topics re-created,
 retention) notices it at start-up and re-emits the lost tasks at once
-(:mod:`astraflow.dataflow.recovery`). And it records when it was saved and where the task records
-ended, so that a dataflow killed between two saves is followed by one that adopts the tasks sent after
-the last save instead of dropping the nodes' work on them (:mod:`astraflow.dataflow.adoption`).
+(:mod:`astraflow.dataflow.recovery`). And it records when it was saved and where its task and batch
+records ended, so that a dataflow killed between two saves is followed by one that adopts the tasks
+and batches sent after the last save instead of wasting the work on them
+(:mod:`astraflow.dataflow.adoption`).
 
 Control records read (JSON): a weight announcement is ``{"version": int, ...}`` (the record key is
 used when there is no ``version`` field); a trainer metrics record carrying ``wait_s`` and
@@ -117,8 +118,8 @@ class DataflowService:
                                 known_topics=[self.topics.trajectories, self.topics.metrics, *self.weight_topics,
                                               *task_topics])
         self.offsets = dict(self.skip_below)
-        self.task_ends: dict[tuple[str, int], int] = self._task_ends(saved, task_topics)
-        """Per task partition, the end of this dataflow's acknowledged task records (for the next life)."""
+        self.resumed_ends: dict[tuple[str, int], int] = self._resumed_ends(saved, task_topics)
+        """Per task and batch partition, where the records of this dataflow's earlier lives end."""
         # No linger: each record here (a batch, a version's tasks) is what the trainer or a node waits for
         # next, and the ones sent together in a loop pass still batch behind the first in flight.
         self.producer = LogProducer(cfg, f"{cfg.run}.{COMPONENT_ID}", linger_ms=0)
@@ -146,17 +147,28 @@ class DataflowService:
         log.info("dataflow %s resumed from %s", self.cfg.run, self.state_key)
         return saved
 
-    def _task_ends(self, saved: dict[str, Any], task_topics: list[str]) -> dict[tuple[str, int], int]:
-        """Where the task records ended: 0 on every partition in a fresh run; else the saved ends, moved
-        past the records that the lost life sent after its last save, whose tasks are adopted."""
+    def _resumed_ends(self, saved: dict[str, Any], task_topics: list[str]) -> dict[tuple[str, int], int]:
+        """Where the task and batch records end: 0 on every partition in a fresh run; else the saved
+        ends, moved past the records that the lost life sent after its last save, which are adopted."""
+        batch_topics = [self.topics.batches(p) for p in self.section.policies]
         if not saved:
-            return {(t, p): 0 for t in task_topics for p in range(self.task_partitions)}
-        ends = {(t, int(p)): o for t, p, o in saved.get("task_ends", [])}
+            return {**{(t, p): 0 for t in task_topics for p in range(self.task_partitions)},
+                    **{(t, 0): 0 for t in batch_topics}}
+        ends = {(t, int(p)): o for t, p, o in saved.get("produced_ends", [])}
         if "saved_at_ms" not in saved:  # saved before saves recorded their time: nothing to compare against
             return ends
-        standing = [t for t in task_topics if t not in self.recovery.recreated]
-        return adopt_lost_emissions(self.cfg, self.df, standing, self.task_partitions, ends,
-                                    int(saved["saved_at_ms"]), time.time())
+        standing = [t for t in task_topics + batch_topics if t not in self.recovery.recreated]
+        return adopt_lost_emissions(self.cfg, self.df, {t: self.task_partitions for t in task_topics if t in standing},
+                                    [t for t in batch_topics if t in standing], ends, int(saved["saved_at_ms"]),
+                                    time.time())
+
+    def _produced_ends(self) -> dict[tuple[str, int], int]:
+        """Where this dataflow's task and batch records end, all its lives together."""
+        ends = dict(self.resumed_ends)
+        for tp, end in self.producer.ledger.produced_end().items():
+            if tp[0] != self.topics.metrics:
+                ends[tp] = max(ends.get(tp, 0), end)
+        return ends
 
     def _ensure_topics(self, pools: Iterable[str]) -> None:
         from astraflow.log import ensure_topics
@@ -219,7 +231,7 @@ class DataflowService:
             self.producer.send_table(self.topics.batches(b.policy), b.batch_id, batch.to_table(b),
                                      batch.SCHEMA_NAME, batch.SCHEMA_VERSION, policy=b.policy)
         self._send_tasks(self.df.next_tasks(now))
-        _record_positions(self.df, self.placing, self.task_ends)
+        _record_positions(self.df, self.placing)
 
     def _send_tasks(self, tasks: Iterable[Task]) -> None:
         """The tasks emitted together, one record per pool and partition: each task lands in the
@@ -251,10 +263,10 @@ class DataflowService:
         self.producer.flush()  # batches/tasks derived from the state must be on the log before it is saved
         # After the flush: every task record has its position, and each created later is not in the state.
         saved_at_ms = int(time.time() * 1000)
-        _record_positions(self.df, self.placing, self.task_ends)
+        _record_positions(self.df, self.placing)
         state = {"dataflow": self.df.state_dict(),
                  "offsets": [[t, p, o] for (t, p), o in self.offsets.items()], "topic_ids": self.recovery.topic_ids,
-                 "saved_at_ms": saved_at_ms, "task_ends": [[t, p, o] for (t, p), o in self.task_ends.items()]}
+                 "saved_at_ms": saved_at_ms, "produced_ends": [[t, p, o] for (t, p), o in self._produced_ends().items()]}
         # A restarting S3 server is waited out (one line per backoff step), not a reason to exit.
         wait_out_outage(lambda: self.store.put_json(self.state_key, state), self.s3)
         self.consumer.commit(self.uncommitted)
@@ -331,9 +343,9 @@ def _publish_report(producer: Any, topic: str, df: Dataflow, window: _Window, se
     window.reset()
 
 
-def _record_positions(df: Dataflow, placing: list[tuple[str, Any]], ends: dict[tuple[str, int], int]) -> None:
+def _record_positions(df: Dataflow, placing: list[tuple[str, Any]]) -> None:
     """Move the acknowledged task records' positions into the in-flight table (kept in ``placing``:
-    those not acknowledged yet) and the ends of the task partitions past them. A record the broker refused ends the process (:class:`TaskNotWritten`):
+    those not acknowledged yet). A record the broker refused ends the process (:class:`TaskNotWritten`):
     kafka-python's producer stays failed after a fatal broker error (seen when Tansu's storage, the
     bucket, restarted under it), so carrying on would leave the task in flight until it expires; the
     supervisor restarts the dataflow, which re-emits what it emitted after its last state save."""
@@ -346,7 +358,6 @@ def _record_positions(df: Dataflow, placing: list[tuple[str, Any]], ends: dict[t
         else:
             ack = fut.result()
             df.emitter.placed(prompt_id, (ack.topic, ack.partition, ack.offset))
-            ends[(ack.topic, ack.partition)] = max(ends.get((ack.topic, ack.partition), 0), ack.offset + 1)
     placing[:] = waiting
 
 
