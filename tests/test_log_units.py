@@ -175,3 +175,12 @@ def test_the_decoder_parses_each_header_set_once_and_never_mixes_them_up() -> No
         m.headers["policy"] = "mutated"  # a message's headers are its own
         with pytest.raises(SchemaMismatchError):
             decoder.decode(Rec("r.trajectories", 0, i, b"k", value, wrong, 0))
+
+
+def test_a_record_names_a_policy_only_when_every_row_names_the_same_one() -> None:
+    from astraflow.log.producer import record_policy
+
+    assert record_policy(["solver", "solver"]) == "solver"
+    assert record_policy(["solver", "verifier"]) is None
+    assert record_policy(["", ""]) is None  # tasks whose workflow picks the policy
+    assert record_policy([]) is None

@@ -43,7 +43,7 @@ from astraflow.dataflow.pipeline import Dataflow
 from astraflow.dataflow.recovery import recover
 from astraflow.log.codec import METRICS_SCHEMA, WEIGHT_ANNOUNCEMENT_SCHEMA
 from astraflow.log.identity import topic_ids
-from astraflow.log.producer import key_partition
+from astraflow.log.producer import key_partition, record_policy
 from astraflow.outage import OutageReport, wait_out_outage
 from astraflow.records import RecordSchemaError, Task, batch, task, trajectory
 
@@ -242,11 +242,10 @@ class DataflowService:
             self._ensure_pool_topic(t.pool)  # a dataset may name pools beyond ``pools``
             records.setdefault((t.pool, key_partition(t.prompt_id, self.task_partitions)), []).append(t)
         for (pool, _partition), group in records.items():
-            policies = {t.policy for t in group}
             # keyed by the first prompt id: it hashes to the partition every task of the group does
             ack = self.producer.send_table(self.topics.tasks(pool), group[0].prompt_id, task.to_table(group),
                                            task.SCHEMA_NAME, task.SCHEMA_VERSION,
-                                           policy=(next(iter(policies)) or None) if len(policies) == 1 else None)
+                                           policy=record_policy(t.policy for t in group))
             self.placing.extend((t.prompt_id, ack) for t in group)
 
     def _ensure_pool_topic(self, pool: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Self
 
 import pyarrow as pa
@@ -35,6 +36,13 @@ def key_partition(key: str, partitions: int) -> int:
     from kafka.partitioner.default import murmur2
 
     return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+
+
+def record_policy(policies: Iterable[str]) -> str | None:
+    """The ``policy`` header of a record whose rows name ``policies``: the one policy they all name; None
+    when they name several, or only "" (tasks whose workflow picks the policy)."""
+    named = set(policies)
+    return (next(iter(named)) or None) if len(named) == 1 else None
 
 
 class LogProducer:

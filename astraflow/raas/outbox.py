@@ -12,6 +12,7 @@ import asyncio
 import logging
 from typing import Any
 
+from astraflow.log.producer import record_policy
 from astraflow.records import trajectory as traj_rec
 
 log = logging.getLogger(__name__)
@@ -55,10 +56,9 @@ class TrajectoryOutbox:
 
     def _produce(self, pending: list[tuple[str, list[traj_rec.Trajectory], asyncio.Future]]) -> None:
         trajectories = [t for _, ts, _ in pending for t in ts]
-        policies = {t.policy for t in trajectories}
         ack = self.producer.send_table(self.topic, pending[0][0], traj_rec.to_table(trajectories),
                                        traj_rec.SCHEMA_NAME, traj_rec.SCHEMA_VERSION,
-                                       policy=next(iter(policies)) if len(policies) == 1 else None)
+                                       policy=record_policy(t.policy for t in trajectories))
         self.records += 1
         waiters = [f for _, _, f in pending]
         asyncio.wrap_future(ack.as_concurrent_future()).add_done_callback(
