@@ -208,3 +208,24 @@ def test_batches_the_trainer_skipped_as_duplicates_give_their_versions_back():
     assert not df.batch_skipped("s", "s-00000002") and not df.batch_skipped("other", "s-00000000")
     assert df.batch_skipped("s", "s-00000000") and df.batch_skipped("s", "s-00000001")
     assert len(df.next_tasks(now=0.0)) == 2 and df.counters()["batches.s.skipped_by_trainer"] == 2
+
+
+def test_sync_mode_adopting_a_wave_does_not_emit_it_twice():
+    """Sync mode: the lost life emitted v0's wave after its last save. Adopted, that wave is the one for
+    v0: once it finishes nothing more is emitted until v1 is announced, as in the lost life."""
+    section = DataflowConfig(policies=["s"], groups_per_batch=2, mode="sync", min_group_samples=1)
+    life1 = Dataflow(section, _tasks(8))
+    save = json.loads(json.dumps(life1.state_dict()))  # before the first wave
+    wave = life1.next_tasks(now=0.0)
+    assert len(wave) == 2 and life1.next_tasks(now=0.0) == []
+
+    life2 = Dataflow(section, _tasks(8))
+    life2.load_state_dict(save)
+    for i, t in enumerate(wave):
+        assert life2.emitter.adopt(t, ("r.tasks.default", i, 0), now=1.0)
+    for t in wave:
+        life2.ingest(_rollout(t))
+    assert len(life2.take_batches()) == 1
+    assert life2.next_tasks(now=2.0) == []  # v0's wave is done: wait for v1
+    life2.on_weights("s", 1)
+    assert [t.prompt_id for t in life2.next_tasks(now=3.0)] == ["p2", "p3"]

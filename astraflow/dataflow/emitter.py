@@ -257,6 +257,9 @@ class TaskEmitter:
         self.candidates = [t for t in self.candidates if t.prompt_id != task.prompt_id]
         if len(self.candidates) == before:  # drawn beyond the saved cursor: skip it when the cursor gets there
             self.adopted.add(task.prompt_id)
+        if self.mode == "sync":  # the wave it belongs to was emitted: do not emit that version's wave again
+            self.wave_version = max(self.wave_version, task.emitted_version)
+            self.wave_shortfall = 0
         self.counters["emitted"] += 1
         self.counters["adopted"] += 1
         return True
