@@ -215,6 +215,21 @@ class Dataflow:
         self._batched_this_wave.add(b.policy)
         return True
 
+    def batch_trained(self, policy: str, batch_id: str, version: int) -> bool:
+        """The trainer's step record: ``batch_id`` was trained into ``version``. The staleness accounting
+        takes the i-th batch served to be trained into ``base + i + 1``; this re-anchors ``base`` on what the
+        trainer did. A trainer restarted from an older checkpoint breaks the rule: it publishes its
+        checkpoint under a fresh version and trains the batches after it again, each into a new
+        version, so the announced versions run ahead of the batches served, and the staleness bound would
+        let the dataflow emit that many batches' worth of tasks more than the trainer will take. False
+        (nothing changed) for a batch this state did not serve."""
+        asm = self.batchers.get(policy)
+        seq = None if asm is None else asm.seq_of(batch_id)
+        if seq is None or seq >= asm.seq:
+            return False
+        self._base_version[policy] = version - (seq + 1)
+        return True
+
     def batch_skipped(self, policy: str, batch_id: str) -> bool:
         """The trainer skipped ``batch_id`` as a duplicate: a batch this dataflow served trains no
         version. Happens after a restart from a checkpoint older than the batches the lost life

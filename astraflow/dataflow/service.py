@@ -23,7 +23,8 @@ Control records read (JSON): a weight announcement is ``{"version": int, ...}`` 
 used when there is no ``version`` field); a trainer metrics record carrying ``wait_s`` and
 ``step_s`` (seconds waited for a batch / spent per step since its last record) feeds the autoscaler;
 a trainer's ``{"event": "skipped", "reason": "duplicate", "batch_id": ...}`` tells that a served
-batch will train no version (:meth:`Dataflow.batch_skipped`).
+batch will train no version (:meth:`Dataflow.batch_skipped`), and its step record (``batch_id`` and
+``version``) which version a served batch trained (:meth:`Dataflow.batch_trained`).
 """
 
 from __future__ import annotations
@@ -308,6 +309,11 @@ def _on_metrics(df: Dataflow, m: Any, window: _Window) -> None:
     if "wait_s" in obj and "step_s" in obj:
         window.wait_s += float(obj["wait_s"])
         window.step_s += float(obj["step_s"])
+        if obj.get("component") == "trainer" and "batch_id" in obj and "version" in obj:
+            try:
+                df.batch_trained(str(obj.get("policy")), str(obj["batch_id"]), int(obj["version"]))
+            except (TypeError, ValueError):
+                log.warning("trainer step record without a usable version on %s@%s: %r", m.topic, m.offset, obj)
     if obj.get("pool") and obj.get("node_id"):
         window.nodes[obj["pool"]].add(obj["node_id"])
 
