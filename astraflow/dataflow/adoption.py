@@ -68,10 +68,12 @@ def adopt_lost_emissions(cfg: ClusterConfig, df: Dataflow, task_topics: Mapping[
         for b in _rows(m, lambda table: [batch.from_table(table)]):
             adopted_batches += df.adopt_batch(b)
     if lost or not read.complete:
-        log.warning("dataflow %s: adopted %d tasks and %d batches its lost life sent after the saved state%s",
-                    cfg.run, adopted_tasks, adopted_batches,
-                    "" if read.complete else " (not every partition was read to its end: the tasks not adopted "
-                                             "will be drawn again, the batches made again)")
+        log.warning("dataflow %s: adopted %d tasks and %d batches its lost life sent after the saved state "
+                    "(%d task and %d batch records read after the saved ends, %d of them from before the save)%s",
+                    cfg.run, adopted_tasks, adopted_batches, sum(m.topic in task_topics for m in read.messages),
+                    sum(m.topic not in task_topics for m in read.messages), len(read.messages) - len(lost),
+                    "" if read.complete else "; not every partition was read to its end: the tasks not adopted "
+                                             "will be drawn again, the batches made again")
     return out
 
 

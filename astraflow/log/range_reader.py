@@ -3,8 +3,9 @@
 For a component that must see what was written since a point it saved: the dataflow, restarted,
 reads back the task records its lost life sent after its last state save
 (:mod:`astraflow.dataflow.adoption`). A partition's end is the high watermark of the fetch responses,
-as for :meth:`LogConsumer.caught_up <astraflow.log.consumer.LogConsumer.caught_up>` and the archiver
-(Tansu's ``ListOffsets`` answer is not trusted, see :mod:`astraflow.log.lag`). A start offset the log
+as for :meth:`LogConsumer.caught_up <astraflow.log.consumer.LogConsumer.caught_up>` and the archiver,
+and at least what ``ListOffsets`` answers at the start (Tansu's answer can fall short of the truth, see
+:mod:`astraflow.log.lag`, so it is only a floor). A start offset the log
 no longer has (records deleted, the topic re-created) reads nothing from that partition: what sat
 there is not this reader's to guess.
 """
@@ -77,6 +78,9 @@ def _read(cfg: ClusterConfig, starts: Mapping[Partition, int], decoder: RecordDe
         consumer.assign(list(left))
         for tp, offset in left.items():
             consumer.seek(tp, offset)
+        # A second opinion on where each partition ends: Tansu's ListOffsets answer can be short of the
+        # truth (astraflow.log.lag), never beyond it, so a partition is done only past both.
+        listed = consumer.end_offsets(list(left))
         deadline = time.monotonic() + timeout_s
         while left:
             if time.monotonic() > deadline:
@@ -93,7 +97,7 @@ def _read(cfg: ClusterConfig, starts: Mapping[Partition, int], decoder: RecordDe
                         log.warning("record %s/%d@%d skipped: %s", record.topic, record.partition, record.offset, exc)
             for tp in list(left):
                 high = consumer.highwater(tp)
-                if high is not None and consumer.position(tp, timeout_ms=1000) >= high:
+                if high is not None and consumer.position(tp, timeout_ms=1000) >= max(high, listed.get(tp) or 0):
                     del left[tp]
     finally:
         consumer.close()
