@@ -81,6 +81,7 @@ def _read(cfg: ClusterConfig, starts: Mapping[Partition, int], decoder: RecordDe
         # A second opinion on where each partition ends: Tansu's ListOffsets answer can be short of the
         # truth (astraflow.log.lag), never beyond it, so a partition is done only past both.
         listed = consumer.end_offsets(list(left))
+        nxt = dict(left)  # the offset each partition is due to hand out next
         deadline = time.monotonic() + timeout_s
         while left:
             if time.monotonic() > deadline:
@@ -88,16 +89,26 @@ def _read(cfg: ClusterConfig, starts: Mapping[Partition, int], decoder: RecordDe
                 log.warning("read %d records; %d partitions not read to their end within %g s: %s", len(out.messages),
                             len(left), timeout_s, sorted((tp.topic, tp.partition) for tp in left))
                 break
-            for records in consumer.poll(timeout_ms=FETCH_MAX_WAIT_MS * 2).values():
+            for tp, records in consumer.poll(timeout_ms=FETCH_MAX_WAIT_MS * 2).items():
                 for record in records:
+                    nxt[tp] = record.offset + 1
                     try:
                         out.messages.append(decoder.decode(record))
                     except DecodeError as exc:
                         out.refused += 1
                         log.warning("record %s/%d@%d skipped: %s", record.topic, record.partition, record.offset, exc)
             for tp in list(left):
+                position = consumer.position(tp, timeout_ms=1000)
+                if position is None:
+                    continue
+                if position > nxt[tp]:
+                    # Moved past records it never handed out (an offset reset racing the seek): go back.
+                    log.warning("%s/%d: position %d skipped from %d; reading from %d again", tp.topic, tp.partition,
+                                position, nxt[tp], nxt[tp])
+                    consumer.seek(tp, nxt[tp])
+                    continue
                 high = consumer.highwater(tp)
-                if high is not None and consumer.position(tp, timeout_ms=1000) >= max(high, listed.get(tp) or 0):
+                if high is not None and position >= max(high, listed.get(tp) or 0):
                     del left[tp]
     finally:
         consumer.close()
