@@ -1,13 +1,13 @@
 """Read partitions from saved offsets to their ends, outside any consumer group.
 
 For a component that must see what was written since a point it saved: the dataflow, restarted,
-reads back the task records its lost life sent after its last state save
+reads back the task and batch records its lost life sent after its last state save
 (:mod:`astraflow.dataflow.adoption`). A partition's end is the high watermark of the fetch responses,
 as for :meth:`LogConsumer.caught_up <astraflow.log.consumer.LogConsumer.caught_up>` and the archiver,
 and at least what ``ListOffsets`` answers at the start (Tansu's answer can fall short of the truth, see
-:mod:`astraflow.log.lag`, so it is only a floor). A start offset the log
-no longer has (records deleted, the topic re-created) reads nothing from that partition: what sat
-there is not this reader's to guess.
+:mod:`astraflow.log.lag`, so it is only a floor). A position that moves past records never handed out
+is taken back to the first one owed. A start offset the log no longer has (records deleted, the topic
+re-created) reads nothing from that partition: what sat there is not this reader's to guess.
 """
 
 from __future__ import annotations
