@@ -149,19 +149,18 @@ class DataflowService:
         return saved
 
     def _resumed_ends(self, saved: dict[str, Any], task_topics: list[str]) -> dict[tuple[str, int], int]:
-        """Where the task and batch records end: 0 on every partition in a fresh run; else the saved
-        ends, moved past the records that the lost life sent after its last save, which are adopted."""
-        batch_topics = [self.topics.batches(p) for p in self.section.policies]
-        if not saved:
-            return {**{(t, p): 0 for t in task_topics for p in range(self.task_partitions)},
-                    **{(t, 0): 0 for t in batch_topics}}
+        """Where the earlier lives' task and batch records end: nothing in a fresh run; else the saved
+        ends, moved past the records that the lost life sent after its last save, which are adopted (a
+        partition without a saved end is read from its start)."""
         ends = {(t, int(p)): o for t, p, o in saved.get("produced_ends", [])}
-        if "saved_at_ms" not in saved:  # saved before saves recorded their time: nothing to compare against
+        if "saved_at_ms" not in saved:  # a fresh run, or saved before saves recorded their time
             return ends
-        standing = [t for t in task_topics + batch_topics if t not in self.recovery.recreated]
-        return adopt_lost_emissions(self.cfg, self.df, {t: self.task_partitions for t in task_topics if t in standing},
-                                    [t for t in batch_topics if t in standing], ends, int(saved["saved_at_ms"]),
-                                    time.time())
+        recreated = self.recovery.recreated
+        return adopt_lost_emissions(self.cfg, self.df,
+                                    {t: self.task_partitions for t in task_topics if t not in recreated},
+                                    [t for t in (self.topics.batches(p) for p in self.section.policies)
+                                     if t not in recreated],
+                                    ends, int(saved["saved_at_ms"]), time.time())
 
     def _produced_ends(self) -> dict[tuple[str, int], int]:
         """Where this dataflow's task and batch records end, all its lives together."""
