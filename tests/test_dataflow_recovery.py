@@ -231,11 +231,12 @@ def test_sync_mode_adopting_a_wave_does_not_emit_it_twice():
     assert [t.prompt_id for t in life2.next_tasks(now=3.0)] == ["p2", "p3"]
 
 
-def test_step_records_re_anchor_the_staleness_bound_after_a_trainer_restart():
+def test_announcements_re_anchor_the_staleness_bound_after_a_trainer_restart():
     """The i-th batch served is trained into base + i + 1, until a trainer resumes from an older
     checkpoint: it announces its checkpoint as a fresh version and trains the batches after it again,
-    each into a new version. Its step records re-anchor the rule; without that the announced versions
-    open room for as many batches' worth of tasks more than the trainer will take."""
+    each into a new version. Each announcement names the last batch trained into it, which re-anchors
+    the rule as the version arrives; without that the announced versions open room for as many batches'
+    worth of tasks more than the trainer will take."""
     section = DataflowConfig(policies=["s"], groups_per_batch=1, max_staleness=1, emit_ahead=False,
                              min_group_samples=1)
     df = Dataflow(section, _tasks(40))
@@ -245,19 +246,18 @@ def test_step_records_re_anchor_the_staleness_bound_after_a_trainer_restart():
             _finish(df, t, df.versions["s"])
         for b in df.take_batches():
             if len(trained) < 4:
-                version = df.versions["s"] + 1
-                assert df.batch_trained("s", b.batch_id, version)
-                df.on_weights("s", version)
+                df.on_weights("s", df.versions["s"] + 1, b.batch_id)
                 trained.append(b.batch_id)
     assert trained == [f"s-{i:08d}" for i in range(4)] and df.versions["s"] == 4
     room = df.staleness_room()
+    assert room == 2
     # The trainer dies after v4 and resumes from its checkpoint after batch 1: it announces that
-    # checkpoint as v5, then trains batch 2 again into v6: the state of v3, one batch back.
-    df.on_weights("s", 5)
-    df.on_weights("s", 6)
-    assert df.batch_trained("s", "s-00000002", 6)
-    assert df.staleness_room() == max(0, room - 1)
-    df.on_weights("s", 7)
-    assert df.batch_trained("s", "s-00000003", 7)
+    # checkpoint as v5 (two batches back: their tasks' room is gone), then trains batch 2 again into v6
+    # and batch 3 into v7.
+    df.on_weights("s", 5, "s-00000001")
+    assert df.staleness_room() == room - 2  # 3 by the count of versions alone
+    df.on_weights("s", 6, "s-00000002")
+    assert df.staleness_room() == room - 1
+    df.on_weights("s", 7, "s-00000003")
     assert df.staleness_room() == room  # where it was at v4, not 3 batches' worth beyond
     assert not df.batch_trained("s", "s-00000099", 8) and not df.batch_trained("s", "other-00000001", 8)

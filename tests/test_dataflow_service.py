@@ -270,6 +270,63 @@ def test_a_restart_adopts_the_tasks_and_batches_its_lost_life_sent_after_its_las
     assert c["trajectories.received"] == c["trajectories.duplicate"] + c["trajectories.kept"]
 
 
+def test_an_announcement_naming_its_last_batch_holds_emission_back_after_a_trainer_restart(test_cluster,
+                                                                                          unique_name):
+    """A trainer resumed from a checkpoint older than its lost life republishes it as a fresh version and
+    trains the batches after it again. The announcement names the last batch in those weights, and the
+    dataflow counts staleness from it as the version arrives: the fresh version numbers open no room for
+    tasks the trainer will not reach in time (counted by the versions alone, it emits one task more at
+    each of the last two announcements)."""
+    from astraflow.log import LogConsumer, LogProducer, Topics
+
+    cfg, topics = test_cluster, Topics(test_cluster.run)
+    section = DataflowConfig(policies=["solver"], groups_per_batch=1, max_staleness=3, min_group_samples=1,
+                             epochs=1, emit_ahead=False, task_timeout_s=900)
+    dataset = [Task(f"p{i}", f"q{i}", answer=str(i), samples=2) for i in range(12)]
+    prod = LogProducer(cfg, "test-trainer")
+    tasks_c = LogConsumer(cfg, topics.tasks("default"), unique_name("raas"))
+    metrics_c = LogConsumer(cfg, topics.metrics, unique_name("metrics"))
+
+    def finish(prompt_id: str, version: int) -> None:
+        prod.send_table(topics.trajectories, prompt_id,
+                        trajectory.to_table([traj(prompt_id, 0, version, 1.0), traj(prompt_id, 1, version, 0.0)]),
+                        trajectory.SCHEMA_NAME, trajectory.SCHEMA_VERSION).result(10)
+
+    def announce(version: int, batch_id: str) -> int:
+        """Announce ``version`` as trained through ``batch_id``; the tasks emitted once the dataflow read it."""
+        prod.send_json(topics.weights("solver"), str(version), {"version": version, "batch_id": batch_id},
+                       *WEIGHT_ANNOUNCEMENT_SCHEMA).result(10)
+        # the dataflow emits in the loop pass that reads the announcement, before its next metrics record
+        seen = read_until(metrics_c, 1, pred=lambda m: (m.obj or {}).get("versions", {}).get("solver") == version)
+        assert seen, f"the dataflow never read v{version}'s announcement"
+        return seen[0].obj["counters"]["tasks.emitted"]
+
+    stop, th, result = start(cfg, section, dataset)
+    try:
+        assert sorted(read_tasks(tasks_c, 4)) == ["p0", "p1", "p2", "p3"]  # (max_staleness + 1) x groups_per_batch
+        finish("p0", 0)  # batch 0
+        finish("p1", 0)  # batch 1
+        assert announce(1, "solver-00000000") == 5
+        assert announce(2, "solver-00000001") == 6
+        assert sorted(read_tasks(tasks_c, 2)) == ["p4", "p5"]
+        # The trainer dies after v2 and resumes from its checkpoint after batch 0, republished as v3; it
+        # trains batch 1 again into v4, and the batches after it into v5 and on.
+        assert announce(3, "solver-00000000") == 6
+        finish("p4", 2)  # batch 2: trained by v4 (3 versions after its tokens' v2 at most: kept)
+        assert announce(4, "solver-00000001") == 6  # 7 by the versions alone
+        finish("p5", 2)  # batch 3
+        assert announce(5, "solver-00000002") == 7  # 8 by the versions alone
+        assert read_tasks(tasks_c, 2, timeout_s=3) == ["p6"]
+    finally:
+        stop.set()
+        th.join(30)
+        tasks_c.close()
+        metrics_c.close()
+        prod.close()
+    c = result["counters"]
+    assert c["tasks.emitted"] == 7 and c["batches.solver.batches"] == 4 and c.get("trajectories.stale", 0) == 0
+
+
 def test_tasks_emitted_together_share_a_record_per_partition_each_in_its_own_keys_partition(test_cluster,
                                                                                            unique_name):
     """The dataflow sends the tasks it emits at once as one record per partition, and each task lands in

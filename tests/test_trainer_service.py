@@ -76,6 +76,7 @@ def _trainer_records(reader: TopicReader) -> list[dict]:
 def test_trainer_restart_resumes_from_checkpoint_without_retraining(test_cluster, tmp_path, kill):
     from astraflow.delta.store import WeightStore
     from astraflow.log import Topics
+    from astraflow.log.range_reader import read_to_end
 
     cfg = test_cluster
     rd = recipe_dict(cfg.run, trainer={"steps": 6, "checkpoint_every": 2, "anchor_every": 10, "max_publish_lag": 2})
@@ -132,6 +133,13 @@ def test_trainer_restart_resumes_from_checkpoint_without_retraining(test_cluster
     versions = [r["version"] for r in records if "batch_id" in r]
     assert versions == sorted(versions) and len(set(versions)) == len(versions)
     assert WeightStore.from_config(cfg, "policy").latest_version() == result["version"]
+    # each announcement names the last batch in its weights, so that the dataflow counts staleness from
+    # it: a step's, its batch; life 2's first version (the checkpoint, republished after a SIGKILL), the
+    # checkpoint's last batch
+    weights = read_to_end(cfg, {(Topics(cfg.run).weights("policy"), 0): 0}).messages
+    trained_through = {int(m.obj["version"]): m.obj.get("batch_id") for m in weights}
+    assert all(trained_through[r["version"]] == r["batch_id"] for r in records if "batch_id" in r)
+    assert trained_through[start2["version"]] == ids[ckpt_step - 1] and trained_through[0] is None
     for r in two:
         assert r["wait_s"] >= 0 and r["step_s"] > 0 and r["publish_bytes"] > 0 and r["tokens"] == 12
         assert 0 < r["publish_s"] < 60  # step end -> its version announced

@@ -74,8 +74,11 @@ class Dataflow:
     def versions(self) -> dict[str, int]:
         return self.emitter.versions
 
-    def on_weights(self, policy: str, version: int) -> None:
-        """A ``weights.<policy>`` announcement."""
+    def on_weights(self, policy: str, version: int, batch_id: str | None = None) -> None:
+        """A ``weights.<policy>`` announcement; ``batch_id``: the last batch trained into it, which
+        re-anchors the staleness accounting (:meth:`batch_trained`) before the version opens room."""
+        if batch_id is not None:
+            self.batch_trained(policy, batch_id, version)
         if policy in self.emitter.versions:
             before = min(self.versions.values())
             self.emitter.set_version(policy, version)
@@ -216,13 +219,13 @@ class Dataflow:
         return True
 
     def batch_trained(self, policy: str, batch_id: str, version: int) -> bool:
-        """The trainer's step record: ``batch_id`` was trained into ``version``. The staleness accounting
-        takes the i-th batch served to be trained into ``base + i + 1``; this re-anchors ``base`` on what the
-        trainer did. A trainer restarted from an older checkpoint breaks the rule: it publishes its
-        checkpoint under a fresh version and trains the batches after it again, each into a new
-        version, so the announced versions run ahead of the batches served, and the staleness bound would
-        let the dataflow emit that many batches' worth of tasks more than the trainer will take. False
-        (nothing changed) for a batch this state did not serve."""
+        """``version`` holds the weights trained through ``batch_id`` (its announcement says so). The
+        staleness accounting takes the i-th batch served to be trained into ``base + i + 1``; this
+        re-anchors ``base`` on what the trainer did. A trainer restarted from an older checkpoint breaks
+        the rule: it publishes its checkpoint under a fresh version and trains the batches after it
+        again, each into a new version, so the announced versions run ahead of the batches served, and
+        the staleness bound would let the dataflow emit that many batches' worth of tasks more than
+        the trainer will take. False (nothing changed) for a batch this state did not serve."""
         asm = self.batchers.get(policy)
         seq = None if asm is None else asm.seq_of(batch_id)
         if seq is None or seq >= asm.seq:

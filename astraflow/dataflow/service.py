@@ -19,12 +19,12 @@ records ended, so that a dataflow killed between two saves is followed by one th
 and batches sent after the last save instead of wasting the work on them
 (:mod:`astraflow.dataflow.adoption`).
 
-Control records read (JSON): a weight announcement is ``{"version": int, ...}`` (the record key is
-used when there is no ``version`` field); a trainer metrics record carrying ``wait_s`` and
-``step_s`` (seconds waited for a batch / spent per step since its last record) feeds the autoscaler;
-a trainer's ``{"event": "skipped", "reason": "duplicate", "batch_id": ...}`` tells that a served
-batch will train no version (:meth:`Dataflow.batch_skipped`), and its step record (``batch_id`` and
-``version``) which version a served batch trained (:meth:`Dataflow.batch_trained`).
+Control records read (JSON): a weight announcement is ``{"version": int, "batch_id": ..., ...}`` (the
+record key is used when there is no ``version`` field; ``batch_id``, the last batch trained into the
+version, re-anchors the staleness accounting: :meth:`Dataflow.batch_trained`); a trainer metrics
+record carrying ``wait_s`` and ``step_s`` (seconds waited for a batch / spent per step since its last
+record) feeds the autoscaler; a trainer's ``{"event": "skipped", "reason": "duplicate", "batch_id":
+...}`` tells that a served batch will train no version (:meth:`Dataflow.batch_skipped`).
 """
 
 from __future__ import annotations
@@ -291,9 +291,11 @@ def _ingest(df: Dataflow, m: Any, window: _Window) -> None:
 
 def _on_weights(df: Dataflow, policy: str, m: Any) -> None:
     obj = m.obj if isinstance(m.obj, dict) else {}
-    version = obj.get("version", m.key)
+    version, batch_id = obj.get("version", m.key), obj.get("batch_id")
     try:
-        df.on_weights(policy, int(version))
+        # The version and the batch it was trained through, together: a trainer restarted from an older
+        # checkpoint republishes it as a fresh version, which must not open room before the re-anchoring.
+        df.on_weights(policy, int(version), batch_id if isinstance(batch_id, str) else None)
     except (TypeError, ValueError):
         log.warning("weight announcement without a version on %s@%s: %r", m.topic, m.offset, m.obj)
 
@@ -308,11 +310,6 @@ def _on_metrics(df: Dataflow, m: Any, window: _Window) -> None:
     if "wait_s" in obj and "step_s" in obj:
         window.wait_s += float(obj["wait_s"])
         window.step_s += float(obj["step_s"])
-        if obj.get("component") == "trainer" and "batch_id" in obj and "version" in obj:
-            try:
-                df.batch_trained(str(obj.get("policy")), str(obj["batch_id"]), int(obj["version"]))
-            except (TypeError, ValueError):
-                log.warning("trainer step record without a usable version on %s@%s: %r", m.topic, m.offset, obj)
     if obj.get("pool") and obj.get("node_id"):
         window.nodes[obj["pool"]].add(obj["node_id"])
 

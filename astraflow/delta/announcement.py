@@ -26,6 +26,11 @@ class WeightAnnouncement(BaseModel):
     """Bytes of the objects the manifest names."""
     checksum: str
     """The manifest's ``state_digest``: one checksum for the whole state."""
+    batch_id: str | None = None
+    """The last batch trained into these weights: the batch of the step that made this version, or for a
+    checkpoint a restarted trainer republishes under a fresh version, the last batch in it. None for
+    weights trained on no batch (v0, a warm start). The dataflow counts staleness from it
+    (:meth:`Dataflow.on_weights <astraflow.dataflow.pipeline.Dataflow.on_weights>`)."""
     manifest_body: dict[str, Any] | None = None
     """The manifest itself, for models of up to ``ANNOUNCED_MANIFEST_MAX_TENSORS`` tensors, so that a
     subscriber following the topic need not read it back (:meth:`carried_manifest`)."""

@@ -93,10 +93,13 @@ class WeightPublisher:
         self._thread.start()
 
     # -- caller side -----------------------------------------------------------------------------
-    def publish(self, state_dict: dict[str, torch.Tensor], version: int, *, owned: bool = False) -> None:
+    def publish(self, state_dict: dict[str, torch.Tensor], version: int, *, owned: bool = False,
+                batch_id: str | None = None) -> None:
         """Snapshot ``state_dict`` as ``version`` and queue it (blocks only when the queue is full).
         ``owned``: the caller hands the tensors over (nothing writes them after this call, e.g. the
-        fresh copies a trainer backend's ``state_dict`` returns), so host tensors are not copied again."""
+        fresh copies a trainer backend's ``state_dict`` returns), so host tensors are not copied again.
+        ``batch_id``: the last batch trained into these weights, carried by the announcement
+        (:attr:`WeightAnnouncement.batch_id`)."""
         self._raise_if_failed()
         if self._closed:
             raise PublisherError("publisher is closed")
@@ -108,7 +111,7 @@ class WeightPublisher:
         }
         while True:  # a bounded wait, so a failure of the thread is noticed while blocked
             try:
-                self._queue.put((version, snapshot), timeout=0.5)
+                self._queue.put((version, snapshot, batch_id), timeout=0.5)
                 break
             except queue.Full:
                 self._raise_if_failed()
@@ -159,9 +162,9 @@ class WeightPublisher:
             try:
                 if item is _STOP:
                     return
-                version, state = item
+                version, state, batch_id = item
                 if version != self._base_version:
-                    self.published.append(self._publish_one(version, state, prev))
+                    self.published.append(self._publish_one(version, state, prev, batch_id))
                 prev = (version, state)
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 self._error = exc
@@ -182,7 +185,8 @@ class WeightPublisher:
         """One idempotent bucket call, waiting out an unreachable bucket (other errors raise)."""
         return wait_out_outage(fn, self._s3, deadline_s=self.outage_deadline_s)
 
-    def _publish_one(self, version: int, state: dict, prev: tuple[int, dict] | None) -> Manifest:
+    def _publish_one(self, version: int, state: dict, prev: tuple[int, dict] | None,
+                     batch_id: str | None) -> Manifest:
         # Refuse before uploading: objects of a published version must never be replaced. (Two
         # live publishers of one policy racing on a version remain unsupported.) The HEAD runs beside
         # the CRCs and the encode, which upload nothing, and is awaited before the first upload.
@@ -221,7 +225,7 @@ class WeightPublisher:
             announcement = WeightAnnouncement(
                 version=version, policy=self.policy, kind=manifest.kind,
                 manifest=self.store.layout.manifest_key(self.policy, version), bytes=manifest.bytes,
-                checksum=manifest.state_digest,
+                checksum=manifest.state_digest, batch_id=batch_id,
                 # The manifest itself (one CRC per tensor: ~20 KB at 1.5B), so that a subscriber following
                 # the topic plans without reading it back from the bucket (WeightStore.remember).
                 manifest_body=(manifest.model_dump(mode="json")

@@ -113,7 +113,7 @@ class TrainerService:
                 # The lost life published past the checkpoint (or the checkpoint's own version never
                 # made it): announce the checkpointed weights under a version nobody has seen.
                 self.version = max(self.version, (latest or 0) + 1)
-                self._publish_now(self._served_state(), self.version)
+                self._publish_now(self._served_state(), self.version, self.batch_ids[-1] if self.batch_ids else None)
             return f"checkpoint step {ckpt.step} (version {self.version})"
         if latest is not None:
             state, _, _ = self.subscriber.pull(latest)
@@ -332,7 +332,7 @@ class TrainerService:
         t1 = time.perf_counter()
         served = self._served_state()
         t2 = time.perf_counter()
-        self.publisher.publish(served, self.version, owned=True)
+        self.publisher.publish(served, self.version, owned=True, batch_id=b.batch_id)
         record["state_copy_s"] = t2 - t1  # the backend's copy + cast of the weights (the trainer waits)
         record["publish_blocked_s"] = time.perf_counter() - t2
         self._pending_records[self.version] = (record, step_end)
@@ -340,8 +340,9 @@ class TrainerService:
     def _served_state(self) -> dict[str, Any]:
         return publishable(self.backend.state_dict(), self.tspec.publish_dtype)
 
-    def _publish_now(self, state: dict[str, Any], version: int) -> None:
-        self.publisher.publish(state, version, owned=True)  # _served_state's tensors are fresh copies
+    def _publish_now(self, state: dict[str, Any], version: int, batch_id: str | None = None) -> None:
+        # _served_state's tensors are fresh copies
+        self.publisher.publish(state, version, owned=True, batch_id=batch_id)
         self.publisher.flush()
         self._seen_published = len(self.publisher.published)
 
