@@ -162,3 +162,59 @@ def test_route_pools_sends_each_task_to_the_pool_with_most_free_slots():
     df.on_weights("pol", 1)  # room for more under the staleness bound
     nxt = df.next_tasks(0.0)
     assert nxt and {t.pool for t in nxt} == {"fast"}
+
+
+def _train_to_the_end(df: Dataflow, steps: int, *, skip: int | None = None, rounds: int = 40) -> tuple[int, int]:
+    """A trainer that takes one batch a round, announcing each version with its batch, until ``steps``
+    steps (the batch served ``skip``-th is skipped as a duplicate); returns (steps trained, tasks emitted)."""
+    nodes, queue, version, served = _Nodes(df), [], 0, 0
+    for _round in range(rounds):
+        nodes.run(df.next_tasks(0.0))
+        queue += df.take_batches()
+        if queue and version < steps:
+            b = queue.pop(0)
+            served += 1
+            if served == skip:
+                assert df.batch_skipped("pol", b.batch_id)
+            else:
+                version += 1
+                df.on_weights("pol", version, b.batch_id)
+    return version, df.counters()["tasks.emitted"]
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_the_run_emits_no_task_beyond_its_last_batch(mode):
+    """Told the trainer's step count, the dataflow emits exactly the groups of the batches the trainer
+    will train; without it, the pipeline's overhang (batches ahead in async mode, the next wave in sync
+    mode) is generated and thrown away when the run ends."""
+    B, steps = 2, 5
+    cfg = DataflowConfig(policies=["pol"], groups_per_batch=B, max_staleness=1 if mode == "async" else 0, mode=mode)
+    assert _train_to_the_end(Dataflow(cfg, _tasks(100), train_steps=steps), steps) == (steps, steps * B)
+    trained, emitted = _train_to_the_end(Dataflow(cfg, _tasks(100)), steps)
+    assert trained == steps and emitted > steps * B
+
+
+def test_a_skipped_batch_or_a_dropped_group_gives_its_room_back_to_the_end_of_the_run():
+    B, steps = 2, 5
+    cfg = DataflowConfig(policies=["pol"], groups_per_batch=B, max_staleness=1)
+    # a skipped batch trains no step: one more batch is made for the run to reach its steps
+    assert _train_to_the_end(Dataflow(cfg, _tasks(100), train_steps=steps), steps, skip=2) == (steps, (steps + 1) * B)
+    # a group dropped (here: a rollout the ingest refuses as stale) frees its place for another task
+    df = Dataflow(cfg, _tasks(100), train_steps=1)
+    first = df.next_tasks(0.0)
+    assert len(first) == B and df.next_tasks(0.0) == []
+    df.on_weights("pol", 3)  # the trainer moved on (another dataflow's batches): v0 tokens are stale
+    df.ingest(_rollout(first[0], 0))
+    assert df.counters()["trajectories.stale"] == 2 and len(df.next_tasks(0.0)) == 1
+
+
+def test_batches_lost_with_the_log_are_made_again_before_the_run_ends():
+    B = 2
+    df = Dataflow(DataflowConfig(policies=["pol"], groups_per_batch=B, max_staleness=1), _tasks(100), train_steps=2)
+    nodes = _Nodes(df)
+    nodes.run(df.next_tasks(0.0))
+    assert len(df.take_batches()) == 2 and df.next_tasks(0.0) == []  # both batches served, none trained
+    df.batches_lost("pol", 0)  # the broker lost the batch topic before the trainer read them
+    assert df.counters()["batches.pol.lost_untrained"] == 2
+    nodes.run(df.next_tasks(0.0))
+    assert len(df.take_batches()) == 2

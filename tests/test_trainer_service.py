@@ -221,6 +221,9 @@ def test_trainer_bootstrapped_from_the_store_publishes_v1_as_a_delta(test_cluste
     from astraflow.delta import WeightSubscriber
     from astraflow.delta.publisher import WeightPublisher
     from astraflow.delta.store import WeightStore
+    from astraflow.log import LogProducer, Topics, ensure_topics
+    from astraflow.log.range_reader import read_to_end
+    from astraflow.records import batch
     from astraflow.trainer.service import publishable
 
     cfg = test_cluster
@@ -228,9 +231,17 @@ def test_trainer_bootstrapped_from_the_store_publishes_v1_as_a_delta(test_cluste
         pub.publish(publishable(load_tiny_model().state_dict(), "bfloat16"), 0)
     node = WeightSubscriber(cfg, "policy", "test-node", register=False)
     node.pull(0)
+    ensure_topics(cfg, {Topics(cfg.run).batches("policy"): 1})
+    with LogProducer(cfg, "test-dataflow") as prod:  # a record the trainer cannot train: another policy's batch
+        prod.send_table(Topics(cfg.run).batches("policy"), "other-1", batch.to_table(_batch("other", "other-1")),
+                        batch.SCHEMA_NAME, batch.SCHEMA_VERSION).result(10)
     _send_batches(cfg, ["b0"])
     result = _run_trainer_in_process(cfg, make_recipe(cfg.run, trainer={"steps": 1}), stop_first=False)
-    assert result["finished"] and result["version"] == 1
+    assert result["finished"] and result["version"] == 1 and result["skipped"]["invalid"] == 1
+    # the dataflow hears that the record it served as a batch trains no step (its run is one batch longer)
+    events = [m.obj for m in read_to_end(cfg, {(Topics(cfg.run).metrics, 0): 0}).messages
+              if m.obj.get("event") == "skipped"]
+    assert [(e["reason"], e["batch_id"], e["policy"]) for e in events] == [("invalid", "other-1", "policy")]
     store = WeightStore.from_config(cfg, "policy")
     m1 = store.manifest(1)
     assert (m1.kind, m1.base, m1.anchor) == ("delta", 0, None)

@@ -123,6 +123,7 @@ def cmd_dataflow(args: argparse.Namespace) -> int:
 
     cfg, recipe, stop = _setup(args)
     counters = run_dataflow(cfg, recipe.dataflow, stop, dataset=recipe_tasks(recipe),
-                            pools=[p.name for p in recipe.pools], stop_when_finished=args.until_finished)
+                            pools=[p.name for p in recipe.pools], stop_when_finished=args.until_finished,
+                            train_steps=recipe.trainer.steps)
     print(json.dumps(counters))
     return 0

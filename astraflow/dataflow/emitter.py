@@ -98,6 +98,8 @@ class TaskEmitter:
         # async mode: further tasks the staleness bound allows (set by the Dataflow before each call)
         self.staleness_room: int | None = None
         self.ahead: AheadRoom | None = None
+        # both modes: further tasks the run's remaining batches need (set by the Dataflow; None: no end known)
+        self.run_room: int | None = None
         self._it: Iterator[Task] | None = None
 
     # -- versions ----------------------------------------------------------------------------
@@ -133,6 +135,10 @@ class TaskEmitter:
     # -- emission ----------------------------------------------------------------------------
     def capacity(self) -> int:
         """How many tasks may be emitted now."""
+        k = self._mode_capacity()
+        return k if self.run_room is None else max(0, min(k, self.run_room))
+
+    def _mode_capacity(self) -> int:
         if self.mode == "async":
             room = self.in_flight_cap - len(self.in_flight)
             if self.staleness_room is not None:

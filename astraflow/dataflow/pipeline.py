@@ -20,8 +20,11 @@ STATE_VERSION = 1
 
 
 class Dataflow:
-    def __init__(self, cfg: DataflowConfig, dataset: Iterable[Task]) -> None:
+    def __init__(self, cfg: DataflowConfig, dataset: Iterable[Task], *, train_steps: int | None = None) -> None:
+        """``train_steps``: the batches each policy's trainer trains in this run (``trainer.steps``); the
+        dataflow then emits no task beyond what those batches need (:meth:`run_room`). None: no end known."""
         self.cfg = cfg
+        self.train_steps = train_steps
         self.emitter = TaskEmitter(
             dataset,
             build_plugin("selector", cfg.selector),
@@ -146,10 +149,31 @@ class Dataflow:
                     ahead[p] += 1
         return ahead
 
+    def run_room(self, groups_ahead: dict[str, int] | None = None) -> int | None:
+        """Tasks that may still be emitted before the groups buffered and in flight fill every batch the
+        trainers will still train (None without ``train_steps``): once the last ones are out, the
+        pipeline's overhang (up to ``max_staleness`` batches ahead of the trainer, a wave in sync mode)
+        is not generated only to be thrown away when the run ends. Per policy, the batches to make are
+        ``train_steps`` plus the served ones the trainer will not train (skipped, lost with the log) less
+        those served; a task counts for every policy it feeds, so it may be emitted while any policy
+        still needs groups. A group dropped (filters, staleness), a batch skipped or lost gives its
+        room back. Counted as if every batch were fresh groups: a sampler that replays needs fewer."""
+        if self.train_steps is None or not self.batchers:
+            return None
+        B = self.cfg.groups_per_batch
+        groups_ahead = self._groups_ahead() if groups_ahead is None else groups_ahead
+        room = 0
+        for p, b in self.batchers.items():
+            c = b.counters
+            to_make = self.train_steps + c["skipped_by_trainer"] + c["lost_untrained"] - c["batches"]
+            room = max(room, to_make * B - (groups_ahead[p] - c["groups_batched"]))  # less buffered, in flight
+        return room
+
     def next_tasks(self, now: float) -> list[Task]:
+        groups_ahead = self._groups_ahead()
+        self.emitter.run_room = self.run_room(groups_ahead)
         if self.cfg.mode == "async" and self.cfg.max_in_flight is None:
             # An explicit max_in_flight is a plain cap (the ingest filter still drops stale tokens).
-            groups_ahead = self._groups_ahead()
             self.emitter.staleness_room = self.staleness_room(groups_ahead=groups_ahead)
             self.emitter.ahead = self.ahead_room(groups_ahead)
         if self.cfg.mode == "sync" and not self.emitter.in_flight:
@@ -187,6 +211,10 @@ class Dataflow:
         emitter would wait for versions that the lost batches were to produce, and never get them."""
         if policy not in self.batchers:
             return
+        b = self.batchers[policy]
+        if policy in self._base_version:  # served, neither trained (as far as announced) nor skipped: gone
+            untrained = b.counters["batches"] - (self.versions[policy] - self._base_version[policy])
+            b.counters["lost_untrained"] += max(0, untrained)
         self.emitter.set_version(policy, version)
         self._base_version[policy] = self.versions[policy] - self.batchers[policy].counters["batches"]
         if self.cfg.mode == "sync":  # the wave's batch is gone: the next wave is for the current version

@@ -23,8 +23,8 @@ Control records read (JSON): a weight announcement is ``{"version": int, "batch_
 record key is used when there is no ``version`` field; ``batch_id``, the last batch trained into the
 version, re-anchors the staleness accounting: :meth:`Dataflow.batch_trained`); a trainer metrics
 record carrying ``wait_s`` and ``step_s`` (seconds waited for a batch / spent per step since its last
-record) feeds the autoscaler; a trainer's ``{"event": "skipped", "reason": "duplicate", "batch_id":
-...}`` tells that a served batch will train no version (:meth:`Dataflow.batch_skipped`).
+record) feeds the autoscaler; a trainer's ``{"event": "skipped", "reason": "duplicate" | "invalid",
+"batch_id": ...}`` tells that a served batch will train no version (:meth:`Dataflow.batch_skipped`).
 """
 
 from __future__ import annotations
@@ -79,11 +79,15 @@ def run_dataflow(
     pools: Iterable[str] = ("default",),
     task_partitions: int = 4,
     stop_when_finished: bool = False,
+    train_steps: int | None = None,
 ) -> dict[str, int]:
     """Run until ``stop_event`` is set (or, with ``stop_when_finished``, until the dataset is used
-    up and nothing is in flight); returns the final counters. Resumes from the bucket checkpoint."""
+    up and nothing is in flight); returns the final counters. Resumes from the bucket checkpoint.
+    ``train_steps``: the recipe's ``trainer.steps``, so that no task is emitted beyond what the run's
+    last batches need (:meth:`Dataflow.run_room`)."""
     service = DataflowService(cfg, section, dataset, checkpoint_every_s=checkpoint_every_s,
-                              metrics_every_s=metrics_every_s, pools=pools, task_partitions=task_partitions)
+                              metrics_every_s=metrics_every_s, pools=pools, task_partitions=task_partitions,
+                              train_steps=train_steps)
     return service.run(stop_event, stop_when_finished=stop_when_finished)
 
 
@@ -94,7 +98,8 @@ class DataflowService:
 
     def __init__(self, cfg: ClusterConfig, section: DataflowConfig, dataset: Iterable[Task], *,
                  checkpoint_every_s: float = 5.0, metrics_every_s: float = 2.0,
-                 pools: Iterable[str] = ("default",), task_partitions: int = 4) -> None:
+                 pools: Iterable[str] = ("default",), task_partitions: int = 4,
+                 train_steps: int | None = None) -> None:
         from astraflow.log import ConsumerGroups, LogConsumer, LogProducer, Topics
         from astraflow.objstore import ObjectStore, RunLayout
 
@@ -105,7 +110,7 @@ class DataflowService:
         self.store = ObjectStore.from_config(cfg)
         self.s3 = OutageReport("dataflow: state save, S3 endpoint", str(cfg.s3.endpoint), log)
         self.state_key = RunLayout(cfg.run).dataflow_key(STATE_OBJECT)
-        self.df = Dataflow(section, dataset)
+        self.df = Dataflow(section, dataset, train_steps=train_steps)
         self.weight_topics = {self.topics.weights(p): p for p in section.policies}
         self.ready_pools: set[str] = set()
         self.placing: list[tuple[str, Any]] = []
@@ -304,7 +309,7 @@ def _on_metrics(df: Dataflow, m: Any, window: _Window) -> None:
     obj = m.obj
     if m.key == COMPONENT_ID or not isinstance(obj, dict):
         return
-    if obj.get("component") == "trainer" and obj.get("event") == "skipped" and obj.get("reason") == "duplicate":
+    if obj.get("component") == "trainer" and obj.get("event") == "skipped":  # a duplicate or an invalid record
         df.batch_skipped(str(obj.get("policy")), str(obj.get("batch_id")))
         return
     if "wait_s" in obj and "step_s" in obj:

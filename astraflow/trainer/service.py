@@ -30,8 +30,8 @@ see a version number go backwards, and continues from there.
 Metrics (``<run>.metrics``, key ``trainer.<policy>``): one record per step once its version is
 published (``publish_bytes`` known; ``publish_s``: seconds from the step's end to its version's
 announcement being acknowledged; the torch backend's ``zero_adv_frac`` and ``trained_trajectories``),
-``{"event": "skipped", "reason": "duplicate", "batch_id"}`` for a batch record whose id was trained
-already (a restarted dataflow re-produced it), and ``{"event": "done"}`` after ``trainer.steps`` steps.
+``{"event": "skipped", "reason": "duplicate" | "invalid", "batch_id"}`` for a batch record whose id was
+trained already (a restarted dataflow re-produced it) or that does not decode (``batch_id``: its key), and ``{"event": "done"}`` after ``trainer.steps`` steps.
 """
 
 from __future__ import annotations
@@ -282,6 +282,10 @@ class TrainerService:
             log.error("trainer %s: skipping batch record %s@%d: %s", self.policy, key, msg.offset, exc)
             self.skipped["invalid"] += 1
             self._consumed(msg)
+            # The dataflow counts the batch (keyed by its id) as a version to come and the run's end as
+            # nearer by one batch: tell it that it will train neither.
+            self._emit({"event": "skipped", "reason": "invalid", "batch_id": str(msg.key), "step": self.step,
+                        "version": self.version})
             return False
         if b.batch_id in self._trained:
             self.skipped["duplicate"] += 1
