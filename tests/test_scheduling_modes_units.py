@@ -184,25 +184,27 @@ def _train_to_the_end(df: Dataflow, steps: int, *, skip: int | None = None, roun
 
 @pytest.mark.parametrize("mode", ["async", "sync"])
 def test_the_run_emits_no_task_beyond_its_last_batch(mode):
-    """Told the trainer's step count, the dataflow emits exactly the groups of the batches the trainer
-    will train; without it, the pipeline's overhang (batches ahead in async mode, the next wave in sync
-    mode) is generated and thrown away when the run ends."""
+    """Told the trainer's step count, the dataflow emits the groups of the batches the trainer will
+    train, and in async mode one batch's worth of spares for the last batches; without it, the
+    pipeline's overhang (max_staleness batches ahead in async mode, the next wave in sync mode) is
+    generated and thrown away when the run ends."""
     B, steps = 2, 5
-    cfg = DataflowConfig(policies=["pol"], groups_per_batch=B, max_staleness=1 if mode == "async" else 0, mode=mode)
-    assert _train_to_the_end(Dataflow(cfg, _tasks(100), train_steps=steps), steps) == (steps, steps * B)
+    eta, spare = (3, B) if mode == "async" else (0, 0)  # a sync wave is one batch: no room for spares
+    cfg = DataflowConfig(policies=["pol"], groups_per_batch=B, max_staleness=eta, mode=mode)
+    assert _train_to_the_end(Dataflow(cfg, _tasks(100), train_steps=steps), steps) == (steps, steps * B + spare)
     trained, emitted = _train_to_the_end(Dataflow(cfg, _tasks(100)), steps)
-    assert trained == steps and emitted > steps * B
+    assert trained == steps and emitted >= (steps + max(eta, 1)) * B > steps * B + spare
 
 
 def test_a_skipped_batch_or_a_dropped_group_gives_its_room_back_to_the_end_of_the_run():
     B, steps = 2, 5
     cfg = DataflowConfig(policies=["pol"], groups_per_batch=B, max_staleness=1)
-    # a skipped batch trains no step: one more batch is made for the run to reach its steps
-    assert _train_to_the_end(Dataflow(cfg, _tasks(100), train_steps=steps), steps, skip=2) == (steps, (steps + 1) * B)
+    # a skipped batch trains no step: one more batch is made for the run to reach its steps (and a spare)
+    assert _train_to_the_end(Dataflow(cfg, _tasks(100), train_steps=steps), steps, skip=2) == (steps, (steps + 2) * B)
     # a group dropped (here: a rollout the ingest refuses as stale) frees its place for another task
     df = Dataflow(cfg, _tasks(100), train_steps=1)
     first = df.next_tasks(0.0)
-    assert len(first) == B and df.next_tasks(0.0) == []
+    assert len(first) == 2 * B and df.next_tasks(0.0) == []  # the one batch and its spares
     df.on_weights("pol", 3)  # the trainer moved on (another dataflow's batches): v0 tokens are stale
     df.ingest(_rollout(first[0], 0))
     assert df.counters()["trajectories.stale"] == 2 and len(df.next_tasks(0.0)) == 1

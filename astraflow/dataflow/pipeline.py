@@ -151,13 +151,18 @@ class Dataflow:
 
     def run_room(self, groups_ahead: dict[str, int] | None = None) -> int | None:
         """Tasks that may still be emitted before the groups buffered and in flight fill every batch the
-        trainers will still train (None without ``train_steps``): once the last ones are out, the
-        pipeline's overhang (up to ``max_staleness`` batches ahead of the trainer, a wave in sync mode)
-        is not generated only to be thrown away when the run ends. Per policy, the batches to make are
-        ``train_steps`` plus the served ones the trainer will not train (skipped, lost with the log) less
-        those served; a task counts for every policy it feeds, so it may be emitted while any policy
-        still needs groups. A group dropped (filters, staleness), a batch skipped or lost gives its
-        room back. Counted as if every batch were fresh groups: a sampler that replays needs fewer."""
+        trainers will still train, and one batch's worth more (None without ``train_steps``). Once they
+        are out, the pipeline's overhang (up to ``max_staleness`` batches ahead of the trainer, a wave
+        in sync mode) is not generated only to be thrown away when the run ends. The spare batch's worth
+        fills the last batches with whichever groups finish first: without it, each group dropped near
+        the end (stale, filtered) was replaced by a task emitted only then, and the trainer waited a
+        whole rollout for it (the last step of ``benchmarks/async_vs_sync.py``'s two-policy run: 2.4 s).
+
+        Per policy, the batches to make are ``train_steps`` plus the served ones the trainer will not
+        train (skipped, lost with the log) less those served; a task counts for every policy it feeds,
+        so it may be emitted while any policy still needs groups. A group dropped, a batch skipped or
+        lost gives its room back. Counted as if every batch were fresh groups: a sampler that replays
+        needs fewer."""
         if self.train_steps is None or not self.batchers:
             return None
         B = self.cfg.groups_per_batch
@@ -166,7 +171,8 @@ class Dataflow:
         for p, b in self.batchers.items():
             c = b.counters
             to_make = self.train_steps + c["skipped_by_trainer"] + c["lost_untrained"] - c["batches"]
-            room = max(room, to_make * B - (groups_ahead[p] - c["groups_batched"]))  # less buffered, in flight
+            if to_make > 0:  # groups buffered and in flight count against it
+                room = max(room, (to_make + 1) * B - (groups_ahead[p] - c["groups_batched"]))
         return room
 
     def next_tasks(self, now: float) -> list[Task]:
