@@ -92,6 +92,25 @@ def test_a_task_for_a_policy_the_recipe_lacks_is_emitted_ahead_without_failing()
     assert ahead and all(t.policy == "other" and t.emitted_version == 0 for t in ahead)
 
 
+def _train_to_the_end(df: Dataflow, steps: int, *, skip: int | None = None, rounds: int = 40) -> tuple[int, int]:
+    """A trainer that takes one batch a round (the skip is known only when it gets there), announcing
+    each version with its batch, until ``steps`` steps (the batch served ``skip``-th is skipped as a
+    duplicate); returns (steps trained, tasks emitted)."""
+    nodes, queue, version, served = _Nodes(df), [], 0, 0
+    for _round in range(rounds):
+        nodes.run(df.next_tasks(0.0))
+        queue += df.take_batches()
+        if queue and version < steps:
+            b = queue.pop(0)
+            served += 1
+            if served == skip:
+                assert df.batch_skipped("pol", b.batch_id)
+            else:
+                version += 1
+                df.on_weights("pol", version, b.batch_id)
+    return version, df.counters()["tasks.emitted"]
+
+
 @pytest.mark.parametrize("skip", [2, 3, 4])
 def test_a_skipped_batch_does_not_strand_tasks_emitted_ahead(skip):
     """A served batch the trainer skips (a duplicate after a restart) trains no version, so tasks
@@ -100,20 +119,8 @@ def test_a_skipped_batch_does_not_strand_tasks_emitted_ahead(skip):
     goes on."""
     B, eta = 2, 1
     df = Dataflow(DataflowConfig(policies=["pol"], groups_per_batch=B, max_staleness=eta), _tasks(400))
-    nodes = _Nodes(df)
-    queue, version, served = [], 0, 0
-    for _round in range(60):
-        nodes.run(df.next_tasks(0.0))
-        queue += df.take_batches()
-        if queue:  # the trainer takes one batch a round; the skip is known only when it gets there
-            b = queue.pop(0)
-            served += 1
-            if served == skip:
-                assert df.batch_skipped("pol", b.batch_id)
-            else:
-                version += 1
-                df.on_weights("pol", version)
-    assert version >= 40
+    trained, _ = _train_to_the_end(df, steps=1000, skip=skip, rounds=60)
+    assert trained >= 40
 
 
 def test_emission_slack_keeps_versions_of_the_bound_free_for_late_groups():
@@ -162,24 +169,6 @@ def test_route_pools_sends_each_task_to_the_pool_with_most_free_slots():
     df.on_weights("pol", 1)  # room for more under the staleness bound
     nxt = df.next_tasks(0.0)
     assert nxt and {t.pool for t in nxt} == {"fast"}
-
-
-def _train_to_the_end(df: Dataflow, steps: int, *, skip: int | None = None, rounds: int = 40) -> tuple[int, int]:
-    """A trainer that takes one batch a round, announcing each version with its batch, until ``steps``
-    steps (the batch served ``skip``-th is skipped as a duplicate); returns (steps trained, tasks emitted)."""
-    nodes, queue, version, served = _Nodes(df), [], 0, 0
-    for _round in range(rounds):
-        nodes.run(df.next_tasks(0.0))
-        queue += df.take_batches()
-        if queue and version < steps:
-            b = queue.pop(0)
-            served += 1
-            if served == skip:
-                assert df.batch_skipped("pol", b.batch_id)
-            else:
-                version += 1
-                df.on_weights("pol", version, b.batch_id)
-    return version, df.counters()["tasks.emitted"]
 
 
 @pytest.mark.parametrize("mode", ["async", "sync"])
