@@ -292,6 +292,13 @@ def test_an_announcement_naming_its_last_batch_holds_emission_back_after_a_train
                         trajectory.to_table([traj(prompt_id, 0, version, 1.0), traj(prompt_id, 1, version, 0.0)]),
                         trajectory.SCHEMA_NAME, trajectory.SCHEMA_VERSION).result(10)
 
+    def batches_made(n: int) -> None:
+        """Wait until the dataflow made ``n`` batches: its trajectories and an announcement sent after them
+        are on different topics, and it may read the announcement first."""
+        made = read_until(metrics_c, 1, pred=lambda m: (m.obj or {}).get("counters", {}).get(
+            "batches.solver.batches", 0) >= n)
+        assert made, f"the dataflow never made {n} batches"
+
     def announce(version: int, batch_id: str) -> int:
         """Announce ``version`` as trained through ``batch_id``; the tasks emitted once the dataflow read it."""
         prod.send_json(topics.weights("solver"), str(version), {"version": version, "batch_id": batch_id},
@@ -306,6 +313,7 @@ def test_an_announcement_naming_its_last_batch_holds_emission_back_after_a_train
         assert sorted(read_tasks(tasks_c, 4)) == ["p0", "p1", "p2", "p3"]  # (max_staleness + 1) x groups_per_batch
         finish("p0", 0)  # batch 0
         finish("p1", 0)  # batch 1
+        batches_made(2)
         assert announce(1, "solver-00000000") == 5
         assert announce(2, "solver-00000001") == 6
         assert sorted(read_tasks(tasks_c, 2)) == ["p4", "p5"]
@@ -313,8 +321,10 @@ def test_an_announcement_naming_its_last_batch_holds_emission_back_after_a_train
         # trains batch 1 again into v4, and the batches after it into v5 and on.
         assert announce(3, "solver-00000000") == 6
         finish("p4", 2)  # batch 2: trained by v4 (3 versions after its tokens' v2 at most: kept)
+        batches_made(3)
         assert announce(4, "solver-00000001") == 6  # 7 by the versions alone
         finish("p5", 2)  # batch 3
+        batches_made(4)
         assert announce(5, "solver-00000002") == 7  # 8 by the versions alone
         assert read_tasks(tasks_c, 2, timeout_s=3) == ["p6"]
     finally:
