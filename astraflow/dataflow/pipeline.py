@@ -222,7 +222,7 @@ class Dataflow:
             untrained = b.counters["batches"] - (self.versions[policy] - self._base_version[policy])
             b.counters["lost_untrained"] += max(0, untrained)
         self.emitter.set_version(policy, version)
-        self._base_version[policy] = self.versions[policy] - self.batchers[policy].counters["batches"]
+        self._base_version[policy] = self.versions[policy] - b.counters["batches"]
         if self.cfg.mode == "sync":  # the wave's batch is gone: the next wave is for the current version
             self._batched_this_wave.discard(policy)
             self.emitter.wave_version = -1

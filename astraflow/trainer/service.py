@@ -31,7 +31,8 @@ Metrics (``<run>.metrics``, key ``trainer.<policy>``): one record per step once 
 published (``publish_bytes`` known; ``publish_s``: seconds from the step's end to its version's
 announcement being acknowledged; the torch backend's ``zero_adv_frac`` and ``trained_trajectories``),
 ``{"event": "skipped", "reason": "duplicate" | "invalid", "batch_id"}`` for a batch record whose id was
-trained already (a restarted dataflow re-produced it) or that does not decode (``batch_id``: its key), and ``{"event": "done"}`` after ``trainer.steps`` steps.
+trained already (a restarted dataflow re-produced it) or that does not decode (``batch_id``: its key),
+and ``{"event": "done"}`` after ``trainer.steps`` steps.
 """
 
 from __future__ import annotations
@@ -282,20 +283,21 @@ class TrainerService:
             log.error("trainer %s: skipping batch record %s@%d: %s", self.policy, key, msg.offset, exc)
             self.skipped["invalid"] += 1
             self._consumed(msg)
-            # The dataflow counts the batch (keyed by its id) as a version to come and the run's end as
-            # nearer by one batch: tell it that it will train neither.
-            self._emit({"event": "skipped", "reason": "invalid", "batch_id": str(msg.key), "step": self.step,
-                        "version": self.version})
+            self._report_skipped("invalid", str(msg.key))  # batch records are keyed by their id
             return False
         if b.batch_id in self._trained:
             self.skipped["duplicate"] += 1
             self._consumed(msg)
-            # The dataflow counts this batch as a version to come: tell it that it will not.
-            self._emit({"event": "skipped", "reason": "duplicate", "batch_id": b.batch_id, "step": self.step,
-                        "version": self.version})
+            self._report_skipped("duplicate", b.batch_id)
             return False
         msg.extra["batch"] = b
         return True
+
+    def _report_skipped(self, reason: str, batch_id: str) -> None:
+        """The dataflow counts a batch it served as a version to come and its run's end as one batch
+        nearer: tell it that this one trains neither."""
+        self._emit({"event": "skipped", "reason": reason, "batch_id": batch_id, "step": self.step,
+                    "version": self.version})
 
     def _consumed(self, msg: Any) -> None:
         self.offsets[_offset_key(msg.topic, msg.partition)] = msg.offset + 1
