@@ -24,13 +24,13 @@ def traj(prompt_id: str, i: int, version: int, reward: float) -> Trajectory:
     )
 
 
-def start(cfg, section, dataset):
+def start(cfg, section, dataset, **options):
     stop = threading.Event()
     result: dict = {}
 
     def body():
         result["counters"] = run_dataflow(cfg, section, stop, dataset=dataset, checkpoint_every_s=0.5,
-                                          metrics_every_s=0.2)
+                                          metrics_every_s=0.2, **options)
 
     th = threading.Thread(target=body, daemon=True)
     th.start()
@@ -335,6 +335,39 @@ def test_an_announcement_naming_its_last_batch_holds_emission_back_after_a_train
         prod.close()
     c = result["counters"]
     assert c["tasks.emitted"] == 7 and c["batches.solver.batches"] == 4 and c.get("trajectories.stale", 0) == 0
+
+
+def test_told_the_trainers_step_count_the_dataflow_emits_nothing_for_after_the_last_step(test_cluster, unique_name):
+    """``train_steps`` (the recipe's ``trainer.steps``, passed by ``astraflow run``): once the run's last
+    batch is served, a new version opens no room: the tasks emitted are its batch's and one batch's worth
+    of spares (by the versions alone, the announcement would let one more out)."""
+    from astraflow.log import LogConsumer, LogProducer, Topics
+
+    cfg, topics = test_cluster, Topics(test_cluster.run)
+    section = DataflowConfig(policies=["solver"], groups_per_batch=1, max_staleness=1, min_group_samples=1,
+                             epochs=1, emit_ahead=False, task_timeout_s=900)
+    dataset = [Task(f"p{i}", f"q{i}", answer=str(i), samples=2) for i in range(8)]
+    prod = LogProducer(cfg, "test-raas")
+    tasks_c = LogConsumer(cfg, topics.tasks("default"), unique_name("raas"))
+    metrics_c = LogConsumer(cfg, topics.metrics, unique_name("metrics"))
+    stop, th, result = start(cfg, section, dataset, train_steps=1)
+    try:
+        assert sorted(read_tasks(tasks_c, 2)) == ["p0", "p1"]  # the one batch's group and a spare
+        prod.send_table(topics.trajectories, "p0", trajectory.to_table([traj("p0", 0, 0, 1.0), traj("p0", 1, 0, 0.0)]),
+                        trajectory.SCHEMA_NAME, trajectory.SCHEMA_VERSION).result(10)
+        prod.send_json(topics.weights("solver"), "1", {"version": 1, "batch_id": "solver-00000000"},
+                       *WEIGHT_ANNOUNCEMENT_SCHEMA).result(10)
+        seen = read_until(metrics_c, 1, pred=lambda m: (m.obj or {}).get("versions", {}).get("solver") == 1
+                          and m.obj["counters"].get("batches.solver.batches") == 1)
+        assert seen and seen[0].obj["counters"]["tasks.emitted"] == 2
+        assert read_tasks(tasks_c, 1, timeout_s=2) == []
+    finally:
+        stop.set()
+        th.join(30)
+        tasks_c.close()
+        metrics_c.close()
+        prod.close()
+    assert result["counters"]["tasks.emitted"] == 2 and result["counters"]["tasks.in_flight"] == 1
 
 
 def test_tasks_emitted_together_share_a_record_per_partition_each_in_its_own_keys_partition(test_cluster,
