@@ -1,0 +1,468 @@
+"""Long run: does a run stay as fast, and its storage as small, at step 5,000 as at step 500?
+
+    .venv/bin/python benchmarks/long_run.py                                  # 5,000 steps, s3 then memory
+    .venv/bin/python benchmarks/long_run.py --steps 120 --samples 4          # a smoke (figures mean little)
+    .venv/bin/python benchmarks/long_run.py --storages s3 --plot long.png --keep /tmp/long
+
+Each log storage of ``--storages`` (default ``s3,memory``: the durable default measured first, the
+in-memory log as the baseline second, in the same invocation) gets one real ``astraflow run`` of
+``--recipe`` (default examples/recipes/math.yaml, the CPU demo) for ``--steps`` trainer steps, as a
+subprocess with ``ASTRAFLOW_STATE_DIR`` set to a private temporary state dir (the launcher starts and
+owns a private embedded stack: Tansu + SeaweedFS), ``--log-storage <storage>``, ``--no-live``, its own
+runs dir. The benchmark only reads: ``runs/<run>/metrics.jsonl`` (incrementally) and, while the run
+runs, the stack's bucket, state dir and ``/proc``. It depends on no retention or trimming code.
+
+Definitions (``S`` = the last trainer step recorded; every process is on this machine, one clock):
+* tenths: steps ``(round(k*S/10), round((k+1)*S/10)]`` for k = 0..9. A trainer step record is a
+  trainer record with ``step`` and ``batch_id`` and no ``event``; its ``time`` is when the step's
+  version was published (the record is sent then). A step recorded twice (a restarted trainer) counts
+  its last record.
+* ``s_per_step`` of a tenth: (time of its last step record - time of the previous tenth's last one)
+  / the steps between; the first tenth starts at step 1's record (the SFT warm start and start-up
+  are excluded). ``ratio`` = last tenth / first tenth. Beside it, per tenth, the mean of the step
+  records' ``step_s`` (the optimizer step), ``wait_s`` (waiting for a batch) and ``publish_s`` (step
+  end -> announcement acknowledged): where the time goes when ``s_per_step`` grows.
+* hand-off latency per consumer: the components put ``handoff_ms`` per topic in their metrics
+  records (send -> poll, astraflow/log/handoff.py, with up to 256 samples each). Per (component,
+  topic without the run prefix), e.g. ``raas <- tasks.default``, the p50 of the merged samples of
+  the records whose ``time`` falls in a tenth (tenth k ends at the time of its last step record;
+  records before step 1 count in the first tenth, records after step S in none); ``ratio``
+  last / first.
+* storage samples, ``--samples`` of them (default 10: one at the end of each tenth of ``--steps``;
+  the last a few steps (1 %, at least 2) before the end so the stack still runs), each: the broker's
+  bucket (``tansu``: objects and bytes, per topic from keys
+  ``clusters/<cluster>/topics/<topic>/partitions/<p>/records/<offset>.batch``; keys outside
+  ``topics/`` under ``_<their kind>``; empty with the memory log, which lives in Tansu's RSS), the
+  data bucket under ``<run>/``: ``trainer/`` (checkpoints), ``weights/``, ``dataflow/`` (and the size
+  of ``dataflow/state.json``, the dataflow's saved state), ``archive/``, ``claims/``; bytes on disk
+  of the state dir (allocated blocks, as ``du``); VmRSS of Tansu and SeaweedFS (their pid files in the
+  state dir). ``growth`` of a series = last sample / first sample (the first is taken after the
+  first tenth: warm-up done); ``sample_s`` is what the listing took.
+
+Prints a compact table per storage on stderr and ONE JSON line last on stdout (every figure, the
+commit and the date). ``--plot PATH`` writes a PNG (s/step per tenth per storage, broker objects and
+Tansu RSS over steps) when matplotlib is installed. Exit status 0 when every run finished (launcher
+exit 0 and step ``--steps`` recorded) and the first storage's ratio is at most ``--max-ratio``
+(default 1.15; 0 turns the check off), 1 otherwise. A 5,000-step run takes hours on 2 cores: do not
+start one on a shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from chaos import is_step
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPE = ROOT / "examples" / "recipes" / "math.yaml"
+TENTHS = 10
+DATA_PREFIXES = ("trainer", "weights", "dataflow", "archive", "claims")
+
+
+# -- the run -----------------------------------------------------------------------------------
+class Launcher:
+    """``astraflow run`` on its own private embedded stack with the given log storage."""
+
+    def __init__(self, work: Path, run_id: str, recipe: Path, storage: str, steps: int, timeout_s: float) -> None:
+        self.state_dir = work / "state"
+        self.run_dir = work / "runs" / run_id
+        self.out_path = work / "launcher.out"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAFLOW_")}
+        env["ASTRAFLOW_STATE_DIR"] = str(self.state_dir)  # no cluster configured: a private embedded stack
+        cmd = [sys.executable, "-m", "astraflow.cli.main", "run", str(recipe), "--run-id", run_id,
+               "--runs-dir", str(work / "runs"), "--log-storage", storage, "--no-live", "--steps", str(steps),
+               "--timeout", str(timeout_s), "--grace", "10"]
+        with open(self.out_path, "w") as out:
+            self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, cwd=work)
+        self._pos = 0
+        self._records: list[dict] = []
+
+    def records(self) -> list[dict]:
+        """metrics.jsonl so far (read incrementally; a partly written last line waits)."""
+        path = self.run_dir / "metrics.jsonl"
+        if path.exists():
+            with open(path, "rb") as f:
+                f.seek(self._pos)
+                data = f.read()
+            end = data.rfind(b"\n") + 1
+            for line in data[:end].splitlines():
+                try:
+                    self._records.append(json.loads(line))
+                except ValueError:
+                    pass
+            self._pos += end
+        return self._records
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()  # the launcher stops its components and its stack
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def output_tail(self, n: int = 3000) -> str:
+        return self.out_path.read_text(errors="replace")[-n:]
+
+
+# -- storage samples ---------------------------------------------------------------------------
+def rss_kb(pid_file: Path) -> int | None:
+    try:
+        pid = int(json.loads(pid_file.read_text())["pid"])
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+    return None
+
+
+def disk_bytes(path: Path) -> int:
+    """Allocated bytes under ``path`` (``du``'s figure); files that vanish meanwhile are skipped."""
+    total = 0
+    for root, dirs, files in os.walk(path):
+        for name in files + dirs:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+class StorageProbe:
+    """Reads the stack's buckets, state dir and processes (never writes)."""
+
+    def __init__(self, state_dir: Path, run_id: str) -> None:
+        self.state_dir = state_dir
+        self.run_id = run_id
+        self._client: Any = None
+
+    def _ready(self) -> bool:
+        if self._client is None and (self.state_dir / "stack.json").exists():
+            from astraflow.config import ClusterConfig
+            from astraflow.objstore.client import ObjectStore
+
+            cfg = ClusterConfig(run=self.run_id, state_dir=self.state_dir).resolve()
+            self._data = ObjectStore.from_config(cfg, check_bucket=False)
+            self._client = self._data.client
+        return self._client is not None
+
+    def _list(self, bucket: str, prefix: str = "") -> list[tuple[str, int]]:
+        pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        return [(o["Key"], int(o["Size"])) for page in pages for o in page.get("Contents", [])]
+
+    def sample(self, step: int) -> dict[str, Any] | None:
+        if not self._ready():
+            return None
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        from astraflow.dataflow.service import STATE_OBJECT
+        from astraflow.embedded.tansu import TANSU_BUCKET
+        from astraflow.objstore.layout import RunLayout
+
+        t0 = time.monotonic()
+        out: dict[str, Any] = {"step": step, "time": time.time()}
+        try:
+            by_topic: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+            for key, size in self._list(TANSU_BUCKET):
+                parts = key.split("/")
+                name = (parts[3].removeprefix(self.run_id + ".") if len(parts) > 3 and parts[2] == "topics"
+                        else "_" + (parts[2] if len(parts) > 2 else parts[0]))
+                by_topic[name][0] += 1
+                by_topic[name][1] += size
+            out["broker"] = {"objects": sum(v[0] for v in by_topic.values()),
+                             "bytes": sum(v[1] for v in by_topic.values()), "by_topic": dict(sorted(by_topic.items()))}
+            data: dict[str, list[int]] = {p: [0, 0] for p in DATA_PREFIXES}
+            state_key = RunLayout(self.run_id).dataflow_key(STATE_OBJECT)
+            out["dataflow_state_bytes"] = None
+            for key, size in self._list(self._data.bucket, self.run_id + "/"):
+                kind = key.split("/")[1]
+                data.setdefault(kind, [0, 0])
+                data[kind][0] += 1
+                data[kind][1] += size
+                if key == state_key:
+                    out["dataflow_state_bytes"] = size
+            out["data"] = {k: {"objects": v[0], "bytes": v[1]} for k, v in data.items()}
+        except (BotoCoreError, ClientError, OSError) as exc:  # the stack went down under us (the run's end): keep what we have
+            out["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        out["state_dir_bytes"] = disk_bytes(self.state_dir)
+        out["tansu_rss_kb"] = rss_kb(self.state_dir / "tansu.pid")
+        out["seaweedfs_rss_kb"] = rss_kb(self.state_dir / "seaweedfs.pid")
+        out["sample_s"] = round(time.monotonic() - t0, 3)
+        return out
+
+
+def sample_steps(steps: int, samples: int) -> list[int]:
+    """The trainer steps after which to sample: the end of each 1/samples of the run, the last one a
+    few steps early (the launcher stops the stack as soon as the last step is recorded)."""
+    at = [max(1, round((i + 1) * steps / samples)) for i in range(samples)]
+    at[-1] = max(1, steps - max(2, steps // 100))
+    return sorted(set(at))
+
+
+# -- analysis ----------------------------------------------------------------------------------
+def step_times(records: list[dict]) -> dict[int, dict]:
+    """The last record of each trainer step."""
+    steps: dict[int, dict] = {}
+    for r in records:
+        if is_step(r):
+            steps[int(r["step"])] = r
+    return dict(sorted(steps.items()))
+
+
+def tenth_bounds(last_step: int) -> list[tuple[int, int]]:
+    return [(round(k * last_step / TENTHS), round((k + 1) * last_step / TENTHS)) for k in range(TENTHS)]
+
+
+def _at_or_below(steps: dict[int, dict], step: int) -> tuple[int, float] | None:
+    best = max((s for s in steps if s <= step), default=None)
+    return None if best is None else (best, float(steps[best]["time"]))
+
+
+def _mean(xs: list[float]) -> float | None:
+    return round(statistics.fmean(xs), 4) if xs else None
+
+
+def _ratio(series: list[float | None]) -> float | None:
+    vals = [x for x in series if x is not None]
+    return round(vals[-1] / vals[0], 3) if len(vals) >= 2 and vals[0] else None
+
+
+def per_tenth(steps: dict[int, dict]) -> dict[str, Any]:
+    """s/step, step_s, wait_s and publish_s per tenth, and the tenths' end times."""
+    if not steps:
+        return {"s_per_step": [], "ratio": None, "ends": []}
+    last = max(steps)
+    rows: dict[str, list] = {"s_per_step": [], "step_s": [], "wait_s": [], "publish_s": [], "ends": []}
+    for lo, hi in tenth_bounds(last):
+        a = _at_or_below(steps, lo) if lo > 0 else _at_or_below(steps, min(steps))
+        b = _at_or_below(steps, hi)
+        rows["s_per_step"].append(round((b[1] - a[1]) / (b[0] - a[0]), 4) if a and b and b[0] > a[0] else None)
+        rows["ends"].append(b[1] if b else None)
+        inside = [r for s, r in steps.items() if lo < s <= hi]
+        for field in ("step_s", "wait_s", "publish_s"):
+            rows[field].append(_mean([float(r[field]) for r in inside if r.get(field) is not None]))
+    return {**rows, "ratio": _ratio(rows["s_per_step"])}
+
+
+def handoffs(records: list[dict], ends: list[float | None], run_id: str) -> dict[str, dict]:
+    """p50 of each consumer's hand-off samples per tenth (by record time), and last / first."""
+    if not ends or ends[-1] is None:
+        return {}
+    merged: dict[str, list[list[float]]] = defaultdict(lambda: [[] for _ in ends])
+    for r in records:
+        h = r.get("handoff_ms")
+        if not isinstance(h, dict) or not h:
+            continue
+        t = float(r.get("time") or 0)
+        k = next((i for i, end in enumerate(ends) if end is not None and t <= end), None)
+        if k is None:
+            continue
+        for topic, figures in h.items():
+            name = f"{r.get('component')} <- {topic.removeprefix(run_id + '.')}"
+            merged[name][k] += figures.get("samples") or [figures["p50"]] * int(figures.get("n", 0) > 0)
+    out = {}
+    for name, tenths in sorted(merged.items()):
+        p50 = [round(statistics.median(xs), 1) if xs else None for xs in tenths]
+        out[name] = {"p50_ms": p50, "n": [len(xs) for xs in tenths], "ratio": _ratio(p50)}
+    return out
+
+
+def series(samples: list[dict]) -> dict[str, list]:
+    """Flat series of the storage samples, one value per sample."""
+    def get(s: dict, *path: str) -> Any:
+        for p in path:
+            s = s.get(p) if isinstance(s, dict) else None
+        return s
+
+    out = {"step": [s["step"] for s in samples],
+           "broker_objects": [get(s, "broker", "objects") for s in samples],
+           "broker_bytes": [get(s, "broker", "bytes") for s in samples]}
+    for p in DATA_PREFIXES:
+        out[f"{p}_objects"] = [get(s, "data", p, "objects") for s in samples]
+        out[f"{p}_bytes"] = [get(s, "data", p, "bytes") for s in samples]
+    for f in ("dataflow_state_bytes", "state_dir_bytes", "tansu_rss_kb", "seaweedfs_rss_kb", "sample_s"):
+        out[f] = [s.get(f) for s in samples]
+    return out
+
+
+def measure(storage: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    work.mkdir(parents=True, exist_ok=True)
+    run_id = f"long-{storage}-{time.strftime('%Y%m%d-%H%M%S')}"
+    print(f"long_run: {storage}: {args.steps} steps of {args.recipe}, work dir {work}", file=sys.stderr, flush=True)
+    t0 = time.monotonic()
+    launcher = Launcher(work, run_id, Path(args.recipe).resolve(), storage, args.steps, args.timeout)
+    probe = StorageProbe(launcher.state_dir, run_id)
+    todo = sample_steps(args.steps, args.samples)
+    samples: list[dict] = []
+    last_report = step = seen = 0
+    try:
+        while launcher.proc.poll() is None and time.monotonic() - t0 < args.timeout + 60:
+            recs = launcher.records()
+            step = max([step] + [int(r["step"]) for r in recs[seen:] if is_step(r)])
+            seen = len(recs)
+            if todo and step >= todo[0]:
+                s = probe.sample(step)
+                if s is not None:
+                    samples.append(s)
+                    while todo and todo[0] <= step:
+                        todo.pop(0)
+            if step >= last_report + max(1, args.steps // 20):
+                last_report = step
+                print(f"  {storage}: step {step}/{args.steps} at {time.monotonic() - t0:.0f} s", file=sys.stderr,
+                      flush=True)
+            time.sleep(0.5)
+        try:
+            rc = launcher.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            rc = None
+    finally:
+        launcher.stop()
+    wall = time.monotonic() - t0
+    records = launcher.records()
+    steps = step_times(records)
+    done = max(steps, default=0)
+    finished = rc == 0 and done >= args.steps
+    tenths = per_tenth(steps)
+    ser = series(samples)
+    growth = {k: _ratio(v) for k, v in ser.items() if k not in ("step", "sample_s")}
+    result = {
+        "log_storage": storage, "run_id": run_id, "finished": finished, "returncode": rc, "steps_done": done,
+        "wall_s": round(wall, 1),
+        "s_per_step": tenths["s_per_step"], "ratio": tenths["ratio"],
+        "step_s": tenths["step_s"], "wait_s": tenths["wait_s"], "publish_s": tenths["publish_s"],
+        "handoff": handoffs(records, tenths["ends"], run_id),
+        "samples": ser, "growth": growth,
+        "final": samples[-1] if samples else None,
+        "restarts": dict(Counter(r.get("component") for r in records
+                                 if r.get("kind") == "supervisor" and r.get("event") == "restart")),
+    }
+    if not finished:
+        result["launcher_output_tail"] = launcher.output_tail(1500)
+    return result
+
+
+# -- reporting ---------------------------------------------------------------------------------
+def _fmt(x: Any, scale: float = 1.0, digits: int = 2) -> str:
+    return "-" if x is None else f"{x / scale:.{digits}f}"
+
+
+def print_summary(res: dict[str, Any]) -> None:
+    err = sys.stderr
+    print(f"\n{res['log_storage']}: {'finished' if res['finished'] else 'NOT finished'} (rc {res['returncode']}), "
+          f"{res['steps_done']} steps in {res['wall_s']:.0f} s; s/step last/first tenth = {res['ratio']}", file=err)
+    print("  tenth          " + "".join(f"{k + 1:>8d}" for k in range(TENTHS)) + "   last/first", file=err)
+    for field in ("s_per_step", "step_s", "wait_s", "publish_s"):
+        vals = res[field]
+        print(f"  {field:14s} " + "".join(f"{_fmt(v, digits=3):>8s}" for v in vals)
+              + (f"   {_ratio(vals)}" if vals else ""), file=err)
+    for name, h in res["handoff"].items():
+        print(f"  p50 ms {name[:30]:30s} " + "".join(f"{_fmt(v, digits=0):>6s}" for v in h["p50_ms"])
+              + f"   {h['ratio']}", file=err)
+    s = res["samples"]
+    print("  sample   step  broker obj   MB  trainer MB weights MB df-state KB archive MB state-dir MB"
+          "  tansu RSS MB  list s", file=err)
+    for i, step in enumerate(s["step"]):
+        print(f"  {i + 1:6d} {step:6d} {s['broker_objects'][i] or 0:11d} {_fmt(s['broker_bytes'][i], 2**20, 1):>5s}"
+              f" {_fmt(s['trainer_bytes'][i], 2**20, 1):>11s} {_fmt(s['weights_bytes'][i], 2**20, 1):>10s}"
+              f" {_fmt(s['dataflow_state_bytes'][i], 2**10, 1):>10s} {_fmt(s['archive_bytes'][i], 2**20, 1):>10s}"
+              f" {_fmt(s['state_dir_bytes'][i], 2**20, 1):>12s} {_fmt(s['tansu_rss_kb'][i], 2**10, 1):>13s}"
+              f" {_fmt(s['sample_s'][i]):>7s}", file=err)
+    if not res["finished"]:
+        print("  launcher output (tail):\n" + res.get("launcher_output_tail", ""), file=err)
+
+
+def plot(results: dict[str, dict], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("long_run: matplotlib is not installed; no plot", file=sys.stderr)
+        return
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for storage, res in results.items():
+        axes[0].plot(range(1, len(res["s_per_step"]) + 1), res["s_per_step"], marker="o", label=storage)
+        s = res["samples"]
+        axes[1].plot(s["step"], [x or 0 for x in s["broker_objects"]], marker="o", label=storage)
+        axes[2].plot(s["step"], [(x or 0) / 1024 for x in s["tansu_rss_kb"]], marker="o", label=storage)
+    for ax, title in zip(axes, ("s / step per tenth of the run", "broker bucket objects", "Tansu RSS (MiB)")):
+        ax.set_title(title)
+        ax.legend()
+    axes[0].set_xlabel("tenth")
+    axes[1].set_xlabel("trainer step")
+    axes[2].set_xlabel("trainer step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    print(f"long_run: plot in {path}", file=sys.stderr)
+
+
+def commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=5000, help="trainer steps of each run (default 5000)")
+    ap.add_argument("--storages", default="s3,memory",
+                    help="log storages to run, in order (default s3,memory; the first one's ratio is checked)")
+    ap.add_argument("--recipe", default=str(RECIPE), help="recipe YAML (default examples/recipes/math.yaml)")
+    ap.add_argument("--samples", type=int, default=10, help="storage samples per run (default 10: one per tenth)")
+    ap.add_argument("--timeout", type=float, default=6 * 3600.0, help="the launcher's --timeout per run, seconds")
+    ap.add_argument("--max-ratio", type=float, default=1.15,
+                    help="exit 1 when the first storage's last/first-tenth s/step is above this (0: no check)")
+    ap.add_argument("--plot", help="write a PNG here")
+    ap.add_argument("--keep", help="keep the runs (state dirs, runs dirs, logs) in this directory")
+    args = ap.parse_args(argv)
+    storages = [s.strip() for s in args.storages.split(",") if s.strip()]
+    if args.steps < TENTHS or args.samples < 1 or not storages:
+        raise SystemExit(f"--steps must be at least {TENTHS}, --samples at least 1, --storages not empty")
+
+    tmp = None
+    if args.keep:
+        work = Path(args.keep).resolve()
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="af-long-")
+        work = Path(tmp.name)
+    try:
+        results = {s: measure(s, args, work / s) for s in storages}
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    for res in results.values():
+        print_summary(res)
+    first = results[storages[0]]
+    ratio_ok = not args.max_ratio or (first["ratio"] is not None and first["ratio"] <= args.max_ratio)
+    ok = all(r["finished"] for r in results.values()) and ratio_ok
+    if args.plot:
+        plot(results, args.plot)
+    out = {"benchmark": "long_run", "recipe": str(Path(args.recipe).resolve().relative_to(ROOT))
+           if Path(args.recipe).resolve().is_relative_to(ROOT) else args.recipe,
+           "steps": args.steps, "samples": args.samples, "storages": results,
+           "max_ratio": args.max_ratio, "ratio": first["ratio"], "target_met": ok,
+           "commit": commit(), "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+    print(json.dumps(out), flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
