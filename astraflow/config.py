@@ -27,6 +27,22 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class LogRetentionSettings(_Section):
+    """How much of a run's log is kept (docs/running.md, "Log retention"): a record leaves the log once
+    every consumer group of the run that reads its topic (the archiver's among them) has committed past
+    it and it is older than ``keep_s``. The archiver does it, so a run without one keeps its log."""
+
+    enabled: bool = True
+    """Trim the run's topics while it runs. Off: the log keeps every record, and the embedded broker's
+    s3 log slows every fetch down as the run ages (its fetches list the partition's whole history)."""
+    keep_s: float = Field(default=30.0, ge=0)
+    """Every record stays at least this long, whatever the commits say: a dataflow restarted after a
+    crash reads back the task and batch records its lost life sent after its last save (saved every
+    5 s) and looks up its in-flight tasks' records."""
+    interval_s: float = Field(default=10.0, gt=0)
+    """Seconds between two trims."""
+
+
 class KafkaSettings(_Section):
     bootstrap: str | None = None
     """``host:port[,host:port]`` of the Kafka brokers; ``None`` means the embedded Tansu broker."""
@@ -46,6 +62,12 @@ class KafkaSettings(_Section):
     (each one a bucket listing on Tansu's s3 log). ``None``: 20 ms on an embedded
     in-memory log, 100 ms on the embedded s3 log (``benchmarks/pipeline_overhead.py``), else
     kafka-python's 500 ms (a Kafka broker answers a held fetch as soon as a record arrives)."""
+
+    embedded_log: Literal["s3", "memory"] | None = None
+    """The embedded broker's log storage, filled in by :meth:`ClusterConfig.resolve` from the running
+    stack (None: another broker). It says how retention trims the log (:mod:`astraflow.log.trim`)."""
+    retention: LogRetentionSettings = Field(default_factory=LogRetentionSettings)
+    """What of the run's log is kept while it runs."""
 
     def client_kwargs(self) -> dict[str, Any]:
         """Connection settings as kafka-python keyword arguments (bootstrap must be resolved)."""
@@ -177,8 +199,11 @@ class ClusterConfig(_Section):
             )
         stack = json.loads(stack_file.read_text())
         kafka_update: dict[str, Any] = {"bootstrap": self.kafka.bootstrap or stack["kafka_bootstrap"]}
-        if self.kafka.bootstrap is None and self.kafka.fetch_max_wait_ms is None:
-            kafka_update["fetch_max_wait_ms"] = EMBEDDED_FETCH_MAX_WAIT_MS.get(stack.get("log_storage", "s3"))
+        if self.kafka.bootstrap is None:
+            storage = stack.get("log_storage", "s3")
+            kafka_update["embedded_log"] = storage
+            if self.kafka.fetch_max_wait_ms is None:
+                kafka_update["fetch_max_wait_ms"] = EMBEDDED_FETCH_MAX_WAIT_MS.get(storage)
         kafka = self.kafka.model_copy(update=kafka_update)
         s3_update = {}
         if self.s3.endpoint is None:

@@ -17,7 +17,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "archive", help="archive a run's trajectories, batches, weights and metrics to Parquet in the bucket",
         description="Consume the run's topics in group <run>.archive and write Parquet parts under "
-        "<run>/archive/kind=<kind>/policy=<policy>/ (upload, then commit: exactly once across restarts).")
+        "<run>/archive/kind=<kind>/policy=<policy>/ (upload, then commit: exactly once across restarts). "
+        "While it runs, records every reading group of the run has committed past leave the log "
+        "(kafka.retention in the cluster config; docs/running.md, \"Log retention\").")
     p.add_argument("--recipe", default=None, help="recipe YAML (its run id and policies)")
     p.add_argument("--run-id", default=None, help="run id (default: the cluster config's / $ASTRAFLOW_RUN, "
                    "else the recipe's `run`)")
@@ -38,6 +40,7 @@ def cmd_archive(args: argparse.Namespace) -> int:
     from astraflow.cli.components import _stop_on_signals
     from astraflow.config import ConfigError
     from astraflow.log.client_logs import summarise_kafka_logs
+    from astraflow.log.retention import LogRetention
 
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -57,9 +60,18 @@ def cmd_archive(args: argparse.Namespace) -> int:
     stop = _stop_on_signals()
     archiver = Archiver(cfg, policies, max_records=args.max_records, max_bytes=int(args.max_mb * 1024 * 1024),
                         flush_s=args.flush_s)
+    # The archiver is the log's last reader: once it and the run's other groups have committed past a
+    # record, the log need not keep it (the task topics only where the recipe names the pools).
+    pools = [p.name for p in recipe.pools] if recipe is not None else []
+    retention = LogRetention.for_run(cfg, pools, policies)
+    if retention is not None:
+        retention.start()
     try:
         stats = archiver.run(stop, idle_exit_s=args.idle_exit)
     finally:
+        if retention is not None:
+            retention.stop()
         archiver.close()
-    print(json.dumps({"run": run, **stats.as_dict()}))
+    print(json.dumps({"run": run, **stats.as_dict(),
+                      **({"log_retention": retention.stats.as_dict()} if retention is not None else {})}))
     return 0

@@ -30,6 +30,9 @@ def default_log_storage() -> LogStorage:
 
 # The broker's own bucket on the embedded S3 when the log is durable.
 TANSU_BUCKET = "tansu"
+TANSU_CLUSTER_ID = "tansu_cluster"
+"""The cluster id the broker is started with (Tansu's default, so older state dirs still read): its
+s3 log's keys start with ``clusters/<id>/`` (:mod:`astraflow.log.trim` deletes batches under it)."""
 
 
 TANSU_BIN_ENV = "ASTRAFLOW_TANSU_BIN"
@@ -73,6 +76,7 @@ def tansu_argv(port: int, storage: LogStorage) -> list[str]:
         "--listener-url", url,
         "--advertised-listener-url", url,
         "--storage-engine", engine,
+        "--kafka-cluster-id", TANSU_CLUSTER_ID,
     ]
 
 

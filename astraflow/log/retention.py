@@ -1,0 +1,171 @@
+"""Log retention: the log is a buffer of what is in flight, the archive is the history.
+
+A record may leave the log once every reader of its topic has committed past it and it is older than
+``keep_s``. The readers are the run's own consumer groups, fixed by the recipe (:func:`run_readers`):
+the archiver's group reads every topic it archives, so nothing leaves the log before it is in the
+archive; the trainer's group commits only what a checkpoint holds, the dataflow's what its saved
+state holds, a pool's nodes a task whose trajectories are acknowledged. A reader that has committed
+nothing on a partition yet holds the whole partition. Groups outside the map (a node's own weights
+group, a replay's throwaway group) pin nothing: they read from the log's end or accept its start.
+
+``keep_s`` covers what commits do not say: a dataflow restarted after a crash adopts the task and
+batch records its lost life sent after its last save (every few seconds) and looks for its in-flight
+tasks' records; within ``keep_s`` they are all still there.
+
+How records leave is the broker's business (:mod:`astraflow.log.trim`); this module decides how far.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from astraflow.log.groups import ConsumerGroups
+from astraflow.log.offsets import Partition
+from astraflow.log.topics import Topics
+
+if TYPE_CHECKING:
+    from astraflow.config import ClusterConfig, LogRetentionSettings
+    from astraflow.log.trim import LogTrimmer
+
+log = logging.getLogger(__name__)
+
+CommittedOffsets = Mapping[str, Mapping[Partition, int]]
+"""group id -> (topic, partition) -> the group's committed offset (the next record it reads)."""
+
+
+def run_readers(run: str, pools: Iterable[str], policies: Iterable[str]) -> dict[str, list[str]]:
+    """topic -> the consumer groups that must have read a record before it may leave the log."""
+    topics, groups = Topics(run), ConsumerGroups(run)
+    readers = {topics.tasks(pool): [groups.raas(pool)] for pool in pools}
+    for policy in policies:
+        readers[topics.batches(policy)] = [groups.trainer(policy), groups.archive]
+        readers[topics.weights(policy)] = [groups.dataflow, groups.archive]
+    readers[topics.trajectories] = [groups.dataflow, groups.archive]
+    readers[topics.metrics] = [groups.dataflow, groups.archive]
+    return readers
+
+
+def trim_points(readers: Mapping[str, list[str]], committed: CommittedOffsets) -> dict[Partition, int]:
+    """(topic, partition) -> the offset below which every reader of the topic has committed; only
+    partitions on which every reader has committed something."""
+    points: dict[Partition, int] = {}
+    for topic, groups in readers.items():
+        partitions = {tp for g in groups for tp in committed.get(g, {}) if tp[0] == topic}
+        for tp in sorted(partitions):
+            offsets = [committed.get(g, {}).get(tp) for g in groups]
+            if all(o is not None for o in offsets):
+                points[tp] = min(o for o in offsets if o is not None)
+    return points
+
+
+def read_committed(cfg: ClusterConfig, groups: Iterable[str], timeout_s: float = 10.0) -> dict[str, dict[Partition, int]]:
+    """Every group's committed offsets, in one OffsetFetch request."""
+    from astraflow.log.admin import open_admin
+
+    admin = open_admin(cfg, timeout_s)
+    try:
+        got = admin.list_group_offsets(dict.fromkeys(sorted(set(groups))))
+    finally:
+        admin.close()
+    return {g: {(tp.topic, tp.partition): om.offset for tp, om in offsets.items() if om.offset >= 0}
+            for g, offsets in got.items()}
+
+
+@dataclass
+class RetentionStats:
+    passes: int = 0
+    records: int = 0
+    """Records removed (by offset span) over all passes."""
+    units: int = 0
+    """What the broker removed: stored batches (Tansu's objects) or partitions trimmed."""
+    errors: int = 0
+    last_pass_s: float = 0.0
+    below: dict[Partition, int] = field(default_factory=dict)
+    """Per partition, the log's start after the last pass that trimmed it."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"passes": self.passes, "records": self.records, "units": self.units, "errors": self.errors,
+                "last_pass_s": round(self.last_pass_s, 3),
+                "log_start": {f"{t}:{p}": o for (t, p), o in sorted(self.below.items())}}
+
+
+class LogRetention:
+    """Trims a run's topics every ``settings.interval_s`` on a thread of its own (:meth:`start`)."""
+
+    def __init__(self, readers: Mapping[str, list[str]], trimmer: LogTrimmer, settings: LogRetentionSettings,
+                 committed: Callable[[Iterable[str]], CommittedOffsets], *, clock: Callable[[], float] = time.time):
+        self.readers = dict(readers)
+        self.trimmer = trimmer
+        self.settings = settings
+        self.committed = committed
+        self.clock = clock
+        self.stats = RetentionStats()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    @classmethod
+    def for_run(cls, cfg: ClusterConfig, pools: Iterable[str], policies: Iterable[str]) -> LogRetention | None:
+        """Retention of run ``cfg.run`` on its broker, or None (said in the log) where it is off or the
+        broker's log cannot be trimmed."""
+        from astraflow.log.trim import trimmer_for
+
+        settings = cfg.kafka.retention
+        if not settings.enabled:
+            log.info("log retention is off (kafka.retention.enabled: false): the log keeps every record")
+            return None
+        trimmer = trimmer_for(cfg)
+        if trimmer is None:
+            return None
+        return cls(run_readers(cfg.run, pools, policies), trimmer, settings,
+                   lambda groups: read_committed(cfg, groups))
+
+    def pass_once(self) -> dict[Partition, int]:
+        """One pass: read the readers' commits and trim each partition below them; returns the
+        records removed per partition."""
+        t0 = time.monotonic()
+        committed = self.committed({g for groups in self.readers.values() for g in groups})
+        older_than = self.clock() - self.settings.keep_s
+        removed: dict[Partition, int] = {}
+        for tp, below in trim_points(self.readers, committed).items():
+            if below <= self.stats.below.get(tp, 0):
+                continue
+            result = self.trimmer.trim(tp, below, older_than)
+            self.stats.units += result.units
+            if result.records:
+                removed[tp] = result.records
+                self.stats.records += result.records
+            if result.log_start is not None:
+                self.stats.below[tp] = result.log_start
+        self.stats.passes += 1
+        self.stats.last_pass_s = time.monotonic() - t0
+        return removed
+
+    def run(self, stop: threading.Event) -> None:
+        """Pass every ``interval_s`` until ``stop``; a failed pass is logged and the next one tries again
+        (a broker or bucket restarting is not a reason to stop the archiver)."""
+        while not stop.wait(self.settings.interval_s):
+            try:
+                removed = self.pass_once()
+            except Exception as exc:  # noqa: BLE001 - retention must never take the archiver down
+                self.stats.errors += 1
+                log.warning("log retention: pass failed (%s: %s); trying again in %g s",
+                            type(exc).__name__, exc, self.settings.interval_s)
+                continue
+            if removed:
+                log.info("log retention: removed %d records (%s)", sum(removed.values()),
+                         ", ".join(f"{t}:{p} {n}" for (t, p), n in sorted(removed.items())))
+
+    def start(self) -> LogRetention:
+        self._thread = threading.Thread(target=self.run, args=(self._stop,), name="log-retention", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)

@@ -1,0 +1,205 @@
+"""Log retention on the embedded broker's durable s3 log: records every reader of a topic has committed
+past leave the log (Tansu's stored batches are deleted), and the broker then serves the rest as before;
+and in a whole ``astraflow run``, the archiver trims the log while the archive keeps every record."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from astraflow.config import ClusterConfig, LogRetentionSettings
+from astraflow.embedded import EmbeddedStack
+from astraflow.embedded.tansu import TANSU_BUCKET, TANSU_CLUSTER_ID
+from astraflow.log.retention import LogRetention, read_committed, run_readers, trim_points
+from astraflow.log.trim import TansuObjectTrimmer, trimmer_for
+from astraflow.objstore import ObjectStore
+
+ROOT = Path(__file__).parent.parent
+TOPIC = "ret.t"
+
+
+def test_a_partition_is_trimmed_only_below_every_reader() -> None:
+    readers = {"t": ["a", "b"], "u": ["a"]}
+    committed = {"a": {("t", 0): 40, ("t", 1): 7, ("u", 0): 3}, "b": {("t", 0): 30}}
+    # t:1 has no commit of b: b may still need all of it.
+    assert trim_points(readers, committed) == {("t", 0): 30, ("u", 0): 3}
+    assert trim_points(readers, {"a": committed["a"]}) == {("u", 0): 3}
+
+
+def test_the_run_readers_put_the_archiver_on_every_archived_topic() -> None:
+    readers = run_readers("r", ["fast"], ["solver"])
+    assert readers == {"r.tasks.fast": ["r.raas.fast"],
+                       "r.batches.solver": ["r.trainer.solver", "r.archive"],
+                       "r.weights.solver": ["r.dataflow", "r.archive"],
+                       "r.trajectories": ["r.dataflow", "r.archive"],
+                       "r.metrics": ["r.dataflow", "r.archive"]}
+
+
+@pytest.fixture(scope="module")
+def s3_log(tmp_path_factory: pytest.TempPathFactory):
+    """A private embedded stack on the durable s3 log (the suite's shared one runs the memory log)."""
+    state_dir = tmp_path_factory.mktemp("retention-stack")
+    stack, _ = EmbeddedStack.start_private(state_dir, storage="s3")
+    try:
+        yield ClusterConfig(run="ret", state_dir=state_dir).resolve()
+    finally:
+        stack.down()
+
+
+def _produce_one_per_batch(cfg: ClusterConfig, n: int) -> None:
+    from kafka import KafkaProducer
+    from kafka.admin import NewTopic
+
+    from astraflow.log.admin import open_admin
+
+    admin = open_admin(cfg)
+    try:
+        admin.create_topics([NewTopic(TOPIC, 1, 1)])
+    finally:
+        admin.close()
+    producer = KafkaProducer(**cfg.kafka.client_kwargs(), acks="all", linger_ms=0)
+    for i in range(n):
+        producer.send(TOPIC, value=b"record-%d" % i).get(timeout=30)  # one acknowledged batch each
+    producer.close()
+
+
+def _commit(cfg: ClusterConfig, group: str, offset: int) -> None:
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.structs import OffsetAndMetadata
+
+    consumer = KafkaConsumer(**cfg.kafka.client_kwargs(), group_id=group, enable_auto_commit=False)
+    try:
+        consumer.commit({TopicPartition(TOPIC, 0): OffsetAndMetadata(offset, "", -1)})
+    finally:
+        consumer.close()
+
+
+def _read_from(cfg: ClusterConfig, offset: int) -> tuple[int, list[tuple[int, bytes]]]:
+    """(earliest offset the broker reports, records read from ``offset`` to the end)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    tp = TopicPartition(TOPIC, 0)
+    consumer = KafkaConsumer(**cfg.kafka.client_kwargs(), enable_auto_commit=False)
+    try:
+        consumer.assign([tp])
+        earliest = consumer.beginning_offsets([tp])[tp]
+        consumer.seek(tp, offset)
+        got: list[tuple[int, bytes]] = []
+        for _ in range(20):
+            got += [(r.offset, r.value) for r in consumer.poll(timeout_ms=500).get(tp, [])]
+            if got and got[-1][0] == 49:
+                break
+        return earliest, got
+    finally:
+        consumer.close()
+
+
+def test_the_s3_log_is_trimmed_below_the_readers_and_serves_the_rest(s3_log: ClusterConfig) -> None:
+    cfg = s3_log
+    _produce_one_per_batch(cfg, 50)
+    trimmer = trimmer_for(cfg)
+    assert isinstance(trimmer, TansuObjectTrimmer)
+    tansu = ObjectStore.from_config(cfg.model_copy(update={"s3": cfg.s3.model_copy(update={"bucket": TANSU_BUCKET})}))
+    prefix = trimmer.records_prefix((TOPIC, 0))
+    assert prefix.startswith(f"clusters/{TANSU_CLUSTER_ID}/")
+    assert len(list(tansu.list(prefix))) == 50
+
+    readers = {TOPIC: ["ret.a", "ret.b"]}
+
+    def retention(keep_s: float) -> LogRetention:
+        return LogRetention(readers, trimmer, LogRetentionSettings(keep_s=keep_s),
+                            lambda groups: read_committed(cfg, groups))
+
+    _commit(cfg, "ret.a", 40)
+    assert retention(0).pass_once() == {}, "reader b has committed nothing: the partition stays whole"
+    _commit(cfg, "ret.b", 30)
+    assert retention(3600).pass_once() == {}, "nothing is an hour old: keep_s holds it all"
+    assert len(list(tansu.list(prefix))) == 50
+
+    assert retention(0).pass_once() == {(TOPIC, 0): 29}
+    # Batches 0..28 are gone; 29 (before the one the trim point starts) stays for Tansu's fetch.
+    assert len(list(tansu.list(prefix))) == 21
+    earliest, got = _read_from(cfg, 30)
+    assert earliest == 29
+    assert got == [(i, b"record-%d" % i) for i in range(30, 50)]
+    earliest, got = _read_from(cfg, 0)  # below the log's start: the broker serves from its start
+    assert got[0] == (29, b"record-29") and got[-1][0] == 49
+
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(**cfg.kafka.client_kwargs(), acks="all")
+    assert producer.send(TOPIC, value=b"after").get(timeout=30).offset == 50, "offsets go on after a trim"
+    producer.close()
+
+
+def _run(tmp_path: Path, steps: int, retention: dict) -> tuple[int, Path, Path]:
+    """``astraflow run`` of the demo's math recipe (tiny settings) on an embedded s3-log stack it starts."""
+    data = yaml.safe_load((ROOT / "examples" / "recipes" / "math.yaml").read_text())
+    data["dataset"]["samples"] = 4
+    data["dataflow"]["groups_per_batch"] = 4
+    data["trainer"].update(steps=steps, checkpoint_every=5)
+    data["eval"]["prompts"] = 20
+    data["policies"][0].update(model=str(ROOT / "examples" / "models" / "tiny.yaml"), sft={"steps": 5})
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(data))
+    state_dir = tmp_path / "state"
+    config = tmp_path / "cluster.yaml"
+    config.write_text(yaml.safe_dump({"state_dir": str(state_dir), "kafka": {"retention": retention}}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAFLOW_")}
+    env["ASTRAFLOW_CONFIG"] = str(config)
+    proc = subprocess.run([sys.executable, "-m", "astraflow.cli.main", "run", str(recipe), "--run-id", "trimmed",
+                           "--runs-dir", str(tmp_path / "runs"), "--no-live", "--log-storage", "s3",
+                           "--timeout", "240"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    return proc.returncode, tmp_path / "runs" / "trimmed", state_dir
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_run_trims_its_log_and_its_archive_replays_the_online_counts(tmp_path: Path) -> None:
+    """A 60-step run with retention every second and no minimum age: the archiver removed records, the
+    broker's bucket holds a fraction of the batches the run produced, the archive holds every trainer
+    step, and replaying it through the dataflow's own code gives the online dataflow's counts."""
+    from astraflow.archive import rows as R
+    from astraflow.archive.replay import archive_parts, read_row_groups
+
+    steps = 60
+    _, run_dir, state_dir = _run(tmp_path, steps, {"keep_s": 0, "interval_s": 1})
+    archive_log = (run_dir / "logs" / "archive.log").read_text()
+    summary = json.loads(next(line for line in reversed(archive_log.splitlines()) if line.startswith("{")))
+    removed = summary["log_retention"]["records"]
+    assert summary["log_retention"]["errors"] == 0 and removed > 0, summary
+
+    stack, _ = EmbeddedStack.start_private(state_dir, storage="s3")  # the run stopped the stack it started
+    try:
+        cfg = ClusterConfig(run="trimmed", state_dir=state_dir).resolve()
+        tansu = ObjectStore.from_config(cfg.model_copy(update={"s3": cfg.s3.model_copy(update={"bucket": TANSU_BUCKET})}))
+        left = sum(1 for key in tansu.list(f"clusters/{TANSU_CLUSTER_ID}/topics/trimmed.") if key.endswith(".batch"))
+        store = ObjectStore.from_config(cfg)
+        keys = [key for stream in archive_parts(store, "trimmed", R.METRICS) for key in stream]
+        trained = {row["step"] for table in read_row_groups(store, keys)
+                   for row in table.select(["component", "event", "step"]).to_pylist()
+                   if row["component"] == "trainer" and row["event"] is None and row["step"] is not None}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAFLOW_")}
+        env["ASTRAFLOW_STATE_DIR"] = str(state_dir)
+        replay = subprocess.run([sys.executable, "-m", "astraflow.cli.main", "replay", "trimmed", "--recipe",
+                                 str(run_dir / "recipe.yaml"), "--no-plot", "--json"],
+                                env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    finally:
+        stack.down()
+    assert trained == set(range(1, steps + 1))
+    # Every step writes several batches to the log (metrics, trajectories, tasks, a batch, a version).
+    assert left < removed / 2, (left, removed)
+    assert replay.returncode == 0, replay.stderr[-3000:]
+    report = json.loads(replay.stdout.splitlines()[-1])
+    (own,) = report["configurations"]
+    online = report["online"]
+    for key in ("received", "kept", "stale", "in_dropped_group", "duplicate"):
+        replayed = own[key] if key in own else own["dropped"][key]
+        assert replayed == online.get(f"trajectories.{key}", 0), (key, replayed, online)
