@@ -105,6 +105,15 @@ class TrainerSpec(_Section):
     """A full checkpoint (anchor) every K versions; deltas in between."""
     checkpoint_every: int = Field(default=10, ge=1)
     """Trainer state (model, optimizer, consumed offsets) saved every N steps."""
+    keep_checkpoints: int = Field(default=2, ge=1)
+    """Trainer checkpoints kept in the bucket: after each save the older ones are deleted (once the
+    new pointer is written). A resume reads only the newest, and refuses it if corrupt; the others
+    are for a human to roll back to (copy a step's ``pointer.json`` over ``latest.json``)."""
+    weights_gc_every: int = Field(default=10, ge=0)
+    """Garbage-collect the policy's weight versions every N published versions, as
+    ``astraflow weights gc`` does with its defaults (keeps the latest anchor and its chain, the 2
+    newest versions and every live subscriber's chain; off the training loop). 0: never during the
+    run (the bucket then keeps every version until ``astraflow weights gc``)."""
     max_publish_lag: int = Field(default=2, ge=1)
     """The trainer blocks only when more than this many versions wait to be published."""
     publish_dtype: Literal["bfloat16", "float32"] = "bfloat16"

@@ -14,6 +14,13 @@ publisher starts with an anchor. An unreachable bucket (a restarting S3 server) 
 upload waits for it (:func:`~astraflow.outage.wait_out_outage`, one log line per backoff step, at most
 ``outage_deadline_s``) and the version is published when it returns; versions stay in order (one
 thread), and the caller blocks only once ``max_lag_versions`` versions are queued behind it.
+
+Garbage collection during the run (``gc_every``): every ``gc_every`` versions published, the publisher
+runs :meth:`WeightStore.gc` (the same call as ``astraflow weights gc``, the same retention rule:
+:mod:`astraflow.delta.retention`) on a thread of its own, so neither the training loop nor the next
+version's upload waits for it. At most one GC waits behind the running one (a later trigger finds it
+queued and leaves it to see the newer versions). A failed GC is logged and counted, never raised: the
+next one deletes what it left. :attr:`gc_totals` counts what was deleted.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ import logging
 import queue
 import threading
 import time
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
 from typing import TYPE_CHECKING, Self
 
 import torch
@@ -32,6 +41,7 @@ from astraflow.delta.codec import encode
 from astraflow.delta.errors import PublisherError, VersionExistsError
 from astraflow.delta.format import read_header
 from astraflow.delta.manifest import Manifest, state_digest
+from astraflow.delta.retention import RetentionPolicy
 from astraflow.delta.store import WeightStore, state_crcs
 from astraflow.log.codec import WEIGHT_ANNOUNCEMENT_SCHEMA
 from astraflow.outage import OUTAGE_DEADLINE_S, OutageReport, wait_out_outage
@@ -43,6 +53,8 @@ _STOP = object()
 ANNOUNCED_MANIFEST_MAX_TENSORS = 2048
 """Announcements carry the manifest up to this many tensors (~120 KB of JSON), so that they stay
 small inline records; a larger model's subscribers read the manifest from the bucket."""
+GC_CLOSE_WAIT_S = 60.0
+"""``close`` waits this long for a GC still running (a GC cut short deletes manifests first: harmless)."""
 log = logging.getLogger(__name__)
 
 
@@ -58,9 +70,11 @@ class WeightPublisher:
         store: WeightStore | None = None,
         producer_id: str | None = None,
         outage_deadline_s: float = OUTAGE_DEADLINE_S,
+        gc_every: int = 0,
+        retention: RetentionPolicy | None = None,
     ) -> None:
-        if anchor_every < 1 or max_lag_versions < 0:
-            raise ValueError("anchor_every must be >= 1 and max_lag_versions >= 0")
+        if anchor_every < 1 or max_lag_versions < 0 or gc_every < 0:
+            raise ValueError("anchor_every must be >= 1, max_lag_versions and gc_every >= 0")
         self.cfg = cfg
         self.policy = policy
         self.anchor_every = anchor_every
@@ -89,6 +103,15 @@ class WeightPublisher:
             self._producer = LogProducer(cfg, producer_id or f"weights-publisher-{policy}", linger_ms=0)
         self._side = BackgroundCalls(f"weight-publisher-{policy}-io")
         """The bucket calls that overlap the publisher thread's own (its HEAD, an anchor's upload)."""
+        self.gc_every = gc_every
+        """Run the weight GC every this many published versions (0: never)."""
+        self.retention = retention or RetentionPolicy()
+        self.gc_totals = {"runs": 0, "failed": 0, "versions": 0, "orphans": 0, "subscribers": 0}
+        """GCs run and failed; published versions, unpublished leftovers and expired subscriber records deleted."""
+        # Its own store (one manifest cache per thread), over the same bucket client.
+        self._gc_store = WeightStore(self.store.objects, self.store.layout.run, policy)
+        self._gc_calls = BackgroundCalls(f"weight-publisher-{policy}-gc")
+        self._gc_last: Future | None = None
         self._thread = threading.Thread(target=self._run, name=f"weight-publisher-{policy}", daemon=True)
         self._thread.start()
 
@@ -140,6 +163,9 @@ class WeightPublisher:
                 self._queue.put(_STOP)
             self._thread.join()
             self._side.close()
+            if self._gc_last is not None:
+                wait_futures([self._gc_last], timeout=GC_CLOSE_WAIT_S)
+            self._gc_calls.close()
             if self._producer is not None:
                 self._producer.close()
         self._raise_if_failed()
@@ -165,6 +191,8 @@ class WeightPublisher:
                 version, state, batch_id = item
                 if version != self._base_version:
                     self.published.append(self._publish_one(version, state, prev, batch_id))
+                    if self.gc_every and len(self.published) % self.gc_every == 0:
+                        self._start_gc()
                 prev = (version, state)
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 self._error = exc
@@ -180,6 +208,31 @@ class WeightPublisher:
                 self._queue.task_done()
             except queue.Empty:
                 return
+
+    def _start_gc(self) -> None:
+        last = self._gc_last
+        if last is not None and not last.running() and not last.done():
+            return  # one is queued already: it runs after the version just published
+        self._gc_last = self._gc_calls.submit(self._gc_once)
+
+    def _gc_once(self) -> None:
+        """One :meth:`WeightStore.gc` (on the GC thread); its outcome is logged and counted."""
+        t0 = time.perf_counter()
+        try:
+            plan = self._gc_store.gc(self.retention)
+        except Exception as exc:  # noqa: BLE001 - housekeeping: the next GC tries again
+            self.gc_totals["failed"] += 1
+            log.warning("weights gc %s failed (the next one tries again): %s", self.policy, exc)
+            return
+        totals = self.gc_totals
+        totals["runs"] += 1
+        totals["versions"] += len(plan.delete)
+        totals["orphans"] += len(plan.orphans)
+        totals["subscribers"] += len(plan.expired)
+        log.info("weights gc %s: deleted %d versions%s, %d unpublished leftovers, %d expired subscriber records; "
+                 "kept %d (latest v%s, %d live subscribers) in %.2fs", self.policy, len(plan.delete),
+                 f" (v{plan.delete[0]}..v{plan.delete[-1]})" if plan.delete else "", len(plan.orphans),
+                 len(plan.expired), len(plan.keep), plan.latest, len(plan.live), time.perf_counter() - t0)
 
     def _s3_call(self, fn):
         """One idempotent bucket call, waiting out an unreachable bucket (other errors raise)."""

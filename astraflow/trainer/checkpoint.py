@@ -5,6 +5,7 @@ Layout under ``<run>/trainer/<policy>/``::
     step-00000012/model.safetensors    weights (safetensors, fp32 as trained)
     step-00000012/optimizer.safetensors   optimizer tensors (moments, step counters as tensors)
     step-00000012/optimizer.json          the rest of the optimizer state (param groups, state keys)
+    step-00000012/pointer.json            a copy of that step's pointer (for a rollback by hand)
     latest.json                        pointer, written LAST: step, version, the parts' sha256,
                                        the consumed offsets and the ids of the batches trained
 
@@ -13,6 +14,13 @@ pointer repeats each part's sha256, so a torn, truncated or swapped checkpoint i
 :class:`CheckpointError` instead of resuming from garbage. Because the pointer is written last, a
 crash mid-save leaves the previous checkpoint in force.
 
+Retention (``keep_checkpoints``, the recipe's ``trainer.keep_checkpoints``): once the pointer names
+step S, the step folders below the K newest at or below S are deleted (after the pointer write, so
+a crash never leaves a pointer to deleted parts; folders above S, a crashed save's leftovers, are
+left alone). :meth:`CheckpointStore.load` reads only ``latest.json`` and refuses a corrupt one rather
+than falling back; the older K-1 are there for a human to roll back to, by copying a step's
+``pointer.json`` over ``latest.json``.
+
 Nothing read back is unpickled (see :mod:`astraflow.trainer.state_codec`): a format-1 checkpoint,
 whose optimizer state was a ``torch.save`` pickle, is refused with :class:`CheckpointError` naming
 the object, because anyone who can write to the bucket could otherwise run code in the trainer.
@@ -20,6 +28,8 @@ the object, because anyone who can write to the bucket could otherwise run code 
 
 from __future__ import annotations
 
+import logging
+import re
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -32,6 +42,10 @@ if TYPE_CHECKING:
     from astraflow.objstore import ObjectStore
 
 POINTER = TRAINER_POINTER_FILE
+STEP_POINTER = "pointer.json"
+"""The copy of a step's pointer inside its folder."""
+STEP_DIR_RE = re.compile(r"^step-(\d+)/")
+log = logging.getLogger(__name__)
 FORMAT = 2
 """2: optimizer state as safetensors + JSON; 1 (refused): optimizer state pickled by torch.save."""
 
@@ -59,11 +73,18 @@ class TrainerCheckpoint:
 class CheckpointStore:
     """Saves and loads :class:`TrainerCheckpoint` of one policy."""
 
-    def __init__(self, store: ObjectStore, run: str, policy: str, *, keep_batch_ids: int = 10_000) -> None:
+    def __init__(self, store: ObjectStore, run: str, policy: str, *, keep_batch_ids: int = 10_000,
+                 keep_checkpoints: int | None = None) -> None:
+        if keep_checkpoints is not None and keep_checkpoints < 1:
+            raise ValueError("keep_checkpoints must be >= 1 (or None: keep every checkpoint)")
         self.store = store
         self.layout = RunLayout(run)
         self.policy = policy
         self.keep_batch_ids = keep_batch_ids
+        self.keep_checkpoints = keep_checkpoints
+        """Step folders kept after each save (None: all of them)."""
+        self.pruned_steps = 0
+        """Step folders deleted by this store's saves so far."""
 
     def _key(self, name: str) -> str:
         return self.layout.trainer_key(self.policy, name)
@@ -94,8 +115,34 @@ class CheckpointStore:
             "topic_ids": dict(ckpt.topic_ids),
             "time": time.time(),
         }
+        self.store.put_json(self._key(f"{prefix}/{STEP_POINTER}"), pointer)
         self.store.put_json(self._key(POINTER), pointer)
+        if self.keep_checkpoints is not None:
+            self._prune(ckpt.step)  # strictly after the pointer: it never names deleted parts
         return pointer
+
+    def _prune(self, pointed: int) -> None:
+        """Delete the step folders older than the ``keep_checkpoints`` newest at or below ``pointed``
+        (the step the pointer now names, always kept). A failure is logged, not raised: the
+        checkpoint is durable, and the next save prunes what this one left."""
+        root = self.layout.trainer_prefix(self.policy)
+        try:
+            folders: dict[int, list[str]] = {}
+            for key in self.store.list(root):
+                match = STEP_DIR_RE.match(key[len(root):])
+                if match:
+                    folders.setdefault(int(match.group(1)), []).append(key)
+            held = sorted({pointed, *(s for s in folders if s <= pointed)})
+            old = held[:-self.keep_checkpoints]
+            self.store.delete_many(k for s in old for k in folders.get(s, ()))
+        except Exception as exc:  # noqa: BLE001 - pruning is housekeeping after a durable save
+            log.warning("trainer %s: deleting checkpoints older than step %d failed (the next save tries "
+                        "again): %s", self.policy, pointed, exc)
+            return
+        self.pruned_steps += len(old)
+        if old:
+            log.info("trainer %s: deleted checkpoint steps %s (keeping the %d newest up to step %d)",
+                     self.policy, ", ".join(map(str, old)), self.keep_checkpoints, pointed)
 
     def exists(self) -> bool:
         return self.store.exists(self._key(POINTER))

@@ -8,7 +8,9 @@ on. Exactly-once training is unchanged: the batch offsets a checkpoint covers ar
 its pointer is written, and the commit runs on the loop's thread (the consumer is not thread-safe)
 when the loop next collects finished saves. One save at a time, in order: a checkpoint that falls due
 while the previous one is still uploading waits for it, so commits never overtake a durable save. A
-crash mid-upload leaves the previous checkpoint in force, as a crash mid-save always did.
+crash mid-upload leaves the previous checkpoint in force, as a crash mid-save always did. The trainer's
+save also deletes the checkpoints older than the ``trainer.keep_checkpoints`` newest (after the new
+pointer is written, :class:`~astraflow.trainer.checkpoint.CheckpointStore`), on this same thread.
 """
 
 from __future__ import annotations

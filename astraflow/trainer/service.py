@@ -29,7 +29,9 @@ see a version number go backwards, and continues from there.
 
 Metrics (``<run>.metrics``, key ``trainer.<policy>``): one record per step once its version is
 published (``publish_bytes`` known; ``publish_s``: seconds from the step's end to its version's
-announcement being acknowledged; the torch backend's ``zero_adv_frac`` and ``trained_trajectories``),
+announcement being acknowledged; the torch backend's ``zero_adv_frac`` and ``trained_trajectories``;
+``weights_gc_deleted`` and ``checkpoints_deleted``: weight versions and checkpoints this life deleted so
+far, per ``trainer.weights_gc_every`` and ``trainer.keep_checkpoints``),
 ``{"event": "skipped", "reason": "duplicate" | "invalid", "batch_id"}`` for a batch record whose id was
 trained already (a restarted dataflow re-produced it) or that does not decode (``batch_id``: its key),
 and ``{"event": "done"}`` after ``trainer.steps`` steps.
@@ -213,7 +215,8 @@ class TrainerService:
         topics = Topics(self.cfg.run)
         ensure_topics(self.cfg, {topics.batches(self.policy): 1, topics.weights(self.policy): 1, topics.metrics: 1})
         self.topic_ids = topic_ids(self.cfg, [topics.batches(self.policy)])
-        self.checkpoints = CheckpointStore(ObjectStore.from_config(self.cfg), self.cfg.run, self.policy)
+        self.checkpoints = CheckpointStore(ObjectStore.from_config(self.cfg), self.cfg.run, self.policy,
+                                           keep_checkpoints=self.tspec.keep_checkpoints)
         self.checkpoint_writer: CheckpointWriter[list[Any]] = CheckpointWriter(
             self._save_checkpoint, f"checkpoint-{self.policy}")
         self.backend = build_backend(self.recipe.build_policy_model(self.policy), self.spec.backend)
@@ -223,7 +226,7 @@ class TrainerService:
         """The step, start, skipped and done records: each is the only one of its kind, so a refused one is sent again."""
         self.publisher = WeightPublisher(
             self.cfg, self.policy, anchor_every=self.tspec.anchor_every,
-            max_lag_versions=self.tspec.max_publish_lag,
+            max_lag_versions=self.tspec.max_publish_lag, gc_every=self.tspec.weights_gc_every,
             producer_id=f"{self.cfg.run}.{self.component_id}.{self.life}.weights")
         origin = self._bootstrap()
         log.info("trainer %s (life %s) starts from %s", self.policy, self.life, origin)
@@ -363,7 +366,10 @@ class TrainerService:
                 # step end -> announcement acknowledged: the hand-off from the trainer to the nodes
                 publish_s = None if announced is None else round(announced - step_end, 4)
                 self._emit({**record, "version": manifest.version, "publish_bytes": manifest.bytes,
-                            "publish_kind": manifest.kind, "publish_s": publish_s})
+                            "publish_kind": manifest.kind, "publish_s": publish_s,
+                            # this life's bucket housekeeping so far: weight versions and checkpoints deleted
+                            "weights_gc_deleted": self.publisher.gc_totals["versions"],
+                            "checkpoints_deleted": self.checkpoints.pruned_steps})
         self._seen_published = len(published)
 
     def _emit(self, fields: dict[str, Any]) -> None:

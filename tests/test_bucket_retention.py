@@ -1,0 +1,125 @@
+"""The bucket stays bounded during a long run, on the real embedded S3: the trainer keeps its K newest
+checkpoints (older step folders deleted once the new pointer is written), and the weight publisher
+runs the weight GC (``astraflow weights gc``'s rule) every N versions while live subscribers keep
+their chains."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from astraflow.delta import WeightPublisher, WeightStore, WeightSubscriber
+from astraflow.objstore import ObjectStore
+from astraflow.recipe import TrainerSpec
+from astraflow.trainer.checkpoint import STEP_DIR_RE, CheckpointStore, TrainerCheckpoint
+
+pytestmark = pytest.mark.integration
+POLICY = "pi"
+
+
+def _step_folders(store: ObjectStore, ckpts: CheckpointStore) -> dict[int, set[str]]:
+    root = ckpts.layout.trainer_prefix(POLICY)
+    folders: dict[int, set[str]] = {}
+    for key in store.list(root):
+        match = STEP_DIR_RE.match(key[len(root):])
+        if match:
+            folders.setdefault(int(match.group(1)), set()).add(key.rsplit("/", 1)[1])
+    return folders
+
+
+def test_checkpoint_store_keeps_the_newest_k(test_cluster):
+    store = ObjectStore.from_config(test_cluster)
+    ckpts = CheckpointStore(store, test_cluster.run, POLICY, keep_checkpoints=2)
+    # A crashed save's leftover above the pointer's step: not the pointer's past, left alone.
+    stray = ckpts._key("step-00000090/model.safetensors")
+    store.put_bytes(stray, b"a save that never got its pointer")
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for step in range(1, 6):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        ckpts.save(TrainerCheckpoint(step=step, version=step, model_state=model.state_dict(),
+                                     optimizer_state=opt.state_dict(), offsets={"t:0": step}))
+    parts = {"model.safetensors", "optimizer.safetensors", "optimizer.json", "pointer.json"}
+    assert _step_folders(store, ckpts) == {4: parts, 5: parts, 90: {"model.safetensors"}}
+    assert ckpts.pruned_steps == 3
+    got = ckpts.load()
+    assert (got.step, got.version, got.offsets) == (5, 5, {"t:0": 5})
+    assert all(torch.equal(got.model_state[k], v) for k, v in model.state_dict().items())
+
+    # The kept older checkpoint is a rollback away: its pointer copied over latest.json (server side).
+    store.client.copy_object(Bucket=store.bucket, Key=ckpts._key("latest.json"),
+                             CopySource={"Bucket": store.bucket, "Key": ckpts._key("step-00000004/pointer.json")})
+    assert ckpts.load().step == 4
+
+
+def test_recipe_retention_fields_are_bounded():
+    spec = TrainerSpec()
+    assert (spec.keep_checkpoints, spec.weights_gc_every) == (2, 10)
+    assert TrainerSpec(weights_gc_every=0).weights_gc_every == 0
+    with pytest.raises(ValidationError, match="keep_checkpoints"):
+        TrainerSpec(keep_checkpoints=0)
+    with pytest.raises(ValidationError, match="weights_gc_every"):
+        TrainerSpec(weights_gc_every=-1)
+
+
+def _nudge(state: dict[str, torch.Tensor], gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """The next version: ~2% of the bf16 weights moved by one ulp (a sparse delta), as a step does."""
+    out = {}
+    for name, t in state.items():
+        bits = t.clone().view(torch.int16)
+        hit = torch.rand(bits.shape, generator=gen) < 0.02
+        bits[hit] += 1
+        out[name] = bits.view(torch.bfloat16)
+    return out
+
+
+def _assert_bits_equal(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert set(got) == set(want)
+    for name, w in want.items():
+        assert torch.equal(got[name].view(torch.int16), w.view(torch.int16)), name
+
+
+@pytest.mark.slow
+def test_weights_gc_runs_while_publishing_and_keeps_live_chains(test_cluster):
+    gen = torch.Generator().manual_seed(0)
+    state = {"embed": torch.randn(256, 64, generator=gen).to(torch.bfloat16),
+             "head": torch.randn(64, 128, generator=gen).to(torch.bfloat16)}
+    truth = {}
+    store = WeightStore.from_config(test_cluster, POLICY)
+    with WeightPublisher(test_cluster, POLICY, anchor_every=10, gc_every=5, announce=False) as pub:
+        for v in range(25):
+            if v:
+                state = _nudge(state, gen)
+            truth[v] = state
+            pub.publish(state, v)
+            if v == 12:
+                # Versions 0..12 published (GCs after 5 and 10 kept them: anchor v0's chain). A live
+                # subscriber takes v12 and registers there; a dead one (stale heartbeat) sits at v1.
+                pub.flush()
+                slow = WeightSubscriber(test_cluster, POLICY, "slow")
+                _, at, _ = slow.pull(12)
+                assert at == 12
+                store.register_subscriber("dead", 1, now=time.time() - 3600)
+    # close() waited for the GCs: the last one ran after v24 (anchor v20; the live chain 13..24).
+    assert store.versions() == list(range(13, 25))
+    left = list(store.objects.list(store.prefix))
+    assert not any(f"/v{v:08d}/" in key for key in left for v in range(13))
+    assert not any(key.endswith("/dead.json") for key in left)
+    assert any(key.endswith("/slow.json") for key in left)
+    assert pub.gc_totals["versions"] == 13 and pub.gc_totals["subscribers"] == 1
+    assert pub.gc_totals["failed"] == 0 and 1 <= pub.gc_totals["runs"] <= 5
+
+    # The live subscriber catches up by its kept delta chain; a new one from the latest anchor.
+    got, at, nbytes = slow.pull()
+    assert at == 24 and nbytes == sum(store.manifest(v).delta.bytes for v in range(13, 25))
+    _assert_bits_equal(got, truth[24])
+    fresh = WeightSubscriber(test_cluster, POLICY, "fresh")
+    got, at, _ = fresh.pull()
+    assert at == 24
+    _assert_bits_equal(got, truth[24])
+    slow.close()
+    fresh.close()
