@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -138,8 +140,9 @@ def test_the_s3_log_is_trimmed_below_the_readers_and_serves_the_rest(s3_log: Clu
     producer.close()
 
 
-def _run(tmp_path: Path, steps: int, retention: dict) -> tuple[int, Path, Path]:
-    """``astraflow run`` of the demo's math recipe (tiny settings) on an embedded s3-log stack it starts."""
+def _run(tmp_path: Path, steps: int, retention: dict, kill_broker_at: int) -> tuple[Path, Path]:
+    """``astraflow run`` of the demo's math recipe (tiny settings) on an embedded s3-log stack it starts;
+    the broker is SIGKILLed once a step record >= ``kill_broker_at`` is out (the launcher restarts it)."""
     data = yaml.safe_load((ROOT / "examples" / "recipes" / "math.yaml").read_text())
     data["dataset"]["samples"] = 4
     data["dataflow"]["groups_per_batch"] = 4
@@ -148,29 +151,49 @@ def _run(tmp_path: Path, steps: int, retention: dict) -> tuple[int, Path, Path]:
     data["policies"][0].update(model=str(ROOT / "examples" / "models" / "tiny.yaml"), sft={"steps": 5})
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(data))
-    state_dir = tmp_path / "state"
+    state_dir, run_dir = tmp_path / "state", tmp_path / "runs" / "trimmed"
     config = tmp_path / "cluster.yaml"
     config.write_text(yaml.safe_dump({"state_dir": str(state_dir), "kafka": {"retention": retention}}))
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAFLOW_")}
     env["ASTRAFLOW_CONFIG"] = str(config)
-    proc = subprocess.run([sys.executable, "-m", "astraflow.cli.main", "run", str(recipe), "--run-id", "trimmed",
-                           "--runs-dir", str(tmp_path / "runs"), "--no-live", "--log-storage", "s3",
-                           "--timeout", "240"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    return proc.returncode, tmp_path / "runs" / "trimmed", state_dir
+    with open(tmp_path / "launcher.out", "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "astraflow.cli.main", "run", str(recipe), "--run-id",
+                                 "trimmed", "--runs-dir", str(tmp_path / "runs"), "--no-live", "--log-storage", "s3",
+                                 "--timeout", "240"], env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 200
+        while not any(r.get("component") == "trainer" and (r.get("step") or 0) >= kill_broker_at
+                      for r in _records(run_dir)):
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "launcher.out").read_text()[-3000:]
+            time.sleep(0.2)
+        os.kill(json.loads((state_dir / "tansu.pid").read_text())["pid"], signal.SIGKILL)
+        rc = proc.wait(timeout=280)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, (tmp_path / "launcher.out").read_text()[-3000:]
+    return run_dir, state_dir
+
+
+def _records(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")] if path.exists() else []
 
 
 @pytest.mark.integration
 @pytest.mark.slow
 def test_a_run_trims_its_log_and_its_archive_replays_the_online_counts(tmp_path: Path) -> None:
-    """A 60-step run with retention every second and no minimum age: the archiver removed records, the
-    broker's bucket holds a fraction of the batches the run produced, the archive holds every trainer
-    step, and replaying it through the dataflow's own code gives the online dataflow's counts."""
+    """A 60-step run with retention every second and no minimum age, its broker SIGKILLed at step 40 (long
+    after records were removed): the run finishes, the archiver removed records, the broker's bucket
+    holds a fraction of the batches the run produced, the archive holds every trainer step, and
+    replaying it through the dataflow's own code gives the online dataflow's counts."""
     from astraflow.archive import rows as R
     from astraflow.archive.replay import archive_parts, read_row_groups
 
     steps = 60
-    _, run_dir, state_dir = _run(tmp_path, steps, {"keep_s": 0, "interval_s": 1})
+    run_dir, state_dir = _run(tmp_path, steps, {"keep_s": 0, "interval_s": 1}, kill_broker_at=40)
+    restarts = [r for r in _records(run_dir) if r.get("kind") == "supervisor" and r.get("component") == "tansu"]
+    assert [r["event"] for r in restarts].count("restart") == 1, restarts
     archive_log = (run_dir / "logs" / "archive.log").read_text()
     summary = json.loads(next(line for line in reversed(archive_log.splitlines()) if line.startswith("{")))
     removed = summary["log_retention"]["records"]
@@ -190,7 +213,7 @@ def test_a_run_trims_its_log_and_its_archive_replays_the_online_counts(tmp_path:
         env["ASTRAFLOW_STATE_DIR"] = str(state_dir)
         replay = subprocess.run([sys.executable, "-m", "astraflow.cli.main", "replay", "trimmed", "--recipe",
                                  str(run_dir / "recipe.yaml"), "--no-plot", "--json"],
-                                env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                                check=False, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     finally:
         stack.down()
     assert trained == set(range(1, steps + 1))
