@@ -35,9 +35,11 @@ Definitions (``S`` = the last trainer step recorded; every process is on this ma
   ``topics/`` under ``_<their kind>``; empty with the memory log, which lives in Tansu's RSS), the
   data bucket under ``<run>/``: ``trainer/`` (checkpoints), ``weights/``, ``dataflow/`` (and the size
   of ``dataflow/state.json``, the dataflow's saved state), ``archive/``, ``claims/``; bytes on disk
-  of the state dir (allocated blocks, as ``du``); VmRSS of Tansu and SeaweedFS (their pid files in the
-  state dir). ``growth`` of a series = last sample / first sample (the first is taken after the
-  first tenth: warm-up done); ``sample_s`` is what the listing took.
+  of the state dir (allocated blocks, as ``du``), also per part (SeaweedFS's volume files per
+  bucket: a deleted object's bytes stay there until SeaweedFS vacuums the volume); VmRSS of Tansu and
+  SeaweedFS (their pid files in the state dir). ``growth`` of a series = last sample / first sample
+  (the first ends the first 1/``--samples`` of the run: warm-up done); ``sample_s`` is what the
+  listing took.
 
 Prints a compact table per storage on stderr and ONE JSON line last on stdout (every figure, the
 commit and the date). ``--plot PATH`` writes a PNG (s/step per tenth per storage, broker objects and
@@ -53,6 +55,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -70,6 +73,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "examples" / "recipes" / "math.yaml"
 TENTHS = 10
 DATA_PREFIXES = ("trainer", "weights", "dataflow", "archive", "claims")
+VOLUME_FILE = re.compile(r"^(.+)_\d+\.[a-z]+$")
+"""A SeaweedFS volume file of a collection (one per bucket): ``astraflow_1.dat``, ``tansu_3.idx``."""
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -131,16 +136,22 @@ def rss_kb(pid_file: Path) -> int | None:
     return None
 
 
-def disk_bytes(path: Path) -> int:
-    """Allocated bytes under ``path`` (``du``'s figure); files that vanish meanwhile are skipped."""
-    total = 0
+def disk_bytes(path: Path) -> tuple[int, dict[str, int]]:
+    """Allocated bytes under ``path`` (``du``'s figure), in all and per part: each top-level entry,
+    SeaweedFS's volume files per collection (= bucket: ``seaweedfs/astraflow``, ``seaweedfs/tansu``;
+    a deleted object's bytes stay in its volume until SeaweedFS vacuums it). Files that vanish
+    meanwhile are skipped."""
+    parts: dict[str, int] = defaultdict(int)
     for root, dirs, files in os.walk(path):
+        rel = Path(root).relative_to(path).parts
         for name in files + dirs:
             try:
-                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+                size = os.lstat(os.path.join(root, name)).st_blocks * 512
             except OSError:
-                pass
-    return total
+                continue
+            volume = VOLUME_FILE.match(name) if rel == ("seaweedfs",) else None
+            parts[f"seaweedfs/{volume.group(1)}" if volume else (rel[0] if rel else name)] += size
+    return sum(parts.values()), dict(sorted(parts.items()))
 
 
 class StorageProbe:
@@ -199,7 +210,7 @@ class StorageProbe:
             out["data"] = {k: {"objects": v[0], "bytes": v[1]} for k, v in data.items()}
         except (BotoCoreError, ClientError, OSError) as exc:  # the stack went down under us (the run's end): keep what we have
             out["error"] = f"{type(exc).__name__}: {exc}"[:300]
-        out["state_dir_bytes"] = disk_bytes(self.state_dir)
+        out["state_dir_bytes"], out["state_dir_parts"] = disk_bytes(self.state_dir)
         out["tansu_rss_kb"] = rss_kb(self.state_dir / "tansu.pid")
         out["seaweedfs_rss_kb"] = rss_kb(self.state_dir / "seaweedfs.pid")
         out["sample_s"] = round(time.monotonic() - t0, 3)
@@ -295,7 +306,8 @@ def series(samples: list[dict]) -> dict[str, list]:
     for p in DATA_PREFIXES:
         out[f"{p}_objects"] = [get(s, "data", p, "objects") for s in samples]
         out[f"{p}_bytes"] = [get(s, "data", p, "bytes") for s in samples]
-    for f in ("dataflow_state_bytes", "state_dir_bytes", "tansu_rss_kb", "seaweedfs_rss_kb", "sample_s"):
+    for f in ("dataflow_state_bytes", "state_dir_bytes", "state_dir_parts", "tansu_rss_kb", "seaweedfs_rss_kb",
+              "sample_s"):
         out[f] = [s.get(f) for s in samples]
     return out
 
@@ -339,7 +351,7 @@ def measure(storage: str, args: argparse.Namespace, work: Path) -> dict[str, Any
     finished = rc == 0 and done >= args.steps
     tenths = per_tenth(steps)
     ser = series(samples)
-    growth = {k: _ratio(v) for k, v in ser.items() if k not in ("step", "sample_s")}
+    growth = {k: _ratio(v) for k, v in ser.items() if k not in ("step", "sample_s", "state_dir_parts")}
     result = {
         "log_storage": storage, "run_id": run_id, "finished": finished, "returncode": rc, "steps_done": done,
         "wall_s": round(wall, 1),
@@ -382,6 +394,9 @@ def print_summary(res: dict[str, Any]) -> None:
               f" {_fmt(s['dataflow_state_bytes'][i], 2**10, 1):>10s} {_fmt(s['archive_bytes'][i], 2**20, 1):>10s}"
               f" {_fmt(s['state_dir_bytes'][i], 2**20, 1):>12s} {_fmt(s['tansu_rss_kb'][i], 2**10, 1):>13s}"
               f" {_fmt(s['sample_s'][i]):>7s}", file=err)
+    if s["state_dir_parts"]:
+        print("  state dir at the last sample (MB): " + ", ".join(
+            f"{k} {v / 2**20:.1f}" for k, v in (s["state_dir_parts"][-1] or {}).items() if v >= 2**20), file=err)
     if not res["finished"]:
         print("  launcher output (tail):\n" + res.get("launcher_output_tail", ""), file=err)
 
