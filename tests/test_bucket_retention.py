@@ -123,3 +123,45 @@ def test_weights_gc_runs_while_publishing_and_keeps_live_chains(test_cluster):
     _assert_bits_equal(got, truth[24])
     slow.close()
     fresh.close()
+
+
+@pytest.mark.slow
+def test_a_trainer_run_prunes_its_checkpoints_and_weights(test_cluster):
+    """The recipe's fields reach a real trainer (tiny model, real broker and bucket): 12 steps with a
+    checkpoint every 2 and a weight GC every 5 versions leave 2 checkpoints and no version below the
+    GC's anchor, and the step records count the deletions."""
+    import threading
+
+    from test_raas_support import make_recipe
+    from test_trainer_service import _send_batches
+
+    from astraflow.log import Topics
+    from astraflow.log.range_reader import read_to_end
+    from astraflow.trainer.service import run_trainer
+
+    cfg = test_cluster
+    _send_batches(cfg, [f"b{i}" for i in range(12)])
+    recipe = make_recipe(cfg.run, trainer={"steps": 12, "checkpoint_every": 2, "anchor_every": 5,
+                                           "keep_checkpoints": 2, "weights_gc_every": 5})
+    result = run_trainer(cfg, recipe, "policy", threading.Event(), poll_timeout_s=0.2)
+    assert result["finished"] and result["version"] == 12
+
+    store = ObjectStore.from_config(cfg)
+    ckpts = CheckpointStore(store, cfg.run, "policy")
+    root = ckpts.layout.trainer_prefix("policy")
+    steps = {int(m.group(1)) for k in store.list(root) if (m := STEP_DIR_RE.match(k[len(root):]))}
+    assert steps == {10, 12} and ckpts.load().step == 12
+    # v0..v12 published; the GC after the 10th ran at latest v9 or later: v0..v4 at least are gone.
+    versions = WeightStore.from_config(cfg, "policy").versions()
+    assert versions[-1] == 12 and versions[0] in (5, 10) and versions == list(range(versions[0], 13))
+    sub = WeightSubscriber(cfg, "policy", "after-run", register=False)
+    assert sub.pull()[1] == 12
+
+    records = [m.obj for m in read_to_end(cfg, {(Topics(cfg.run).metrics, 0): 0}).messages
+               if m.obj.get("component") == "trainer" and "loss" in m.obj]
+    assert len(records) == 12
+    gc_deleted = [r["weights_gc_deleted"] for r in records]  # this life's totals as each step was reported
+    ckpt_deleted = [r["checkpoints_deleted"] for r in records]
+    assert gc_deleted == sorted(gc_deleted) and gc_deleted[-1] <= versions[0]
+    assert ckpt_deleted == sorted(ckpt_deleted) and 0 < ckpt_deleted[-1] <= 4
+    print("weights_gc_deleted", gc_deleted, "checkpoints_deleted", ckpt_deleted)
