@@ -60,8 +60,17 @@ class DataflowConfig(BaseModel):
     """Dataset tasks drawn ahead so that the task selector has a choice."""
     epochs: int | None = Field(default=None, ge=1)
     """Passes over the dataset; ``None`` cycles forever."""
+    dedup_window: int | None = Field(default=None, ge=0)
+    """Tasks whose episode ids stay remembered after they leave flight (finished or expired), so that
+    a late copy of their trajectories is counted ``duplicate``; a copy later than that is dropped as
+    ``unknown_task`` (dropped either way: only tasks in flight are trained, and their episode ids are
+    always remembered). ``None``: ``16 x in_flight_cap``, about 16 rollouts' worth of tasks (by
+    Little's law the tasks in flight are those that finish within one rollout). Saved with the
+    state (:mod:`astraflow.dataflow.dedup`), so the state does not grow with the run."""
     dedup_capacity: int = Field(default=200_000, ge=1)
-    """Episode ids remembered for dedup (oldest forgotten first)."""
+    """Episode ids remembered beyond those of the tasks in flight (oldest forgotten first): those of
+    the ``dedup_window`` tasks, and in an archive replay (where every task counts as known and none
+    is in flight) all of them."""
     min_group_samples: int = Field(default=2, ge=1)
     """A finished group with fewer surviving trajectories is dropped (counted ``group_too_small``)."""
     task_timeout_s: float | None = Field(default=900.0, gt=0)
@@ -91,3 +100,7 @@ class DataflowConfig(BaseModel):
     @property
     def in_flight_cap(self) -> int:
         return self.max_in_flight or self.groups_per_batch * (self.max_staleness + 1)
+
+    @property
+    def dedup_window_tasks(self) -> int:
+        return 16 * self.in_flight_cap if self.dedup_window is None else self.dedup_window

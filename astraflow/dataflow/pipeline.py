@@ -47,6 +47,8 @@ class Dataflow:
             filters=[build_plugin("filter", f) for f in cfg.filters],
             task_lookup=self.emitter.task,
             version_of=self.train_version,
+            task_in_flight=lambda task_id: task_id in self.emitter.in_flight,  # in_flight is replaced on load
+            dedup_window=cfg.dedup_window_tasks,
             dedup_capacity=cfg.dedup_capacity,
             min_group_samples=cfg.min_group_samples,
         )
@@ -202,7 +204,11 @@ class Dataflow:
                     self.emitter.selector.observe(task, g.policy, g.rewards)
                 if res.kept:
                     self.batchers[g.policy].add(g)
-                self.emitter.group_done(g.task_id, g.policy)
+                self._group_done(g.task_id, g.policy)
+
+    def _group_done(self, task_id: str, policy: str) -> None:
+        if self.emitter.group_done(task_id, policy):
+            self.processor.task_left(task_id)
 
     def expire(self, now: float) -> list[Task]:
         expired = self.emitter.expire(now, self.cfg.task_timeout_s)
@@ -247,7 +253,7 @@ class Dataflow:
             if group_id in buffered or self.processor.adopt_group(trajs):
                 fresh += 1
                 trajectories += len(trajs)
-                self.emitter.group_done(trajs[0].task_id, b.policy)
+                self._group_done(trajs[0].task_id, b.policy)
         asm.adopt(b.batch_id, fresh, trajectories, len(groups) - fresh)
         self._batched_this_wave.add(b.policy)
         return True

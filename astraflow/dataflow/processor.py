@@ -6,15 +6,19 @@ an unfinished group, so "every trajectory is trained on or dropped by a counted 
 (:meth:`TrajectoryProcessor.unaccounted`). With ``stale_tokens="mask"`` a trajectory whose early
 tokens are too stale is kept with those tokens masked out of the loss (``partly_stale``, and
 ``stale_tokens_masked`` tokens; it is counted ``kept`` or dropped with its group as usual).
+A copy is recognised by its episode id: every one of a task in flight, then those of a window of the
+tasks that left flight last (:mod:`astraflow.dataflow.dedup`), so the saved state does not grow with
+the run.
 """
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from astraflow.dataflow.dedup import EpisodeMemory
 from astraflow.dataflow.group import Group
 from astraflow.dataflow.plugins import TrajectoryFilter
 from astraflow.records import Task, Trajectory
@@ -40,34 +44,29 @@ class TrajectoryProcessor:
         stale_tokens: str = "drop",
         task_lookup: Callable[[str], Task | None],
         version_of: Callable[[str, int], int],
+        task_in_flight: Callable[[str], bool] = lambda task_id: False,
+        dedup_window: int = 1024,
         dedup_capacity: int = 200_000,
         min_group_samples: int = 2,
     ) -> None:
+        """``task_in_flight(task_id)``: whether the task emitter tracks the task as in flight (then
+        :meth:`task_left` says when it leaves); ``dedup_window``, ``dedup_capacity``: what
+        :class:`~astraflow.dataflow.dedup.EpisodeMemory` keeps of the episodes of other tasks."""
         self.policies = set(policies)
         self.max_staleness = max_staleness
         self.stale_tokens = stale_tokens
         self.filters = filters
         self.task_lookup = task_lookup
         self.version_of = version_of
-        self.dedup_capacity = dedup_capacity
         self.min_group_samples = min_group_samples
-        self.seen: OrderedDict[str, None] = OrderedDict()
+        self.seen = EpisodeMemory(in_flight=task_in_flight, window=dedup_window, capacity=dedup_capacity)
         self.pending: dict[str, Group] = {}
         self.counters: Counter[str] = Counter()
-
-    def _remember(self, episode_id: str) -> bool:
-        """False when ``episode_id`` was already seen (at-least-once redelivery)."""
-        if episode_id in self.seen:
-            return False
-        self.seen[episode_id] = None
-        if len(self.seen) > self.dedup_capacity:
-            self.seen.popitem(last=False)
-        return True
 
     def ingest(self, traj: Trajectory) -> list[GroupResult]:
         c = self.counters
         c["received"] += 1
-        if traj.episode_id in self.seen:
+        if self.seen.seen(traj.task_id, traj.episode_id):
             c["duplicate"] += 1
             return []
         task = self.task_lookup(traj.task_id)
@@ -78,7 +77,7 @@ class TrajectoryProcessor:
             # duplicates and leave those tasks in flight until they expire.
             c["unknown_task"] += 1
             return []
-        self._remember(traj.episode_id)
+        self.seen.remember(traj.task_id, traj.episode_id)
         if traj.policy not in self.policies or (task.policy and task.policy != traj.policy):
             c["unknown_policy"] += 1
             return []
@@ -145,11 +144,13 @@ class TrajectoryProcessor:
         """One group of a batch that a lost life of the dataflow served after the state this one resumed
         from: counted as that life counted it (its trajectories received and kept, a group finished and
         kept) and its episodes remembered, so their copies read again are duplicates. Its part pending
-        in this state is in the batch. False, counting nothing, for a group whose every episode this
-        state has seen and that is not pending: one served before (a replay)."""
+        in this state is in the batch. False, counting nothing, for a group not pending whose task is
+        not in flight (the lost life finished it before the state was saved: its tasks emitted after
+        that are adopted first) or whose every episode this state has seen: one served before (a replay)."""
         group_id = trajectories[0].group_id
         pending = self.pending.pop(group_id, None)
-        if pending is None and all(t.episode_id in self.seen for t in trajectories):
+        if pending is None and (self.task_lookup(trajectories[0].task_id) is None
+                                or all(self.seen.seen(t.task_id, t.episode_id) for t in trajectories)):
             return False
         c = self.counters
         c["received"] += len(trajectories) - (len(pending.trajectories) if pending else 0)
@@ -157,8 +158,14 @@ class TrajectoryProcessor:
         c["groups_finished"] += 1
         c["groups_kept"] += 1
         for t in trajectories:
-            self._remember(t.episode_id)
+            if not self.seen.seen(t.task_id, t.episode_id):
+                self.seen.remember(t.task_id, t.episode_id)
         return True
+
+    def task_left(self, task_id: str) -> None:
+        """The task emitter no longer has ``task_id`` in flight (every group finalised): its episodes
+        are remembered only for the window of recent tasks (:mod:`astraflow.dataflow.dedup`)."""
+        self.seen.task_left(task_id)
 
     def discard_task(self, task_id: str) -> int:
         """Drop the pending groups of an expired task; their trajectories are counted ``expired``."""
@@ -167,6 +174,7 @@ class TrajectoryProcessor:
         for gid in gone:
             n += len(self.pending.pop(gid).trajectories)
         self.counters["expired"] += n
+        self.seen.task_left(task_id)
         return n
 
     def pending_trajectories(self) -> int:
@@ -181,14 +189,17 @@ class TrajectoryProcessor:
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "seen": list(self.seen),
+            "episodes": self.seen.state_dict(),
             "pending": [g.to_state() for g in self.pending.values()],
             "counters": dict(self.counters),
             "filters": [f.state_dict() for f in self.filters],
         }
 
     def load_state_dict(self, s: dict[str, Any]) -> None:
-        self.seen = OrderedDict.fromkeys(s["seen"])
+        if "episodes" in s:
+            self.seen.load_state_dict(s["episodes"])
+        else:  # saved before issue 28: one list of every episode id remembered
+            self.seen.load_flat(s["seen"])
         self.pending = {g["group_id"]: Group.from_state(g) for g in s["pending"]}
         self.counters = Counter(s["counters"])
         for f, fs in zip(self.filters, s["filters"], strict=True):

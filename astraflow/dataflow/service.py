@@ -54,6 +54,25 @@ STATE_OBJECT = "state.json"
 COMPONENT_ID = "dataflow"
 
 
+def state_key(run: str) -> str:
+    """The bucket key of ``run``'s saved dataflow state: ``<run>/dataflow/state.json``."""
+    from astraflow.objstore import RunLayout
+
+    return RunLayout(run).dataflow_key(STATE_OBJECT)
+
+
+def saved_state_bytes(cfg: ClusterConfig) -> int | None:
+    """Size in bytes of ``cfg.run``'s saved dataflow state as it lies in the bucket (a long run's
+    benchmark follows it: it must not grow with the run); None before the first save."""
+    from astraflow.objstore import ObjectStore
+    from astraflow.objstore.errors import ObjectNotFoundError
+
+    try:
+        return ObjectStore.from_config(cfg, check_bucket=False).size(state_key(cfg.run))
+    except ObjectNotFoundError:
+        return None
+
+
 class _Window:
     """Trainer wait/step seconds and trajectory counts since the last autoscaling report."""
 
@@ -101,7 +120,7 @@ class DataflowService:
                  pools: Iterable[str] = ("default",), task_partitions: int = 4,
                  train_steps: int | None = None) -> None:
         from astraflow.log import ConsumerGroups, LogConsumer, LogProducer, Topics
-        from astraflow.objstore import ObjectStore, RunLayout
+        from astraflow.objstore import ObjectStore
 
         self.cfg, self.section = cfg, section
         self.checkpoint_every_s, self.metrics_every_s = checkpoint_every_s, metrics_every_s
@@ -109,7 +128,7 @@ class DataflowService:
         self.topics = Topics(cfg.run)
         self.store = ObjectStore.from_config(cfg)
         self.s3 = OutageReport("dataflow: state save, S3 endpoint", str(cfg.s3.endpoint), log)
-        self.state_key = RunLayout(cfg.run).dataflow_key(STATE_OBJECT)
+        self.state_key = state_key(cfg.run)
         self.df = Dataflow(section, dataset, train_steps=train_steps)
         self.weight_topics = {self.topics.weights(p): p for p in section.policies}
         self.ready_pools: set[str] = set()
