@@ -152,3 +152,17 @@ def test_user_plugin_module_is_imported_by_name(tmp_path: Path, monkeypatch: pyt
     assert Recipe.model_validate(dumped).workflow.reward.value == 0.5
     msg = _refused(tmp_path, {"imports": ["no_such_plugin_module"]})
     assert "cannot import plug-in module 'no_such_plugin_module'" in msg
+
+
+def test_recipe_tasks_name_the_problem_they_were_drawn_from() -> None:
+    """Each draw of the endless stream is its own task (``<problem>.<draw>``), but per-prompt plug-in
+    statistics (GRESO's history) key on the problem: bounded by the dataset, not by the run's age."""
+    from itertools import islice
+
+    from astraflow.dataflow.plugins.selectors import source_id
+    from astraflow.tasks.recipe_data import recipe_tasks
+
+    recipe = Recipe.load(Path(__file__).parent.parent / "examples" / "recipes" / "math.yaml")
+    tasks = list(islice(recipe_tasks(recipe), 300))
+    assert len({t.prompt_id for t in tasks}) == 300
+    assert all(source_id(t) == t.prompt_id.rsplit(".", 1)[0] for t in tasks)

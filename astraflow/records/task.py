@@ -11,6 +11,11 @@ from astraflow.records.schema import RecordSchemaError, conform, map_to_dict, wi
 SCHEMA_NAME = "astraflow.task"
 SCHEMA_VERSION = 1
 
+SOURCE_ID_KEY = "source_prompt_id"
+"""Metadata key holding the dataset prompt a task was drawn from, where ``prompt_id`` is unique per
+draw (a recipe's endless stream, an epoch of the emitter); per-prompt plug-in statistics (GRESO's
+history) are keyed by it, so they stay bounded by the dataset, not by the run's age."""
+
 SCHEMA = with_identity(
     pa.schema(
         [

@@ -43,5 +43,9 @@ def task_of(problem: Problem, recipe: Recipe, prompt_id: str | None = None) -> T
 def recipe_tasks(recipe: Recipe) -> Iterator[Task]:
     """The recipe's training tasks: an endless, seeded stream of the dataset's train split, each draw
     with its own prompt id (a prompt drawn twice is two tasks)."""
+    from astraflow.records.task import SOURCE_ID_KEY
+
     for i, problem in enumerate(recipe_dataset(recipe).stream("train", seed=recipe.seed)):
-        yield task_of(problem, recipe, f"{problem.prompt_id}.{i}")
+        task = task_of(problem, recipe, f"{problem.prompt_id}.{i}")
+        task.metadata[SOURCE_ID_KEY] = problem.prompt_id  # per-prompt statistics: the problem, not the draw
+        yield task

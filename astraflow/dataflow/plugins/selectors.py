@@ -11,10 +11,7 @@ from pydantic import Field
 from astraflow.dataflow.plugins.base import PluginOptions, TaskSelector, register_plugin
 from astraflow.dataflow.plugins.rng_state import rng_from_state, rng_to_state
 from astraflow.records import Task
-
-SOURCE_ID_KEY = "source_prompt_id"
-"""Task metadata key holding the dataset prompt id when the emitter made ``prompt_id`` unique per
-epoch; per-prompt plug-in statistics are keyed by it."""
+from astraflow.records.task import SOURCE_ID_KEY
 
 
 def source_id(task: Task) -> str:
