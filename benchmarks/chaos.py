@@ -111,15 +111,19 @@ def write_recipe(path: Path, steps: int, checkpoint_every: int | None) -> Path:
 
 
 class Launcher:
-    def __init__(self, work: Path, run_id: str, recipe: Path, timeout_s: float, max_restarts: int) -> None:
+    """``astraflow run`` as a subprocess on a private embedded stack of its own (``storage`` log);
+    ``extra`` are more ``astraflow run`` arguments."""
+
+    def __init__(self, work: Path, run_id: str, recipe: Path, timeout_s: float, *extra: str,
+                 storage: str = "s3") -> None:
         self.state_dir = work / "state"
         self.run_dir = work / "runs" / run_id
         self.out_path = work / "launcher.out"
         env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAFLOW_")}
         env["ASTRAFLOW_STATE_DIR"] = str(self.state_dir)  # no cluster configured: a private embedded stack
         cmd = [sys.executable, "-m", "astraflow.cli.main", "run", str(recipe), "--run-id", run_id,
-               "--runs-dir", str(work / "runs"), "--log-storage", "s3", "--no-live",
-               "--timeout", str(timeout_s), "--grace", "10", "--max-restarts", str(max_restarts)]
+               "--runs-dir", str(work / "runs"), "--log-storage", storage, "--no-live",
+               "--timeout", str(timeout_s), "--grace", "10", *extra]
         with open(self.out_path, "w") as out:
             self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, cwd=work)
         self._pos = 0
@@ -336,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     run_id = f"chaos-{time.strftime('%Y%m%d-%H%M%S')}"
     print(f"chaos: {args.steps} steps, {len(schedule)} kills, work dir {work}", file=sys.stderr, flush=True)
     t0 = time.monotonic()
-    launcher = Launcher(work, run_id, recipe, args.timeout, args.max_restarts)
+    launcher = Launcher(work, run_id, recipe, args.timeout, "--max-restarts", str(args.max_restarts))
     try:
         kills = drive(launcher, schedule, t0 + args.timeout + 60)
         try:

@@ -67,6 +67,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import chaos
 from chaos import is_step
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,38 +79,11 @@ VOLUME_FILE = re.compile(r"^(.+)_\d+\.[a-z]+$")
 
 
 # -- the run -----------------------------------------------------------------------------------
-class Launcher:
+class Launcher(chaos.Launcher):
     """``astraflow run`` on its own private embedded stack with the given log storage."""
 
     def __init__(self, work: Path, run_id: str, recipe: Path, storage: str, steps: int, timeout_s: float) -> None:
-        self.state_dir = work / "state"
-        self.run_dir = work / "runs" / run_id
-        self.out_path = work / "launcher.out"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAFLOW_")}
-        env["ASTRAFLOW_STATE_DIR"] = str(self.state_dir)  # no cluster configured: a private embedded stack
-        cmd = [sys.executable, "-m", "astraflow.cli.main", "run", str(recipe), "--run-id", run_id,
-               "--runs-dir", str(work / "runs"), "--log-storage", storage, "--no-live", "--steps", str(steps),
-               "--timeout", str(timeout_s), "--grace", "10"]
-        with open(self.out_path, "w") as out:
-            self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, cwd=work)
-        self._pos = 0
-        self._records: list[dict] = []
-
-    def records(self) -> list[dict]:
-        """metrics.jsonl so far (read incrementally; a partly written last line waits)."""
-        path = self.run_dir / "metrics.jsonl"
-        if path.exists():
-            with open(path, "rb") as f:
-                f.seek(self._pos)
-                data = f.read()
-            end = data.rfind(b"\n") + 1
-            for line in data[:end].splitlines():
-                try:
-                    self._records.append(json.loads(line))
-                except ValueError:
-                    pass
-            self._pos += end
-        return self._records
+        super().__init__(work, run_id, recipe, timeout_s, "--steps", str(steps), storage=storage)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -119,9 +93,6 @@ class Launcher:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-
-    def output_tail(self, n: int = 3000) -> str:
-        return self.out_path.read_text(errors="replace")[-n:]
 
 
 # -- storage samples ---------------------------------------------------------------------------
@@ -322,11 +293,20 @@ def measure(storage: str, args: argparse.Namespace, work: Path) -> dict[str, Any
     todo = sample_steps(args.steps, args.samples)
     samples: list[dict] = []
     last_report = step = seen = 0
+    killed_at = None
     try:
         while launcher.proc.poll() is None and time.monotonic() - t0 < args.timeout + 60:
             recs = launcher.records()
             step = max([step] + [int(r["step"]) for r in recs[seen:] if is_step(r)])
             seen = len(recs)
+            if args.kill_broker_at and step >= args.kill_broker_at and killed_at is None:
+                # Late in the run, long after retention removed records: the launcher restarts the broker.
+                pid = launcher.victim_pid("tansu")
+                if pid is not None:
+                    killed_at = step
+                    chaos.sigkill(pid)
+                    print(f"  {storage}: SIGKILLed the broker (pid {pid}) at step {step}", file=sys.stderr,
+                          flush=True)
             if todo and step >= todo[0]:
                 s = probe.sample(step)
                 if s is not None:
@@ -360,6 +340,7 @@ def measure(storage: str, args: argparse.Namespace, work: Path) -> dict[str, Any
         "handoff": handoffs(records, tenths["ends"], run_id),
         "samples": ser, "growth": growth,
         "final": samples[-1] if samples else None,
+        "broker_killed_at_step": killed_at,
         "restarts": dict(Counter(r.get("component") for r in records
                                  if r.get("kind") == "supervisor" and r.get("event") == "restart")),
     }
@@ -445,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=6 * 3600.0, help="the launcher's --timeout per run, seconds")
     ap.add_argument("--max-ratio", type=float, default=1.15,
                     help="exit 1 when the first storage's last/first-tenth s/step is above this (0: no check)")
+    ap.add_argument("--kill-broker-at", type=int, default=None, metavar="STEP",
+                    help="SIGKILL the embedded broker once at this step (its s/step tenth then holds the recovery)")
     ap.add_argument("--plot", help="write a PNG here")
     ap.add_argument("--keep", help="keep the runs (state dirs, runs dirs, logs) in this directory")
     args = ap.parse_args(argv)
