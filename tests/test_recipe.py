@@ -130,6 +130,56 @@ def test_missing_checkpoint_directory_is_named(tmp_path: Path) -> None:
     assert "policies[0].model" in msg and "no/such/checkpoint" in msg
 
 
+# -- dataflow plug-ins and engine options: refused at load, naming the field -------------------------
+def test_misspelt_filter_name_is_named(tmp_path: Path) -> None:
+    msg = _refused(tmp_path, {"dataflow": {"filters": ["keep_all", {"type": "dynamic_samplin"}]}})
+    assert "dataflow.filters.1.type: unknown filter plug-in 'dynamic_samplin'" in msg and "dynamic_sampling" in msg
+
+
+def test_misspelt_filter_option_is_named(tmp_path: Path) -> None:
+    msg = _refused(tmp_path, {"dataflow": {"filters": [{"type": "dynamic_sampling", "options": {"min_std": 0.1}}]}})
+    assert "dataflow.filters.0.options.min_std: Extra inputs are not permitted" in msg
+
+
+def test_wrong_filter_option_type_is_named(tmp_path: Path) -> None:
+    msg = _refused(tmp_path, {"dataflow": {"filters": [{"type": "dynamic_sampling", "options": {"tolerance": "tiny"}}]}})
+    assert "dataflow.filters.0.options.tolerance: Input should be a valid number" in msg
+
+
+def test_misspelt_selector_is_named(tmp_path: Path) -> None:
+    msg = _refused(tmp_path, {"dataflow": {"selector": "gresso"}})
+    assert "dataflow.selector.type: unknown selector plug-in 'gresso'" in msg and "'greso'" in msg
+
+
+def test_misspelt_sampler_option_is_named(tmp_path: Path) -> None:
+    msg = _refused(tmp_path, {"dataflow": {"sampler": {"type": "replay", "options": {"replay_rato": 0.5}}}})
+    assert "dataflow.sampler.options.replay_rato: Extra inputs are not permitted" in msg
+
+
+def test_misspelt_engine_option_is_named(tmp_path: Path) -> None:
+    msg = _refused(tmp_path, {"pools": [{"name": "sim", "engine": {"type": "simulated", "tokens_per_sec": 100}}],
+                              "dataset": {"type": "minmax", "pool": "sim"}})
+    assert "pools.0.engine: engine 'simulated': tokens_per_sec: Extra inputs are not permitted" in msg
+    msg = _refused(tmp_path, {"pools": [{"engine": {"max_batchsize": 4}}]})  # no type: the built-in hf engine
+    assert "pools.0.engine: engine 'hf': max_batchsize: Extra inputs are not permitted" in msg
+
+
+def test_dataflow_builds_its_plugins_from_the_options_parsed_at_load(tmp_path: Path) -> None:
+    from astraflow.dataflow import Dataflow
+
+    recipe = Recipe.load(_write(tmp_path, {**MINIMAL, "dataflow": {
+        "selector": {"type": "greso", "options": {"explore_prob": 0.5}}, "filters": ["dynamic_sampling"],
+        "sampler": {"type": "replay", "options": {"capacity": 7}}}}))
+    section = recipe.dataflow
+    df = Dataflow(section, [])
+    assert df.emitter.selector.options is section.selector.options and section.selector.options.explore_prob == 0.5
+    assert df.processor.filters[0].options is section.filters[0].options
+    assert df.batchers["policy"].sampler.options is section.sampler.options and section.sampler.options.capacity == 7
+    # the dumped recipe (what the launcher hands its components) keeps every option
+    again = Recipe.model_validate(recipe.model_dump(mode="json")).dataflow
+    assert again.selector.options == section.selector.options and again.sampler.options.capacity == 7
+
+
 def test_user_plugin_module_is_imported_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "recipe_seam_test_plugins.py").write_text(
         "from typing import Literal\n"

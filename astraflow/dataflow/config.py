@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from astraflow.dataflow.autoscaler import AutoscaleConfig
-from astraflow.dataflow.plugins import PluginSpec
+from astraflow.dataflow.plugins import FilterSpec, SamplerSpec, SelectorSpec
 
 
 class DataflowConfig(BaseModel):
@@ -81,11 +81,11 @@ class DataflowConfig(BaseModel):
     goes to the pool with the most free slots (slots - its tasks in flight); a faster pool frees
     slots sooner and so receives more tasks, and every pool keeps receiving work. Empty: every task
     goes to the pool its dataset names."""
-    selector: PluginSpec = Field(default_factory=lambda: PluginSpec(type="accept_all"))
-    """Before-rollout task selection plug-in."""
-    filters: list[PluginSpec] = Field(default_factory=list)
+    selector: SelectorSpec = Field(default_factory=lambda: SelectorSpec(type="accept_all"))
+    """Before-rollout task selection plug-in (a name, or ``{type, options}``)."""
+    filters: list[FilterSpec] = Field(default_factory=list)
     """After-rollout group filters, applied in order."""
-    sampler: PluginSpec = Field(default_factory=lambda: PluginSpec(type="fifo"))
+    sampler: SamplerSpec = Field(default_factory=lambda: SamplerSpec(type="fifo"))
     """Batch-serving plug-in; one instance per policy."""
     autoscale: AutoscaleConfig = Field(default_factory=AutoscaleConfig)
     """Advisory node-count report."""

@@ -2,18 +2,31 @@
 
 A plug-in is one class registered with ``@register_plugin("name")`` under one of the three kinds
 (:class:`TaskSelector` before rollout, :class:`TrajectoryFilter` after rollout,
-:class:`BatchSampler` at batch serving). Its options are a pydantic model (``Options``), so a
-recipe typo fails at start-up. Its state (``state_dict``) is checkpointed together with the log
-offsets it reflects, so that a restarted dataflow continues exactly where it stopped.
+:class:`BatchSampler` at batch serving). Its options are a pydantic model (``Options``). A recipe
+names it with a :class:`PluginSpec` of its kind, which checks the name and parses the options into
+that model when the recipe loads, so a typo is refused, naming the field, before any process
+starts; the dataflow builds the plug-in from those parsed options. Its state (``state_dict``) is
+checkpointed together with the log offsets it reflects, so that a restarted dataflow continues
+exactly where it stopped.
 """
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from astraflow.dataflow.group import Group
 from astraflow.records import Task
@@ -25,23 +38,72 @@ class PluginError(ValueError):
 
 
 class PluginOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Frozen: one parsed options model is shared by every instance built from it (a sampler per policy).
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class PluginSpec(BaseModel):
-    """A plug-in as written in a recipe: ``{type: greso, options: {...}}``."""
+    """A plug-in as written in a recipe: ``{type: greso, options: {...}}``, or the bare name
+    ``greso``. Validated through its kind's subclass (:class:`SelectorSpec`, :class:`FilterSpec`,
+    :class:`SamplerSpec`; :func:`validate_plugin` picks it): ``type`` must be registered and
+    ``options`` becomes the plug-in's ``Options`` model, so errors name ``type`` or
+    ``options.<field>``."""
 
     model_config = ConfigDict(extra="forbid")
+    kind: ClassVar[str]
+    """"selector", "filter" or "sampler": the registry ``type`` is looked up in."""
     type: str
     """Registered plug-in name."""
-    options: dict[str, Any] = Field(default_factory=dict)
-    """Keyword options, validated by the plug-in's ``Options`` model."""
+    options: SerializeAsAny[PluginOptions] = Field(default_factory=PluginOptions, validate_default=True)
+    """Keyword options as the plug-in's ``Options`` model (a mapping in the recipe)."""
 
     @model_validator(mode="before")
     @classmethod
     def _bare_name(cls, data: Any) -> Any:
         # ``filters: [dynamic_sampling]`` is shorthand for ``[{type: dynamic_sampling}]``.
         return {"type": data} if isinstance(data, str) else data
+
+    @field_validator("type")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        _plugins(cls.kind).get(name)  # PluginError (a ValueError) listing the registered names
+        return name
+
+    @field_validator("options", mode="before")
+    @classmethod
+    def _typed_options(cls, options: Any, info: ValidationInfo) -> Any:
+        name = info.data.get("type")
+        if name is None:  # the type was refused: there is no Options model to check against
+            return PluginOptions()
+        model = _plugins(cls.kind).get(name).Options
+        if type(options) is model:
+            return options
+        if isinstance(options, BaseModel):
+            options = options.model_dump()
+        # A ValidationError raised here is reported under ``options.<field>``.
+        return model.model_validate(options)
+
+
+class SelectorSpec(PluginSpec):
+    """A recipe's ``dataflow.selector``."""
+
+    kind: ClassVar[str] = "selector"
+
+
+class FilterSpec(PluginSpec):
+    """One of a recipe's ``dataflow.filters``."""
+
+    kind: ClassVar[str] = "filter"
+
+
+class SamplerSpec(PluginSpec):
+    """A recipe's ``dataflow.sampler``."""
+
+    kind: ClassVar[str] = "sampler"
+
+
+SPECS: dict[str, type[PluginSpec]] = {s.kind: s for s in (SelectorSpec, FilterSpec, SamplerSpec)}
+"""The spec model of each plug-in kind."""
 
 
 class Plugin(ABC):
@@ -118,6 +180,13 @@ _REGISTRY: dict[str, Registry[type[Plugin]]] = {
 }
 
 
+def _plugins(kind: str) -> Registry[type[Plugin]]:
+    """The registry of ``kind``, with the built-in plug-ins registered (their modules import this
+    one, hence imported here on first use rather than at the top)."""
+    importlib.import_module("astraflow.dataflow.plugins")
+    return _REGISTRY[kind]
+
+
 def register_plugin(name: str) -> Callable[[type[P]], type[P]]:
     """Class decorator: make a plug-in class buildable by ``name`` from a recipe."""
 
@@ -130,18 +199,29 @@ def register_plugin(name: str) -> Callable[[type[P]], type[P]]:
 
 
 def registered(kind: str) -> list[str]:
-    return _REGISTRY[kind].names()
+    return _plugins(kind).names()
+
+
+def validate_plugin(kind: str, spec: PluginSpec | dict[str, Any] | str) -> PluginSpec:
+    """A recipe entry of ``kind`` ("selector", "filter", "sampler") as its kind's spec, with the
+    name checked and the options parsed; an entry validated already is returned as it is. Raises a
+    pydantic ``ValidationError`` located at ``type`` or ``options.<field>``."""
+    return SPECS[kind].model_validate(spec)
 
 
 def build_plugin(kind: str, spec: PluginSpec | dict[str, Any] | str) -> Plugin:
-    """Instantiate a plug-in of ``kind`` ("selector", "filter", "sampler") from its recipe entry."""
-    if isinstance(spec, str):
-        spec = PluginSpec(type=spec)
-    elif isinstance(spec, dict):
-        spec = PluginSpec.model_validate(spec)
-    cls = _REGISTRY[kind].get(spec.type)
+    """Instantiate a plug-in of ``kind`` from its recipe entry: from the options parsed when the
+    recipe loaded (a :class:`DataflowConfig`'s specs), or parsed now from a mapping or a name."""
     try:
-        options = cls.Options.model_validate(spec.options)
+        spec = validate_plugin(kind, spec)
     except ValidationError as exc:
-        raise PluginError(f"invalid options for {kind} plug-in {spec.type!r}:\n{exc}") from None
-    return cls(options)
+        raise PluginError(_invalid(kind, spec, exc)) from None
+    return _REGISTRY[kind].get(spec.type)(spec.options)
+
+
+def _invalid(kind: str, spec: Any, exc: ValidationError) -> str:
+    name = spec if isinstance(spec, str) else spec.get("type") if isinstance(spec, dict) else getattr(spec, "type", None)
+    where = "options" if all(e["loc"][:1] == ("options",) for e in exc.errors()) else "entry"
+    problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or kind}: {e['msg'].removeprefix('Value error, ')}"
+                         for e in exc.errors())
+    return f"invalid {where} for {kind} plug-in {name!r}: {problems}"
