@@ -15,6 +15,7 @@ from astraflow.archive import rows as R
 from astraflow.log import LogProducer, Topics, ensure_topics
 from astraflow.objstore import ObjectStore, RunLayout
 from astraflow.records import Batch, Trajectory, batch, episode_id_for, group_id_for, trajectory
+from astraflow.records.control import WeightAnnouncement, send_control
 
 pytestmark = pytest.mark.integration
 POLICIES = ["solver", "verifier"]
@@ -45,9 +46,10 @@ def _produce(cfg, prompts: range) -> set[str]:
                       trajectories=[make_traj(f"p{j}", "solver", i) for j in range(k - 3, k + 1) for i in range(2)])
             futs.append(prod.send_table(topics.batches("solver"), b.batch_id, batch.to_table(b),
                                         batch.SCHEMA_NAME, batch.SCHEMA_VERSION, policy="solver"))
-            futs.append(prod.send_json(topics.weights("solver"), str(k // 4 + 1),
-                                       {"version": k // 4 + 1, "kind": "delta", "policy": "solver"},
-                                       schema_name="weight-announcement", policy="solver"))
+            version = k // 4 + 1
+            futs.append(send_control(prod, topics.weights("solver"), str(version), WeightAnnouncement(
+                version=version, kind="delta", policy="solver", manifest=f"weights/solver/v{version}/manifest.json",
+                bytes=0, checksum="test"), policy="solver"))
         futs.append(prod.send_json(topics.metrics, "node-a", {"component": "raas", "time": 1.0 * k}))
     for f in futs:
         f.result(timeout=30)

@@ -24,6 +24,7 @@ from astraflow.launcher.cluster import write_cluster_file
 from astraflow.log import LogProducer, Topics, ensure_topics
 from astraflow.recipe import Recipe
 from astraflow.records import Trajectory, episode_id_for, group_id_for, trajectory
+from astraflow.records.control import WeightAnnouncement, send_control
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 GROUPS = 13  # 3 full batches of 4 groups, one group left over
@@ -58,9 +59,9 @@ def _archive_a_source_run(cfg, group_size: int) -> set[str]:
                 # across topics is undefined, and a group could land after the next announcement
                 # (stale). A run's announcements are milliseconds apart from its trajectories.
                 time.sleep(0.003)
-                acks.append(producer.send_json(topics.weights("policy"), str(version),
-                                               {"version": version, "kind": "delta", "policy": "policy"},
-                                               schema_name="weight-announcement", policy="policy"))
+                acks.append(send_control(producer, topics.weights("policy"), str(version), WeightAnnouncement(
+                    version=version, kind="delta", policy="policy", bytes=0, checksum="test",
+                    manifest=f"weights/policy/v{version}/manifest.json"), policy="policy"))
                 time.sleep(0.003)
         for ack in acks:
             ack.result(timeout=30)

@@ -9,8 +9,8 @@ import pytest
 
 from astraflow.dataflow import DataflowConfig
 from astraflow.dataflow.service import STATE_OBJECT, run_dataflow
-from astraflow.log.codec import WEIGHT_ANNOUNCEMENT_SCHEMA
 from astraflow.records import Task, Trajectory, batch, episode_id_for, group_id_for, task, trajectory
+from astraflow.records.control import WeightAnnouncement, send_control
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -22,6 +22,14 @@ def traj(prompt_id: str, i: int, version: int, reward: float) -> Trajectory:
         prompt_ids=[1], response_ids=[7, 8], logprobs=[-0.5, -0.25], versions=[version, version],
         loss_mask=[1, 1], reward=reward, node_id="node-1",
     )
+
+
+def announce_version(prod, topic: str, version: int, batch_id: str | None = None):
+    """Announce ``version`` of policy ``solver`` as the trainer's publisher does (a typed announcement);
+    returns the acknowledgement."""
+    record = WeightAnnouncement(version=version, policy="solver", kind="delta", bytes=0, checksum="test",
+                                manifest=f"weights/solver/v{version:08d}/manifest.json", batch_id=batch_id)
+    return send_control(prod, topic, str(version), record, policy="solver")
 
 
 def start(cfg, section, dataset, **options):
@@ -69,7 +77,7 @@ def test_duplicate_trained_once_stale_dropped_and_resume(test_cluster):
     batches_c = LogConsumer(cfg, topics.batches("solver"), "test-trainer")
     try:
         assert sorted(read_tasks(tasks_c, 2)) == ["p0", "p1"]  # cap = 1 x (1+1)
-        prod.send_json(topics.weights("solver"), "3", {"version": 3}, *WEIGHT_ANNOUNCEMENT_SCHEMA).result(10)
+        announce_version(prod, topics.weights("solver"), 3).result(10)
         seen_v3 = read_until(metrics_c, 1, pred=lambda m: (m.obj or {}).get("versions", {}).get("solver") == 3)
         assert seen_v3, "dataflow never saw the weight announcement"
         # the metrics contract: component and id on every record, kind names the dataflow's record
@@ -301,8 +309,7 @@ def test_an_announcement_naming_its_last_batch_holds_emission_back_after_a_train
 
     def announce(version: int, batch_id: str) -> int:
         """Announce ``version`` as trained through ``batch_id``; the tasks emitted once the dataflow read it."""
-        prod.send_json(topics.weights("solver"), str(version), {"version": version, "batch_id": batch_id},
-                       *WEIGHT_ANNOUNCEMENT_SCHEMA).result(10)
+        announce_version(prod, topics.weights("solver"), version, batch_id).result(10)
         # the dataflow emits in the loop pass that reads the announcement, before its next metrics record
         seen = read_until(metrics_c, 1, pred=lambda m: (m.obj or {}).get("versions", {}).get("solver") == version)
         assert seen, f"the dataflow never read v{version}'s announcement"
@@ -355,8 +362,7 @@ def test_told_the_trainers_step_count_the_dataflow_emits_nothing_for_after_the_l
         assert sorted(read_tasks(tasks_c, 2)) == ["p0", "p1"]  # the one batch's group and a spare
         prod.send_table(topics.trajectories, "p0", trajectory.to_table([traj("p0", 0, 0, 1.0), traj("p0", 1, 0, 0.0)]),
                         trajectory.SCHEMA_NAME, trajectory.SCHEMA_VERSION).result(10)
-        prod.send_json(topics.weights("solver"), "1", {"version": 1, "batch_id": "solver-00000000"},
-                       *WEIGHT_ANNOUNCEMENT_SCHEMA).result(10)
+        announce_version(prod, topics.weights("solver"), 1, "solver-00000000").result(10)
         seen = read_until(metrics_c, 1, pred=lambda m: (m.obj or {}).get("versions", {}).get("solver") == 1
                           and m.obj["counters"].get("batches.solver.batches") == 1)
         assert seen and seen[0].obj["counters"]["tasks.emitted"] == 2

@@ -239,9 +239,12 @@ def test_trainer_bootstrapped_from_the_store_publishes_v1_as_a_delta(test_cluste
     result = _run_trainer_in_process(cfg, make_recipe(cfg.run, trainer={"steps": 1}), stop_first=False)
     assert result["finished"] and result["version"] == 1 and result["skipped"]["invalid"] == 1
     # the dataflow hears that the record it served as a batch trains no step (its run is one batch longer)
-    events = [m.obj for m in read_to_end(cfg, {(Topics(cfg.run).metrics, 0): 0}).messages
-              if m.obj.get("event") == "skipped"]
+    written = read_to_end(cfg, {(Topics(cfg.run).metrics, 0): 0}).messages
+    events = [m.obj for m in written if m.obj.get("event") == "skipped"]
     assert [(e["reason"], e["batch_id"], e["policy"]) for e in events] == [("invalid", "other-1", "policy")]
+    # each of the trainer's records went through its typed model, under its own schema name
+    assert sorted(m.schema_name for m in written) == ["trainer-done", "trainer-skipped", "trainer-start",
+                                                      "trainer-step"]
     store = WeightStore.from_config(cfg, "policy")
     m1 = store.manifest(1)
     assert (m1.kind, m1.base, m1.anchor) == ("delta", 0, None)

@@ -52,15 +52,16 @@ class LiveRun(ArchivedRun):
     def _read(self) -> None:
         from astraflow.config import ConfigError
         from astraflow.log import LogConsumer, Topics
-        from astraflow.log.codec import METRICS_SCHEMA, WEIGHT_ANNOUNCEMENT_SCHEMA
+        from astraflow.log.codec import WEIGHT_ANNOUNCEMENT_SCHEMA
         from astraflow.records import trajectory
+        from astraflow.records.control import METRICS_TOPIC_SCHEMAS
 
         topics = Topics(self.run)
         weights = {topics.weights(p): p for p in self.policies}
         # The online dataflow's schemas per topic: a record it would refuse is refused here too (and,
         # like every group that reads it, dead-lettered once more with this group's name).
         expected = {topics.trajectories: (trajectory.SCHEMA_NAME, trajectory.SCHEMA_VERSION),
-                    topics.metrics: METRICS_SCHEMA, **dict.fromkeys(weights, WEIGHT_ANNOUNCEMENT_SCHEMA)}
+                    topics.metrics: METRICS_TOPIC_SCHEMAS, **dict.fromkeys(weights, WEIGHT_ANNOUNCEMENT_SCHEMA)}
         consumer = LogConsumer(self.cfg, [topics.trajectories, topics.metrics, *weights],
                                f"{self.run}.replay-{uuid.uuid4().hex[:8]}", expected, client_id=f"replay-{self.run}")
         events: list[Event] = []

@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from astraflow.records import batch, trajectory
+from astraflow.records.control import ControlRecordError, WeightAnnouncement, parse_control
 from astraflow.records.schema import RecordSchemaError, conform
 
 if TYPE_CHECKING:
@@ -157,15 +158,17 @@ def batch_rows(m: Message) -> list[Rows]:
 
 
 def weight_rows(m: Message, policy: str) -> list[Rows]:
-    obj = m.obj if isinstance(m.obj, dict) else {}
-    version = obj.get("version", m.key)
+    """The announcement's row; :class:`RecordSchemaError` for a record on the topic that is not one (the
+    consumer already dead-lettered one that claims to be an announcement and does not parse)."""
+    try:
+        announcement = parse_control(m.schema_name, m.schema_version, m.obj)
+    except ControlRecordError as exc:
+        raise RecordSchemaError(f"{m.topic}@{m.partition}/{m.offset}: {exc}") from None
+    if not isinstance(announcement, WeightAnnouncement):
+        raise RecordSchemaError(f"{m.topic}@{m.partition}/{m.offset}: a {m.schema_name!r} record, not a weight "
+                                "announcement")
     row = {
-        "policy": str(obj.get("policy") or m.policy or policy),
-        "version": _int(version),
-        "kind": _str(obj.get("kind")),
-        "manifest": _str(obj.get("manifest")),
-        "bytes": _int(obj.get("bytes")),
-        "checksum": _str(obj.get("checksum")),
+        **announcement.model_dump(include={"policy", "version", "kind", "manifest", "bytes", "checksum"}),
         "log_partition": m.partition, "log_offset": m.offset, "log_timestamp_ms": m.timestamp_ms,
     }
     return [Rows(WEIGHTS, policy, pa.Table.from_pylist([row], schema=WEIGHTS_SCHEMA))]

@@ -19,12 +19,12 @@ records ended, so that a dataflow killed between two saves is followed by one th
 and batches sent after the last save instead of wasting the work on them
 (:mod:`astraflow.dataflow.adoption`).
 
-Control records read (JSON): a weight announcement is ``{"version": int, "batch_id": ..., ...}`` (the
-record key is used when there is no ``version`` field; ``batch_id``, the last batch trained into the
-version, re-anchors the staleness accounting: :meth:`Dataflow.batch_trained`); a trainer metrics
-record carrying ``wait_s`` and ``step_s`` (seconds waited for a batch / spent per step since its last
-record) feeds the autoscaler; a trainer's ``{"event": "skipped", "reason": "duplicate" | "invalid",
-"batch_id": ...}`` tells that a served batch will train no version (:meth:`Dataflow.batch_skipped`).
+Control records read, typed (:mod:`astraflow.records.control`; the consumer dead-letters one that does
+not parse): a :class:`WeightAnnouncement` gives a policy's new version and ``batch_id``, the last batch
+trained into it, which re-anchors the staleness accounting (:meth:`Dataflow.on_weights`); a trainer's
+:class:`TrainerStep` (``wait_s`` and ``step_s``: seconds waited for its batch / spent on the step) feeds
+the autoscaler; a trainer's :class:`TrainerSkipped` tells that a served batch will train no version
+(:meth:`Dataflow.batch_skipped`). A node's metrics record (still untyped JSON) names its pool.
 """
 
 from __future__ import annotations
@@ -42,11 +42,19 @@ from astraflow.dataflow.autoscaler import autoscale_report
 from astraflow.dataflow.config import DataflowConfig
 from astraflow.dataflow.pipeline import Dataflow
 from astraflow.dataflow.recovery import recover
-from astraflow.log.codec import METRICS_SCHEMA, WEIGHT_ANNOUNCEMENT_SCHEMA
+from astraflow.log.codec import WEIGHT_ANNOUNCEMENT_SCHEMA
 from astraflow.log.identity import topic_ids
 from astraflow.log.producer import key_partition, record_policy
 from astraflow.outage import OutageReport, wait_out_outage
 from astraflow.records import RecordSchemaError, Task, batch, task, trajectory
+from astraflow.records.control import (
+    METRICS_TOPIC_SCHEMAS,
+    TrainerSkipped,
+    TrainerStep,
+    WeightAnnouncement,
+    is_control,
+    parse_control,
+)
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +162,7 @@ class DataflowService:
             group_id=ConsumerGroups(cfg.run).dataflow,
             # Per topic, so a wrong schema name or version on any of them is dead-lettered, not read.
             expected_schemas={self.topics.trajectories: (trajectory.SCHEMA_NAME, trajectory.SCHEMA_VERSION),
-                              self.topics.metrics: METRICS_SCHEMA,
+                              self.topics.metrics: METRICS_TOPIC_SCHEMAS,
                               **dict.fromkeys(self.weight_topics, WEIGHT_ANNOUNCEMENT_SCHEMA)},
         )
         self.window = _Window()
@@ -314,27 +322,27 @@ def _ingest(df: Dataflow, m: Any, window: _Window) -> None:
 
 
 def _on_weights(df: Dataflow, policy: str, m: Any) -> None:
-    obj = m.obj if isinstance(m.obj, dict) else {}
-    version, batch_id = obj.get("version", m.key), obj.get("batch_id")
-    try:
+    # The consumer expects only announcements here and dead-letters one that does not parse.
+    announcement = parse_control(m.schema_name, m.schema_version, m.obj)
+    if isinstance(announcement, WeightAnnouncement):
         # The version and the batch it was trained through, together: a trainer restarted from an older
         # checkpoint republishes it as a fresh version, which must not open room before the re-anchoring.
-        df.on_weights(policy, int(version), batch_id if isinstance(batch_id, str) else None)
-    except (TypeError, ValueError):
-        log.warning("weight announcement without a version on %s@%s: %r", m.topic, m.offset, m.obj)
+        df.on_weights(policy, announcement.version, announcement.batch_id)
 
 
 def _on_metrics(df: Dataflow, m: Any, window: _Window) -> None:
-    obj = m.obj
-    if m.key == COMPONENT_ID or not isinstance(obj, dict):
+    if m.key == COMPONENT_ID:
         return
-    if obj.get("component") == "trainer" and obj.get("event") == "skipped":  # a duplicate or an invalid record
-        df.batch_skipped(str(obj.get("policy")), str(obj.get("batch_id")))
+    if is_control(m.schema_name, m.schema_version):  # parsed at decode: a bad one never gets here
+        record = parse_control(m.schema_name, m.schema_version, m.obj)
+        if isinstance(record, TrainerSkipped):  # a duplicate or an invalid batch record
+            df.batch_skipped(record.policy, record.batch_id)
+        elif isinstance(record, TrainerStep):
+            window.wait_s += record.wait_s
+            window.step_s += record.step_s
         return
-    if "wait_s" in obj and "step_s" in obj:
-        window.wait_s += float(obj["wait_s"])
-        window.step_s += float(obj["step_s"])
-    if obj.get("pool") and obj.get("node_id"):
+    obj = m.obj  # a node's status (untyped JSON): the pools that have nodes
+    if isinstance(obj, dict) and obj.get("pool") and obj.get("node_id"):
         window.nodes[obj["pool"]].add(obj["node_id"])
 
 

@@ -107,8 +107,8 @@ class _Monitor:
         from kafka.errors import KafkaError
 
         from astraflow.log import LogConsumer, Topics
-        from astraflow.log.codec import METRICS_SCHEMA
         from astraflow.log.errors import LogError
+        from astraflow.records.control import METRICS_TOPIC_SCHEMAS
         from astraflow.report import MetricsLog
 
         self.progress = progress
@@ -122,7 +122,7 @@ class _Monitor:
         # A group of its own (unique id): the launcher only reads, and must not take partitions from
         # the dataflow's metrics consumer.
         self.consumer = LogConsumer(cfg, self.topic, group_id=f"{run_id}.launcher.{uuid.uuid4().hex[:6]}",
-                                    expected_schemas={self.topic: METRICS_SCHEMA}, client_id=f"launcher-{run_id}", background=True)
+                                    expected_schemas={self.topic: METRICS_TOPIC_SCHEMAS}, client_id=f"launcher-{run_id}", background=True)
 
     def absorb(self, timeout_s: float, max_records: int) -> int:
         """One poll of the metrics topic into metrics.jsonl and the progress view; records polled.

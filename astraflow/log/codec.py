@@ -18,7 +18,7 @@ reads an inline record.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +40,8 @@ JSON = "application/json"
 CONTENT_TYPES = (ARROW_STREAM, JSON)
 
 METRICS_SCHEMA = ("json", 1)
-"""(name, version) of the JSON records on ``<run>.metrics`` (``LogProducer.send_json``'s default)."""
+"""(name, version) of the untyped JSON records on ``<run>.metrics`` (``LogProducer.send_json``'s default);
+the typed control records there have their own (``astraflow.records.control.METRICS_TOPIC_SCHEMAS``)."""
 WEIGHT_ANNOUNCEMENT_SCHEMA = ("weight-announcement", 1)
 """(name, version) of the JSON records on ``<run>.weights.<policy>``."""
 
@@ -59,9 +60,24 @@ def max_record_bytes(inline_limit_bytes: int) -> int:
 Headers = list[tuple[str, bytes]]
 """kafka-python's header form: ``[(name, value bytes), ...]``."""
 
-ExpectedSchemas = Mapping[str, "int | tuple[str, int]"]
-"""What a consumer accepts: ``{schema_name: version}`` and/or ``{topic: version}`` or
-``{topic: (schema_name, version)}``. A topic entry wins over a schema-name entry."""
+ExpectedSchemas = Mapping[str, "int | tuple[str, int] | frozenset[tuple[str, int]]"]
+"""What a consumer accepts: ``{schema_name: version}`` and/or ``{topic: version}``,
+``{topic: (schema_name, version)}`` or ``{topic: frozenset({(schema_name, version), ...})}`` (a topic
+that carries several kinds of record, e.g. ``<run>.metrics``). A topic entry wins over a schema-name entry."""
+
+JsonCheck = Callable[[Any], object]
+"""Validates a decoded JSON document of one schema; raises a :class:`~astraflow.log.errors.DecodeError`
+(whose ``reason`` goes into the dead letter) for one that breaks the schema."""
+
+_JSON_CHECKS: dict[tuple[str, int], JsonCheck] = {}
+
+
+def register_json_check(schema_name: str, schema_version: int, check: JsonCheck) -> None:
+    """Have every decoder in this process run ``check`` on each JSON record of ``(schema_name,
+    schema_version)``: a record it refuses is dead-lettered like an undecodable one. The typed control
+    records register theirs (:mod:`astraflow.records.control`), so a consumer never hands one out that
+    its reader cannot parse."""
+    _JSON_CHECKS[(schema_name, schema_version)] = check
 
 
 @dataclass(frozen=True)
@@ -141,6 +157,13 @@ def check_schema(meta: RecordMeta, topic: str, expected: ExpectedSchemas | None)
     if not expected:
         return
     want = expected.get(topic)
+    if isinstance(want, (set, frozenset)):
+        if (meta.schema_name, meta.schema_version) in want:
+            return
+        raise SchemaMismatchError(
+            f"record on {topic} has schema {meta.schema_name!r} v{meta.schema_version}, this consumer "
+            f"expects one of {sorted(want)} (producer {meta.producer or '?'})"
+        )
     if want is not None:
         name, version = want if isinstance(want, tuple) else (meta.schema_name, want)
     elif meta.schema_name in expected:
@@ -191,7 +214,12 @@ class ArrowCodec:
             raise PayloadError(f"value is not a JSON document ({len(value)} bytes): {exc}") from None
 
     def decode(self, meta: RecordMeta, payload: bytes | memoryview) -> pa.Table | Any:
-        """The table (Arrow) or object (JSON) that ``payload`` holds."""
+        """The table (Arrow) or object (JSON) that ``payload`` holds; a JSON record of a schema with a
+        registered check (:func:`register_json_check`) must pass it."""
         if meta.content_type == ARROW_STREAM:
             return self.decode_table(payload)
-        return self.decode_json(payload)
+        obj = self.decode_json(payload)
+        check = _JSON_CHECKS.get((meta.schema_name, meta.schema_version))
+        if check is not None:
+            check(obj)
+        return obj

@@ -25,26 +25,27 @@ class UntilAcked:
 
     def __init__(self, producer: LogProducer) -> None:
         self.producer = producer
-        self._pending: list[tuple[AckFuture, str, str, Any]] = []
+        self._pending: list[tuple[AckFuture, str, str, Any, dict[str, Any]]] = []
         self.resent = 0
         """Records sent again after a refusal, over this sender's life."""
 
-    def send_json(self, topic: str, key: str, obj: Any) -> None:
-        self._pending.append((self.producer.send_json(topic, key, obj), topic, key, obj))
+    def send_json(self, topic: str, key: str, obj: Any, **headers: Any) -> None:
+        """``headers``: :meth:`LogProducer.send_json`'s ``schema_name``, ``schema_version``, ``policy``."""
+        self._pending.append((self.producer.send_json(topic, key, obj, **headers), topic, key, obj, headers))
 
     def resend_refused(self) -> int:
         """Send again each record refused so far and forget the acknowledged ones; returns how many
         are still unacknowledged."""
         pending = []
-        for ack, topic, key, obj in self._pending:
+        for ack, topic, key, obj, headers in self._pending:
             if ack.done():
                 refusal = ack.exception()
                 if refusal is None:
                     continue
                 self.resent += 1
                 log.info("%s; sending it again", refusal)
-                ack = self.producer.send_json(topic, key, obj)
-            pending.append((ack, topic, key, obj))
+                ack = self.producer.send_json(topic, key, obj, **headers)
+            pending.append((ack, topic, key, obj, headers))
         self._pending = pending
         return len(pending)
 

@@ -27,14 +27,15 @@ Versions that a crashed life published after its last checkpoint are orphaned: t
 publishes its checkpointed weights as a fresh version above anything published, so nodes never
 see a version number go backwards, and continues from there.
 
-Metrics (``<run>.metrics``, key ``trainer.<policy>``): one record per step once its version is
-published (``publish_bytes`` known; ``publish_s``: seconds from the step's end to its version's
-announcement being acknowledged; the torch backend's ``zero_adv_frac`` and ``trained_trajectories``;
-``weights_gc_deleted`` and ``checkpoints_deleted``: weight versions and checkpoints this life deleted so
-far, per ``trainer.weights_gc_every`` and ``trainer.keep_checkpoints``),
-``{"event": "skipped", "reason": "duplicate" | "invalid", "batch_id"}`` for a batch record whose id was
-trained already (a restarted dataflow re-produced it) or that does not decode (``batch_id``: its key),
-and ``{"event": "done"}`` after ``trainer.steps`` steps.
+Records on ``<run>.metrics`` (key ``trainer.<policy>``), typed control records
+(:mod:`astraflow.records.control`, each with its own schema name): a ``TrainerStart`` per life; a
+``TrainerStep`` per step once its version is published (``publish_bytes`` known; ``publish_s``: seconds
+from the step's end to its version's announcement being acknowledged; the torch backend's
+``zero_adv_frac`` and ``trained_trajectories``; ``weights_gc_deleted`` and ``checkpoints_deleted``: weight
+versions and checkpoints this life deleted so far, per ``trainer.weights_gc_every`` and
+``trainer.keep_checkpoints``); a ``TrainerSkipped`` (reason ``duplicate`` | ``invalid``) for a batch record
+whose id was trained already (a restarted dataflow re-produced it) or that does not decode (``batch_id``:
+its key), which the dataflow reads; and a ``TrainerDone`` after ``trainer.steps`` steps.
 """
 
 from __future__ import annotations
@@ -47,6 +48,14 @@ from typing import TYPE_CHECKING, Any
 
 from astraflow.log.handoff import HandoffLatency
 from astraflow.log.until_acked import UntilAcked
+from astraflow.records.control import (
+    TrainerDone,
+    TrainerRecord,
+    TrainerSkipped,
+    TrainerStart,
+    TrainerStep,
+    send_control,
+)
 from astraflow.trainer.checkpoint import CheckpointError, CheckpointStore, TrainerCheckpoint
 from astraflow.trainer.checkpoint_writer import CheckpointWriter
 
@@ -94,7 +103,8 @@ class TrainerService:
         self._uncommitted: list[Any] = []
         self._last_ckpt_step = 0
         self._pending_records: dict[int, tuple[dict[str, Any], float]] = {}
-        """Version -> its step's metrics record and the Unix time the step ended, until it is published."""
+        """Version -> its step's :class:`TrainerStep` fields known at the step's end and the Unix time it
+        ended, until the version is published."""
         self._seen_published = 0
         self.topic_ids: dict[str, str | None] = {}
         """Ids of the topics this trainer reads, as of its start (saved with each checkpoint)."""
@@ -230,8 +240,8 @@ class TrainerService:
             producer_id=f"{self.cfg.run}.{self.component_id}.{self.life}.weights")
         origin = self._bootstrap()
         log.info("trainer %s (life %s) starts from %s", self.policy, self.life, origin)
-        self._emit({"event": "start", "step": self.step, "version": self.version, "origin": origin,
-                    **({"warm_start": self.warm_start} if self.warm_start else {})})
+        self._emit(TrainerStart, step=self.step, version=self.version, origin=origin,
+                   warm_start=self.warm_start or None)
         group = ConsumerGroups(self.cfg.run).trainer(self.policy)
         consumer = LogConsumer(self.cfg, topics.batches(self.policy), group,
                                {batch_rec.SCHEMA_NAME: batch_rec.SCHEMA_VERSION}, max_poll_interval_ms=600_000,
@@ -259,7 +269,7 @@ class TrainerService:
             self._emit_published()
             self._checkpoint(consumer, wait=True)
             if finished:
-                self._emit({"event": "done", "step": self.step, "version": self.version, "skipped": self.skipped})
+                self._emit(TrainerDone, step=self.step, version=self.version, skipped=self.skipped)
         finally:
             try:
                 self.publisher.close()
@@ -299,8 +309,7 @@ class TrainerService:
     def _report_skipped(self, reason: str, batch_id: str) -> None:
         """The dataflow counts a batch it served as a version to come and its run's end as one batch
         nearer: tell it that this one trains neither."""
-        self._emit({"event": "skipped", "reason": reason, "batch_id": batch_id, "step": self.step,
-                    "version": self.version})
+        self._emit(TrainerSkipped, reason=reason, batch_id=batch_id, step=self.step, version=self.version)
 
     def _consumed(self, msg: Any) -> None:
         self.offsets[_offset_key(msg.topic, msg.partition)] = msg.offset + 1
@@ -365,19 +374,19 @@ class TrainerService:
                 record, step_end = pending
                 # step end -> announcement acknowledged: the hand-off from the trainer to the nodes
                 publish_s = None if announced is None else round(announced - step_end, 4)
-                self._emit({**record, "version": manifest.version, "publish_bytes": manifest.bytes,
-                            "publish_kind": manifest.kind, "publish_s": publish_s,
-                            # this life's bucket housekeeping so far: weight versions and checkpoints deleted
-                            "weights_gc_deleted": self.publisher.gc_totals["versions"],
-                            "checkpoints_deleted": self.checkpoints.pruned_steps})
+                self._emit(TrainerStep, **record, version=manifest.version, publish_bytes=manifest.bytes,
+                           publish_kind=manifest.kind, publish_s=publish_s,
+                           # this life's bucket housekeeping so far: weight versions and checkpoints deleted
+                           weights_gc_deleted=self.publisher.gc_totals["versions"],
+                           checkpoints_deleted=self.checkpoints.pruned_steps)
         self._seen_published = len(published)
 
-    def _emit(self, fields: dict[str, Any]) -> None:
+    def _emit(self, kind: type[TrainerRecord], **fields: Any) -> None:
+        """Write a ``kind`` record (its model checks the fields) with this trainer's identity."""
         from astraflow.log import Topics
 
-        rec = {"component": "trainer", "id": self.component_id, "time": time.time(), "policy": self.policy,
-               "life": self.life, **fields}
-        self.records.send_json(Topics(self.cfg.run).metrics, self.component_id, rec)
+        record = kind(id=self.component_id, time=time.time(), policy=self.policy, life=self.life, **fields)
+        send_control(self.records, Topics(self.cfg.run).metrics, self.component_id, record)
 
 
 def run_trainer(cfg: ClusterConfig, recipe: Recipe, policy: str, stop_event: threading.Event,
