@@ -108,6 +108,10 @@ class S3Settings(_Section):
     region: str = "us-east-1"
     bucket: str = "astraflow"
     """The bucket holding every run's weights, checkpoints, claims and archives."""
+    embedded_master: str | None = None
+    """The embedded SeaweedFS's master (``http://127.0.0.1:<port>``), filled in by
+    :meth:`ClusterConfig.resolve` from the running stack (None: another S3 server). The archiver asks
+    it to reclaim deleted objects' disk space (:mod:`astraflow.embedded.vacuum`)."""
 
 
 class RegionSettings(_Section):
@@ -197,6 +201,8 @@ class ClusterConfig(_Section):
                 f"no {' and no '.join(missing)} is configured, and no embedded stack runs under "
                 f"{self.state_dir} (no {STACK_FILE}): run `astraflow up`, or configure the endpoint"
             )
+        from astraflow.embedded.ports import LOOPBACK
+
         stack = json.loads(stack_file.read_text())
         kafka_update: dict[str, Any] = {"bootstrap": self.kafka.bootstrap or stack["kafka_bootstrap"]}
         if self.kafka.bootstrap is None:
@@ -212,6 +218,7 @@ class ClusterConfig(_Section):
                 "access_key": stack["s3_access_key"],
                 "secret_key": stack["s3_secret_key"],
                 "bucket": stack.get("s3_bucket", self.s3.bucket),
+                "embedded_master": f"http://{LOOPBACK}:{stack['ports']['master']}" if "ports" in stack else None,
             }
         return self.model_copy(update={"kafka": kafka, "s3": self.s3.model_copy(update=s3_update)})
 

@@ -39,6 +39,7 @@ def cmd_archive(args: argparse.Namespace) -> int:
     from astraflow.cli.cluster_args import load_cluster
     from astraflow.cli.components import _stop_on_signals
     from astraflow.config import ConfigError
+    from astraflow.embedded.vacuum import VolumeVacuum
     from astraflow.log.client_logs import summarise_kafka_logs
     from astraflow.log.retention import LogRetention
 
@@ -66,11 +67,15 @@ def cmd_archive(args: argparse.Namespace) -> int:
     retention = LogRetention.for_run(cfg, pools, policies)
     if retention is not None:
         retention.start()
+    # The embedded S3 server frees a deleted object's disk only when asked to compact its volumes.
+    vacuum = VolumeVacuum(cfg.s3.embedded_master).start() if cfg.s3.embedded_master else None
     try:
         stats = archiver.run(stop, idle_exit_s=args.idle_exit)
     finally:
         if retention is not None:
             retention.stop()
+        if vacuum is not None:
+            vacuum.stop()
         archiver.close()
     print(json.dumps({"run": run, **stats.as_dict(),
                       **({"log_retention": retention.stats.as_dict()} if retention is not None else {})}))

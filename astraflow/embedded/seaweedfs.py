@@ -10,8 +10,6 @@ from pathlib import Path
 from astraflow.embedded.ports import LOOPBACK, StackPorts
 
 WEED_BIN_ENV = "ASTRAFLOW_WEED_BIN"
-VACUUM_INTERVAL_S = 60
-"""Seconds between SeaweedFS's sweeps for volumes whose deleted share is above its threshold (30 %)."""
 
 
 def find_weed_bin() -> str:
@@ -56,10 +54,6 @@ def weed_argv(data_dir: Path, ports: StackPorts, buckets: list[str]) -> list[str
         "-webdav=false",
         "-admin.ui=false",
         "-master.telemetry=false",  # no phoning home
-        # Deleted objects (old checkpoints, collected weights, the log's trimmed batches) free their disk
-        # only when a volume is vacuumed; the default sweep every 14 min let the state dir grow by
-        # ~0.8 MB a step of the demo between sweeps.
-        f"-master.vacuumIntervalSeconds={VACUUM_INTERVAL_S}",
         f"-bucket={','.join(buckets)}",
     ]
 
