@@ -7,11 +7,19 @@ registered name. :meth:`Registry.parse` turns a recipe entry (``{type: calculato
 or the bare name ``calculator``) into that model, so a recipe section is a discriminated union on
 ``type`` that user plug-ins extend by registering a class, and :func:`plugin_field` makes it a
 pydantic field type validated when the recipe loads.
+
+An entry is the plug-in's class (with its ``Config``), or a :class:`Builder`: the options model and
+a function that imports the plug-in's runtime (torch, vLLM, Megatron) only when it builds one, so
+that validating a recipe never imports it (engines and trainer backends). A registry may name a
+``default`` plug-in for an entry without ``type``, and ``connectors``: plug-ins shipped in a module
+that registers them, imported when a recipe first names one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import importlib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Generic, Self, TypeVar
 
@@ -19,6 +27,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, SerializeAsAny, Val
 
 T = TypeVar("T")
 C = TypeVar("C", bound=type)
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class PluginConfig(BaseModel):
@@ -56,15 +65,35 @@ def _localized_item(value: Any, base: Path | None, index: int) -> Any:
         raise ValueError(f"[{index}]: {exc}") from None
 
 
+@dataclass(frozen=True)
+class Builder:
+    """A registry entry that is not the plug-in's class: its options model and the function that
+    builds it (and imports its runtime only when called): ``build(config, *args, **kwargs)``."""
+
+    Config: type[PluginConfig]
+    """The plug-in's options model (:meth:`Registry.parse` reads it)."""
+    build: Callable[..., Any]
+    """Builds the plug-in from its parsed options and the caller's arguments."""
+
+    def __call__(self, config: PluginConfig, *args: Any, **kwargs: Any) -> Any:
+        return self.build(config, *args, **kwargs)
+
+
 class Registry(Generic[T]):
     """Plug-ins of one kind by name. A name taken by another object is refused, so two plug-ins
     can never silently shadow each other; unknown names fail with the registered ones listed."""
 
-    def __init__(self, what: str, error: type[Exception] = ValueError) -> None:
+    def __init__(self, what: str, error: type[Exception] = ValueError, *, default: str | None = None,
+                 connectors: Mapping[str, str] | None = None) -> None:
         self.what = what
         """What the entries are, for errors ("dataset", "selector plug-in", ...)."""
         self.error = error
         """Exception raised for an unknown or doubly registered name."""
+        self.default = default
+        """The plug-in an entry without ``type`` (or ``None``) names; ``None``: ``type`` is required."""
+        self.connectors = dict(connectors or {})
+        """Plug-ins shipped as connectors: name -> the module that registers it, imported when a
+        recipe names it (it must import no runtime; the plug-in's options check it is installed)."""
         self._entries: dict[str, T] = {}
 
     def register(self, name: str) -> Callable[[T], T]:
@@ -88,6 +117,18 @@ class Registry(Generic[T]):
             self.register(name)(cls)  # type: ignore[arg-type]
             cls.name = name  # type: ignore[attr-defined]
             return cls
+
+        return deco
+
+    def register_builder(self, name: str, config: type[PluginConfig]) -> Callable[[F], F]:
+        """Decorator: register ``build(config, *args, **kwargs)`` as plug-in ``name`` with options
+        ``config`` (whose ``type`` must default to ``name``), as a :class:`Builder`."""
+        if config.model_fields["type"].default != name:
+            raise self.error(f"{self.what} {name!r}: {config.__name__}.type must default to {name!r}")
+
+        def deco(build: F) -> F:
+            self.register(name)(Builder(config, build))  # type: ignore[arg-type]  # T is Builder here
+            return build
 
         return deco
 
@@ -116,17 +157,26 @@ class Registry(Generic[T]):
 
     def parse(self, data: Any) -> PluginConfig:
         """A recipe entry as the named plug-in's typed options: a bare name, a mapping with
-        ``type``, or an already-built config. Errors name the plug-in and the offending option."""
+        ``type`` (or without, for the ``default`` plug-in), or options already parsed (returned as
+        they are). Errors name the plug-in and the offending option."""
         if isinstance(data, PluginConfig):
+            if data.type in self._entries and type(data) is self.config_class(data.type):
+                return data
             data = data.model_dump()
+        if data is None and self.default is not None:
+            data = {}
         if isinstance(data, str):
             data = {"type": data}
         if not isinstance(data, dict):
             # ValueError, not TypeError: pydantic reports only ValueErrors as field errors
             raise ValueError(f"a {self.what} is a name or a mapping with 'type', got {type(data).__name__}")  # noqa: TRY004
+        if "type" not in data and self.default is not None:
+            data = {"type": self.default, **data}
         name = data.get("type")
         if not isinstance(name, str):
             raise ValueError(f"a {self.what} needs a 'type' (one of {self.names()})")  # noqa: TRY004
+        if name not in self._entries and name in self.connectors:
+            self._import_connector(name)
         if name not in self._entries:
             raise ValueError(f"unknown {self.what} {name!r}; registered: {self.names()}")
         try:
@@ -135,6 +185,13 @@ class Registry(Generic[T]):
             problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'options'}: {e['msg']}"
                                  for e in exc.errors())
             raise ValueError(f"{self.what} {name!r}: {problems}") from None
+
+    def _import_connector(self, name: str) -> None:
+        module = self.connectors[name]
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ValueError(f"{self.what} {name!r}: cannot import its connector {module!r}: {exc}") from None
 
     def build(self, config: PluginConfig | dict[str, Any] | str, *args: Any, **kwargs: Any) -> Any:
         """The plug-in named by ``config``, constructed with its parsed options first."""

@@ -16,17 +16,15 @@ engine and the option named. ``type`` may be left out: the built-in ``hf`` engin
 
 from __future__ import annotations
 
-import importlib
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, SerializeAsAny
 
-from astraflow.registry import PluginConfig, Registry
+from astraflow.registry import Builder, PluginConfig, Registry
 
 if TYPE_CHECKING:
     from astraflow.engines.base import Engine
@@ -90,56 +88,27 @@ class SimulatedEngineConfig(BaseEngineConfig):
 EngineBuilder = Callable[..., "Engine"]
 """``builder(config, model, *, version) -> Engine``: the engine of ``config`` serving ``model``."""
 
+ENGINES: Registry[Builder] = Registry(
+    "engine",
+    default=BaseEngineConfig.model_fields["type"].default,
+    connectors={"vllm": "connectors.vllm", "vllm-server": "connectors.vllm"},
+)
+"""Every engine by name: its options model and its builder (:class:`astraflow.registry.Builder`).
+Engines shipped as connectors are imported when a recipe names them."""
 
-@dataclass(frozen=True)
-class EngineEntry:
-    """What :data:`ENGINES` holds per name: the options model and the builder (which imports the
-    engine's runtime only when called)."""
-
-    Config: type[BaseEngineConfig]
-    """The engine's options model (:meth:`Registry.parse` reads it)."""
-    build: EngineBuilder
-    """Builds the engine from parsed options, a model and the weight version it holds."""
-
-    def __call__(self, config: BaseEngineConfig, model: Any, *, version: int = 0) -> Engine:
-        return self.build(config, model, version=version)
-
-
-ENGINES: Registry[EngineEntry] = Registry("engine")
-
-CONNECTOR_ENGINES = {"vllm": "connectors.vllm", "vllm-server": "connectors.vllm"}
-"""Engines shipped as connectors, by name: the module that registers each, imported when a recipe
-names the engine (it imports no engine runtime; the engine's options check that it is installed)."""
+CONNECTOR_ENGINES = ENGINES.connectors
+"""Engines shipped as connectors, by name: the module that registers each."""
 
 
 def register_engine(name: str, config: type[BaseEngineConfig]) -> Callable[[EngineBuilder], EngineBuilder]:
     """Decorator: register ``builder(config, model, *, version) -> Engine`` as engine ``name``
     with options ``config`` (whose ``type`` must be ``Literal[name]``)."""
-    if config.model_fields["type"].default != name:
-        raise ValueError(f"engine {name!r}: {config.__name__}.type must default to {name!r}")
-
-    def deco(builder: EngineBuilder) -> EngineBuilder:
-        ENGINES.register(name)(EngineEntry(config, builder))
-        return builder
-
-    return deco
+    return ENGINES.register_builder(name, config)
 
 
 def parse_engine(data: Any) -> BaseEngineConfig:
     """An engine section (a mapping, a bare name, or options already built) as the named engine's
     options; a mapping without ``type`` names the built-in ``hf`` engine."""
-    if isinstance(data, BaseEngineConfig) and data.type in ENGINES and type(data) is ENGINES.get(data.type).Config:
-        return data
-    if data is None:
-        data = {}
-    if isinstance(data, dict) and "type" not in data:
-        data = {"type": BaseEngineConfig.model_fields["type"].default, **data}
-    name = data if isinstance(data, str) else data.get("type") if isinstance(data, dict) else None
-    if isinstance(name, str) and name not in ENGINES and name in CONNECTOR_ENGINES:
-        try:
-            importlib.import_module(CONNECTOR_ENGINES[name])
-        except ImportError as exc:
-            raise ValueError(f"engine {name!r}: cannot import its connector {CONNECTOR_ENGINES[name]!r}: {exc}") from None
     return ENGINES.parse(data)  # type: ignore[return-value]  # every entry's Config is a BaseEngineConfig
 
 

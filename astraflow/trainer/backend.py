@@ -17,14 +17,12 @@ implementations are ``torch_backend`` and ``simulated``.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, SerializeAsAny
 
-from astraflow.registry import PluginConfig, Registry
+from astraflow.registry import Builder, PluginConfig, Registry
 from astraflow.trainer.base import TrainerBackend
 
 
@@ -92,57 +90,28 @@ class SimulatedBackendConfig(BaseBackendConfig):
 BackendBuilder = Callable[[Any, Any], TrainerBackend]
 """``builder(config, model) -> TrainerBackend``: the backend of ``config`` training ``model``."""
 
+BACKENDS: Registry[Builder] = Registry(
+    "trainer backend",
+    default=BaseBackendConfig.model_fields["type"].default,
+    connectors={"megatron": "connectors.megatron"},
+)
+"""Every trainer backend by name: its options model and its builder
+(:class:`astraflow.registry.Builder`). Backends shipped as connectors are imported when a recipe
+names them."""
 
-@dataclass(frozen=True)
-class BackendEntry:
-    """What :data:`BACKENDS` holds per name: the options model and the builder (which imports the
-    backend's runtime only when called)."""
-
-    Config: type[BaseBackendConfig]
-    """The backend's options model (:meth:`Registry.parse` reads it)."""
-    build: BackendBuilder
-    """Builds the backend from parsed options and a model."""
-
-    def __call__(self, config: BaseBackendConfig, model: Any) -> TrainerBackend:
-        return self.build(config, model)
-
-
-BACKENDS: Registry[BackendEntry] = Registry("trainer backend")
-
-CONNECTOR_BACKENDS = {"megatron": "connectors.megatron"}
-"""Backends shipped as connectors, by name: the module that registers each, imported when a recipe
-names the backend (it imports no backend runtime; the backend's options check that it is installed)."""
+CONNECTOR_BACKENDS = BACKENDS.connectors
+"""Backends shipped as connectors, by name: the module that registers each."""
 
 
 def register_backend(name: str, config: type[BaseBackendConfig]) -> Callable[[BackendBuilder], BackendBuilder]:
     """Decorator: register ``builder(config, model) -> TrainerBackend`` as backend ``name`` with
     options ``config`` (whose ``type`` must be ``Literal[name]``)."""
-    if config.model_fields["type"].default != name:
-        raise ValueError(f"trainer backend {name!r}: {config.__name__}.type must default to {name!r}")
-
-    def deco(builder: BackendBuilder) -> BackendBuilder:
-        BACKENDS.register(name)(BackendEntry(config, builder))
-        return builder
-
-    return deco
+    return BACKENDS.register_builder(name, config)
 
 
 def parse_backend(data: Any) -> BaseBackendConfig:
     """A backend section (a mapping, a bare name, or options already built) as the named backend's
     options; a mapping without ``type`` names the built-in ``torch`` backend."""
-    if isinstance(data, BaseBackendConfig) and data.type in BACKENDS and type(data) is BACKENDS.get(data.type).Config:
-        return data
-    if data is None:
-        data = {}
-    if isinstance(data, dict) and "type" not in data:
-        data = {"type": BaseBackendConfig.model_fields["type"].default, **data}
-    name = data if isinstance(data, str) else data.get("type") if isinstance(data, dict) else None
-    if isinstance(name, str) and name not in BACKENDS and name in CONNECTOR_BACKENDS:
-        try:
-            importlib.import_module(CONNECTOR_BACKENDS[name])
-        except ImportError as exc:
-            raise ValueError(f"trainer backend {name!r}: cannot import its connector "
-                             f"{CONNECTOR_BACKENDS[name]!r}: {exc}") from None
     return BACKENDS.parse(data)  # type: ignore[return-value]  # every entry's Config is a BaseBackendConfig
 
 
@@ -170,5 +139,4 @@ def build_backend(model: Any, config: BaseBackendConfig | dict[str, Any] | str |
     """The backend named by ``config.type`` training ``model`` (a transformers causal LM; unused by
     the simulated backend). ``config`` may also be a recipe's backend section as a mapping or a bare
     name; a mapping without ``type`` (or None) is the built-in ``torch`` backend."""
-    parsed = parse_backend(config)
-    return BACKENDS.get(parsed.type)(parsed, model)
+    return BACKENDS.build(config, model)  # type: ignore[no-any-return]  # a Builder returns Any

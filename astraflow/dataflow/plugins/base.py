@@ -66,6 +66,8 @@ class PluginSpec(BaseModel):
     @field_validator("type")
     @classmethod
     def _registered(cls, name: str) -> str:
+        if not hasattr(cls, "kind"):
+            raise TypeError("a plug-in entry is validated by its kind's spec: SelectorSpec, FilterSpec or SamplerSpec")
         _plugins(cls.kind).get(name)  # PluginError (a ValueError) listing the registered names
         return name
 
