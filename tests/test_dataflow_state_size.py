@@ -9,8 +9,6 @@ import json
 from test_dataflow import cfg, dataset, rollout, traj, varied
 
 from astraflow.dataflow import Dataflow, DataflowConfig
-from astraflow.dataflow.service import saved_state_bytes, state_key
-from astraflow.objstore import ObjectStore
 from astraflow.records import Task
 
 
@@ -118,14 +116,3 @@ def test_a_state_saved_before_the_window_loads():
     assert list(life2.processor.seen.recent) == old_tasks[-3:]
     life2.ingest([traj(flying, "solver", 0, 0.0)])
     assert life2.counters()["trajectories.duplicate"] == 1
-
-
-def test_saved_state_bytes_reads_the_state_in_the_bucket(test_cluster):
-    store = ObjectStore.from_config(test_cluster)
-    assert saved_state_bytes(test_cluster) is None
-    df = Dataflow(cfg(), dataset(20))
-    _serve(df, 3)
-    state = {"dataflow": df.state_dict()}
-    store.put_json(state_key(test_cluster.run), state)
-    assert saved_state_bytes(test_cluster) == len(store.get_bytes(state_key(test_cluster.run))) > 0
-    assert state_key(test_cluster.run) == f"{test_cluster.run}/dataflow/state.json"

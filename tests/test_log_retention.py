@@ -18,7 +18,8 @@ import yaml
 from astraflow.config import ClusterConfig, LogRetentionSettings
 from astraflow.embedded import EmbeddedStack
 from astraflow.embedded.tansu import TANSU_BUCKET, TANSU_CLUSTER_ID
-from astraflow.log.retention import LogRetention, read_committed, run_readers, trim_points
+from astraflow.log.lag import groups_committed_offsets
+from astraflow.log.retention import LogRetention, run_readers, trim_points
 from astraflow.log.trim import TansuObjectTrimmer, trimmer_for
 from astraflow.objstore import ObjectStore
 
@@ -116,7 +117,7 @@ def test_the_s3_log_is_trimmed_below_the_readers_and_serves_the_rest(s3_log: Clu
 
     def retention(keep_s: float) -> LogRetention:
         return LogRetention(readers, trimmer, LogRetentionSettings(keep_s=keep_s),
-                            lambda groups: read_committed(cfg, groups))
+                            lambda groups: groups_committed_offsets(cfg, groups))
 
     _commit(cfg, "ret.a", 40)
     assert retention(0).pass_once() == {}, "reader b has committed nothing: the partition stays whole"

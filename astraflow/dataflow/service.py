@@ -69,18 +69,6 @@ def state_key(run: str) -> str:
     return RunLayout(run).dataflow_key(STATE_OBJECT)
 
 
-def saved_state_bytes(cfg: ClusterConfig) -> int | None:
-    """Size in bytes of ``cfg.run``'s saved dataflow state as it lies in the bucket (a long run's
-    benchmark follows it: it must not grow with the run); None before the first save."""
-    from astraflow.objstore import ObjectStore
-    from astraflow.objstore.errors import ObjectNotFoundError
-
-    try:
-        return ObjectStore.from_config(cfg, check_bucket=False).size(state_key(cfg.run))
-    except ObjectNotFoundError:
-        return None
-
-
 class _Window:
     """Trainer wait/step seconds and trajectory counts since the last autoscaling report."""
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from astraflow.log.groups import ConsumerGroups
+from astraflow.log.lag import groups_committed_offsets
 from astraflow.log.offsets import Partition
 from astraflow.log.topics import Topics
 
@@ -61,19 +62,6 @@ def trim_points(readers: Mapping[str, list[str]], committed: CommittedOffsets) -
             if all(o is not None for o in offsets):
                 points[tp] = min(o for o in offsets if o is not None)
     return points
-
-
-def read_committed(cfg: ClusterConfig, groups: Iterable[str], timeout_s: float = 10.0) -> dict[str, dict[Partition, int]]:
-    """Every group's committed offsets, in one OffsetFetch request."""
-    from astraflow.log.admin import open_admin
-
-    admin = open_admin(cfg, timeout_s)
-    try:
-        got = admin.list_group_offsets(dict.fromkeys(sorted(set(groups))))
-    finally:
-        admin.close()
-    return {g: {(tp.topic, tp.partition): om.offset for tp, om in offsets.items() if om.offset >= 0}
-            for g, offsets in got.items()}
 
 
 @dataclass
@@ -122,7 +110,7 @@ class LogRetention:
         if trimmer is None:
             return None
         return cls(run_readers(cfg.run, pools, policies), trimmer, settings,
-                   lambda groups: read_committed(cfg, groups))
+                   lambda groups: groups_committed_offsets(cfg, groups))
 
     def pass_once(self) -> dict[Partition, int]:
         """One pass: read the readers' commits and trim each partition below them; returns the

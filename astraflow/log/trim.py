@@ -71,6 +71,8 @@ class TansuObjectTrimmer(LogTrimmer):
             m = _BATCH.search(obj["Key"])
             if m:
                 batches.append((int(m[1]), obj["Key"], obj["LastModified"].timestamp()))
+        if not batches:
+            return TrimResult()
         batches.sort()
         # Batch i holds offsets base[i] .. base[i+1]-1. It goes when the batch after it also lies below
         # the trim point: Tansu reads the batch before the one a fetch starts in, so that one stays.
@@ -78,8 +80,6 @@ class TansuObjectTrimmer(LogTrimmer):
         while (doomed + 2 < len(batches) and batches[doomed + 2][0] <= below
                and batches[doomed][2] < older_than):
             doomed += 1
-        if not batches:
-            return TrimResult()
         if doomed:
             self.store.delete_many(key for _, key, _ in batches[:doomed])
         return TrimResult(records=batches[doomed][0] - batches[0][0], units=doomed, log_start=batches[doomed][0])
