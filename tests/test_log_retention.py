@@ -176,6 +176,12 @@ def _run(tmp_path: Path, steps: int, retention: dict, kill_broker_at: int) -> tu
     return run_dir, state_dir
 
 
+def _stored_batch(key: str) -> tuple[str, int]:
+    """``"<topic>:<partition>"`` and base offset of one of Tansu's stored batch objects."""
+    _, topic, _, partition, _, name = key.rsplit("/", 5)
+    return f"{topic}:{int(partition)}", int(name.removesuffix(".batch"))
+
+
 def _records(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")] if path.exists() else []
@@ -204,7 +210,7 @@ def test_a_run_trims_its_log_and_its_archive_replays_the_online_counts(tmp_path:
     try:
         cfg = ClusterConfig(run="trimmed", state_dir=state_dir).resolve()
         tansu = ObjectStore.from_config(cfg.model_copy(update={"s3": cfg.s3.model_copy(update={"bucket": TANSU_BUCKET})}))
-        left = sum(1 for key in tansu.list(f"clusters/{TANSU_CLUSTER_ID}/topics/trimmed.") if key.endswith(".batch"))
+        stored = [key for key in tansu.list(f"clusters/{TANSU_CLUSTER_ID}/topics/trimmed.") if key.endswith(".batch")]
         store = ObjectStore.from_config(cfg)
         keys = [key for stream in archive_parts(store, "trimmed", R.METRICS) for key in stream]
         trained = {row["step"] for table in read_row_groups(store, keys)
@@ -218,8 +224,14 @@ def test_a_run_trims_its_log_and_its_archive_replays_the_online_counts(tmp_path:
     finally:
         stack.down()
     assert trained == set(range(1, steps + 1))
-    # Every step writes several batches to the log (metrics, trajectories, tasks, a batch, a version).
-    assert left < removed / 2, (left, removed)
+    # What the retention said it removed is gone from the broker's bucket: on every partition it trimmed,
+    # no stored batch starts below the log start it reported. (How much is left depends on when the
+    # groups last committed in a run this short; the 5,000-step benchmark measures storage over time.)
+    assert summary["log_retention"]["units"] > 0, summary
+    log_start = summary["log_retention"]["log_start"]
+    assert any(name.startswith("trimmed.tasks.default:") for name in log_start), log_start
+    below = [key for key in stored if _stored_batch(key)[1] < log_start.get(_stored_batch(key)[0], -1)]
+    assert not below and len(stored) > 0, below
     assert replay.returncode == 0, replay.stderr[-3000:]
     report = json.loads(replay.stdout.splitlines()[-1])
     (own,) = report["configurations"]
