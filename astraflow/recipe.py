@@ -101,6 +101,10 @@ class PoolSpec(_Section):
 class TrainerSpec(_Section):
     steps: int = Field(default=40, ge=1)
     """Optimizer steps per policy; the run ends when every trainer reached it."""
+    ranks: int = Field(default=1, ge=1)
+    """Ranks of each policy's trainer. Above 1 the trainer is a group of processes launched by
+    torch.distributed.run (gloo on CPU, NCCL on CUDA, one device per rank), supervised as one
+    component; the torch backend shards the model with FSDP2. See ``astraflow.trainer.distributed``."""
     anchor_every: int = Field(default=10, ge=1)
     """A full checkpoint (anchor) every K versions; deltas in between."""
     checkpoint_every: int = Field(default=10, ge=1)

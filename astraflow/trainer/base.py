@@ -1,17 +1,38 @@
 """The trainer-backend contract: one optimisation step on a batch of trajectories, plus the state
-to publish and to checkpoint. The trainer component drives any backend through these four members
+to publish and to checkpoint. The trainer component drives any backend through these members
 (the built-in ``TorchBackend``, the simulated one, a Megatron-core connector). How a backend is
 chosen and configured in a recipe: ``astraflow.trainer.backend``.
+
+A backend may run as a group of ranks (``trainer.ranks`` > 1, launched by torch.distributed.run).
+Then ``step``, ``state_dict``, ``load_state``, ``sharded_state`` and ``load_sharded_state`` are
+COLLECTIVE: every rank calls them in the same order; only rank 0 reads the log and publishes. The
+whole contract (who reads, who publishes, how checkpoints are written) is in
+:mod:`astraflow.trainer.distributed`; with one rank every call is local and nothing else changes.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from astraflow.records import Trajectory
+
+
+@dataclass
+class ShardedState:
+    """A backend's checkpoint state as torch.distributed.checkpoint (DCP) saves and loads it."""
+
+    tensors: dict[str, Any]
+    """Nested dicts whose leaves are tensors: this rank's shards as DTensors on a rank group, whole
+    tensors on one rank. Conventionally ``{"model": {hf_name: tensor}, "optimizer": {hf_name:
+    {"exp_avg": ..., "step": ...}}}``. DCP writes each rank's shards and, on a resume, reads into
+    these very tensors (resharding when the checkpoint's world size differs)."""
+    extras: dict[str, Any] = field(default_factory=dict)
+    """The rest, identical on every rank (optimizer param groups, ...): numbers, strings, lists,
+    tuples and dicts only; kept in the checkpoint as JSON."""
 
 
 class TrainerBackend(ABC):
@@ -19,17 +40,33 @@ class TrainerBackend(ABC):
 
     @abstractmethod
     def step(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
-        """One update on a batch of trajectories; returns metrics (loss, grad norm, reward, ...)."""
+        """One update on a batch of trajectories; returns metrics (loss, grad norm, reward, ...).
+        On a rank group: every rank gets the whole batch, the backend splits it, and every rank
+        returns the same (group-reduced) metrics."""
 
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
         """Model weights to publish / checkpoint: tensors the caller owns (copies; the next step
-        must not write them), which the trainer hands to the publisher without copying again."""
+        must not write them), which the trainer hands to the publisher without copying again.
+        On a rank group: the full weights in HF names on rank 0, ``{}`` on the others."""
 
     @abstractmethod
     def optimizer_state_dict(self) -> dict[str, Any]:
-        """Optimizer state to checkpoint."""
+        """Optimizer state to checkpoint (single-rank checkpoints of backends without
+        :meth:`sharded_state`)."""
 
     @abstractmethod
     def load_state(self, model_state: dict[str, Any], optimizer_state: dict[str, Any] | None) -> None:
-        """Resume from a checkpoint."""
+        """Resume from full state (a single-rank checkpoint, or weights from the weight store). On a
+        rank group: rank 0 passes the state, the others ``{}`` / None, and rank 0's is broadcast."""
+
+    def sharded_state(self) -> ShardedState | None:
+        """The checkpoint state for DCP, or None: the backend checkpoints through
+        :meth:`state_dict` / :meth:`optimizer_state_dict` instead, which only a single rank may do.
+        The tensors may be the live ones: the caller saves them before the next step."""
+        return None
+
+    def load_sharded_state(self, state: ShardedState) -> None:
+        """Resume: ``state`` is what :meth:`sharded_state` returned, its tensors since loaded in place
+        by DCP and its ``extras`` those of the checkpoint."""
+        raise NotImplementedError(f"{type(self).__name__} has no sharded (DCP) checkpoint state")
