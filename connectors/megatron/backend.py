@@ -1,72 +1,237 @@
-"""The Megatron-core trainer backend: the built-in backend's GRPO/PPO step and AdamW, on a Megatron
-``GPTModel`` whose weights come from (and are published as) the policy's HF checkpoint.
+"""The Megatron-core trainer backend: the built-in backend's GRPO/PPO objective and AdamW on a Megatron
+``GPTModel`` split over tensor-, pipeline- and data-parallel ranks, whose weights come from (and are
+published as) the policy's HF checkpoint.
 
-Only what differs from :class:`~astraflow.trainer.torch_backend.TorchBackend` is here: the model is
-converted HF -> Megatron once at start, logits come from ``GPTModel.forward``, and ``state_dict`` /
-``load_state`` speak HF names (:mod:`connectors.megatron.convert`), so checkpoints, deltas and the
-engines are the same as with the built-in backend.
+* Build: every rank converts the HF checkpoint to Megatron's layout (:mod:`~connectors.megatron.convert`)
+  and keeps its own piece (:mod:`~connectors.megatron.shard`) of a ``GPTModel`` stage built for
+  Megatron's parallel state (:mod:`~connectors.megatron.parallel`).
+* Step (collective, the whole batch on every rank): each data-parallel replica trains its share of the
+  rows (:mod:`~connectors.megatron.batch`), log-probs come from the vocab-parallel logits, the loss is
+  normalised by the whole batch's tokens; gradients are reduced, clipped and applied by megatron-core's
+  DDP and distributed optimizer on CUDA (:mod:`~connectors.megatron.megatron_training`) or by torch's
+  collectives and AdamW (:mod:`~connectors.megatron.torch_training`, the CPU / gloo path).
+* State (collective): ``state_dict`` gathers the pieces to rank 0 in HF names
+  (:mod:`~connectors.megatron.gather`); ``load_state`` broadcasts rank 0's and each rank cuts its piece.
+
+With one rank and tp = pp = 1 this is the one-device backend of before, and a step equals the
+built-in backend's on the same batch.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 
-from astraflow.trainer.torch_backend import TorchBackend
+from astraflow.trainer.base import TrainerBackend
+from astraflow.trainer.distributed import current_group
+from astraflow.trainer.loss import group_advantages, policy_loss
+from connectors.megatron.batch import MicroBatch, micro_batch, replica_rows
 from connectors.megatron.config import MegatronBackendConfig
-from connectors.megatron.convert import DecoderShape, hf_to_megatron, megatron_to_hf, norm_style
-from connectors.megatron.model import build_gpt_model, ensure_model_parallel
+from connectors.megatron.convert import DecoderShape, hf_to_megatron, megatron_to_hf
+from connectors.megatron.forward import StageForward
+from connectors.megatron.gather import LEADER, broadcast_from_leader, gather_to_leader, megatron_meta
+from connectors.megatron.logprobs import full_logits
+from connectors.megatron.model import build_gpt_model
+from connectors.megatron.parallel import init_parallel
+from connectors.megatron.shard import Layout, shard
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+    from astraflow.records import Trajectory
+
 log = logging.getLogger(__name__)
 
-
-def load_hf_weights(gpt: torch.nn.Module, hf_state: dict[str, torch.Tensor], shape: DecoderShape) -> None:
-    """Copy HF-named weights into a ``GPTModel``; every Megatron parameter must be set."""
-    converted = hf_to_megatron(hf_state, shape, norm_style(gpt.state_dict()))
-    missing, unexpected = gpt.load_state_dict(converted, strict=False)
-    missing = [k for k in missing if not k.endswith("_extra_state")]  # Transformer Engine metadata
-    if missing or unexpected:
-        raise ValueError(f"megatron connector: HF -> Megatron conversion left missing={missing} "
-                         f"unexpected={unexpected}")
+DIAGNOSTICS = ("clip_frac", "is_weight_mean", "is_truncated_frac", "behav_kl")
+"""policy_loss's per-token means, combined over the replicas weighted by their loss tokens."""
 
 
-class MegatronBackend(TorchBackend):
-    """GRPO/PPO with AdamW on a Megatron-core ``GPTModel`` (fp32 master weights), one rank."""
+class MegatronBackend(TrainerBackend):
+    """GRPO/PPO with AdamW on a Megatron-core ``GPTModel`` (fp32 master weights), on one rank or split
+    ``tensor_parallel`` x ``pipeline_parallel`` x data parallel over a rank group."""
 
     def __init__(self, model: PreTrainedModel, config: MegatronBackendConfig | dict[str, Any] | None = None) -> None:
         if not isinstance(config, MegatronBackendConfig):
             config = MegatronBackendConfig.model_validate(config or {})
-        device = torch.device(config.device)
-        ensure_model_parallel(device)
+        self.config = config
+        self.layout = Layout(tp=config.tensor_parallel, pp=config.pipeline_parallel)
         self.shape = DecoderShape.from_hf_config(model.config)
+        self.layout.check(self.shape)
+        self.vocab: int = model.config.vocab_size
+        self.device = torch.device(current_group().device(config.device))
+        if self.device.type != "cuda" and self.shape.tied and self.layout.pp > 1:
+            raise ValueError("megatron connector: a model with tied embeddings needs CUDA for pipeline_parallel > 1 "
+                             "(megatron-core moves the last stage's copy of the embedding to the GPU when it "
+                             "builds the model)")
+        self.ranks = init_parallel(self.device, self.layout)
+        self.world = dist.get_world_size()
         hf_state = {k: v.detach().float() for k, v in model.state_dict().items()}
         self.hf_keys = list(hf_state)
         """The names the HF model publishes (tied models list ``lm_head.weight`` or not, as HF does)."""
-        gpt = build_gpt_model(model.config, device)
-        load_hf_weights(gpt, hf_state, self.shape)
-        super().__init__(gpt, config)
-        log.info("megatron backend: Megatron-core GPTModel (%s, %d layers, %d/%d heads, %.1f M parameters) on %s",
-                 self.shape.arch, self.shape.layers, self.shape.heads, self.shape.groups,
-                 sum(p.numel() for p in gpt.parameters()) / 1e6, device)
+        self.hf_meta = {k: torch.empty(v.shape, device="meta") for k, v in hf_state.items()}
+        self.full_meta = megatron_meta(self.hf_meta, self.shape, self.layout.padded_vocab(self.vocab))
+        self.model = build_gpt_model(model.config, self.device, self.layout)
+        if self.world > 1:  # every replica starts from rank 0's weights, whatever each rank loaded
+            hf_state = broadcast_from_leader(hf_state if dist.get_rank() == LEADER else None, self.hf_meta,
+                                             self._comm_device)
+        self._load_hf(hf_state)
+        forward = StageForward(self.ranks, config.temperature, self.vocab)
+        use_megatron = config.distributed_optimizer
+        if use_megatron is None:
+            use_megatron = self.device.type == "cuda" and self.world > 1
+        if use_megatron:
+            from connectors.megatron.megatron_training import MegatronTraining
 
+            self.training: Any = MegatronTraining(self.model, config, forward)
+        else:
+            from connectors.megatron.torch_training import TorchTraining
+
+            self.training = TorchTraining(self.model, config, forward)
+        self.steps = 0
+        log.info("megatron backend: Megatron-core GPTModel (%s, %d layers, %d/%d heads, %.1f M parameters on this "
+                 "rank) on %s, tp=%d pp=%d dp=%d, %s", self.shape.arch, self.shape.layers, self.shape.heads,
+                 self.shape.groups, sum(p.numel() for p in self.model.parameters()) / 1e6, self.device,
+                 self.layout.tp, self.layout.pp, self.ranks.dp,
+                 "Megatron DDP + distributed optimizer" if use_megatron else "torch AdamW per rank")
+
+    @property
+    def _comm_device(self) -> torch.device:
+        """Where collectives' tensors live: this rank's GPU under NCCL, the CPU under gloo."""
+        return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+    # -- weights in ---------------------------------------------------------------------------------
+    def _load_hf(self, hf_state: dict[str, torch.Tensor]) -> None:
+        """Copy this rank's piece of HF-named weights into the ``GPTModel``; every parameter must be set."""
+        whole = hf_to_megatron(hf_state, self.shape)
+        mine = shard(whole, self.shape, self.layout, self.vocab, tp_rank=self.ranks.tp_rank, stage=self.ranks.pp_rank)
+        with torch.no_grad():
+            missing, unexpected = self.model.load_state_dict(mine, strict=False)
+        missing = [k for k in missing if not k.endswith("_extra_state")]  # Transformer Engine metadata
+        if missing or unexpected:
+            raise ValueError(f"megatron connector: HF -> Megatron conversion left missing={missing} "
+                             f"unexpected={unexpected}")
+
+    # -- forward ------------------------------------------------------------------------------------
     def logits(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """The whole ``[B, T, V]`` next-token logits (one pipeline stage only; every tensor-parallel rank)."""
+        if self.layout.pp > 1:
+            raise ValueError("megatron connector: logits() needs the whole model on one stage (pipeline_parallel=1); "
+                             "use response_logprobs()")
         positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
-        return self.model(ids, positions, attention_mask=None)
+        return full_logits(self.model(ids, positions, attention_mask=None), self.vocab)
 
+    def response_logprobs(self, trajectories: Sequence[Trajectory]) -> torch.Tensor | None:
+        """log pi of every response token ``[B, R]`` under the current weights, on the last pipeline
+        stage (None elsewhere). Collective over a pipeline; every replica computes the whole batch."""
+        micro = micro_batch(trajectories, [0.0] * len(trajectories), 1.0, self.device)
+        kept = self._forward_only(micro)
+        return None if kept is None else kept["logp"]
+
+    def _forward_only(self, micro: MicroBatch) -> dict[str, Any] | None:
+        self.model.eval()
+        with torch.no_grad():
+            return self.training.forward_backward(micro, lambda logp: (logp.sum() * 0.0, {"logp": logp}),
+                                                  forward_only=True)
+
+    # -- the step -----------------------------------------------------------------------------------
+    def step(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
+        if not trajectories:
+            raise ValueError("empty batch")
+        t0 = time.perf_counter()
+        cfg, r = self.config, self.ranks
+        rewards = [float(t.reward) for t in trajectories]
+        adv = group_advantages(rewards, [t.group_id for t in trajectories], eps=cfg.adv_eps)
+        n = len(trajectories)
+        chunks = [list(range(n))[i:: cfg.minibatches] for i in range(cfg.minibatches) if list(range(n))[i:: cfg.minibatches]]
+        micros = [self._replica_batch(trajectories, c, adv) for c in chunks]
+        # The proximal policy of every minibatch is the weights before the first update.
+        prox = [self._forward_only(m) for m in micros] if cfg.minibatches > 1 else [None] * len(micros)
+        agg: dict[str, float] = {}
+        for micro, before in zip(micros, prox, strict=True):
+            self.model.train()
+            self.training.zero_grad()
+            kept = self.training.forward_backward(micro, self._loss_fn(micro, before), forward_only=False)
+            grad_norm = self.training.step()
+            m = self._reduce(kept, micro)
+            m["grad_norm"] = grad_norm
+            for k, v in m.items():
+                agg[k] = agg.get(k, 0.0) + v / len(micros)
+        self.model.eval()
+        self.steps += 1
+        trained = sum(len(self._trained_rows(c, adv)) for c in chunks)
+        agg.update(reward_mean=sum(rewards) / n, trajectories=float(n), trained_trajectories=float(trained),
+                   zero_adv_frac=sum(1 for x in adv if x == 0.0) / n, step_seconds=time.perf_counter() - t0)
+        return agg
+
+    def _trained_rows(self, chunk: list[int], adv: list[float]) -> list[int]:
+        """The built-in backend's rule: without the zero-advantage rows (their terms are 0), at least one."""
+        if not self.config.skip_zero_advantage:
+            return chunk
+        return [i for i in chunk if adv[i] != 0.0] or chunk[:1]
+
+    def _replica_batch(self, trajectories: Sequence[Trajectory], chunk: list[int], adv: list[float]) -> MicroBatch:
+        rows, filler = replica_rows(self._trained_rows(chunk, adv), self.ranks.dp_rank, self.ranks.dp)
+        tokens = float(sum(sum(trajectories[i].loss_mask) for i in chunk))
+        return micro_batch([trajectories[i] for i in rows], [adv[i] for i in rows], tokens, self.device, filler=filler)
+
+    def _loss_fn(self, micro: MicroBatch, before: dict[str, Any] | None):
+        cfg, dp = self.config, self.ranks.dp
+
+        def loss_fn(logp: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+            prox = logp.detach() if before is None else before["logp"]
+            loss, m = policy_loss(logp, prox, micro.behav, micro.adv, micro.mask, clip_eps=cfg.clip_eps,
+                                  clip_eps_high=cfg.clip_eps_high, is_cap=cfg.is_cap, batch_tokens=micro.batch_tokens)
+            # Megatron's DDP (and TorchTraining) average gradients over the replicas; each replica's
+            # loss is its part of the whole batch's token mean, whose gradients must be summed.
+            return loss * dp, {"metrics": m, "tokens": float(micro.mask.sum())}
+
+        return loss_fn
+
+    def _reduce(self, kept: dict[str, Any] | None, micro: MicroBatch) -> dict[str, float]:
+        """The loss (summed) and the diagnostics (token-weighted) of every replica, on every rank."""
+        values = [0.0] * (2 + len(DIAGNOSTICS))
+        if kept is not None and self.ranks.tp_rank == 0:  # one copy per replica: tp ranks hold the same
+            m, tokens = kept["metrics"], kept["tokens"]
+            values = [m["loss"], tokens, *(m[k] * tokens for k in DIAGNOSTICS)]
+        total = torch.tensor(values, dtype=torch.float64, device=self._comm_device)
+        if self.world > 1:
+            dist.all_reduce(total)
+        loss, tokens, *diag = total.tolist()
+        out = {"loss": loss, "tokens": micro.batch_tokens}
+        out.update({k: v / max(tokens, 1.0) for k, v in zip(DIAGNOSTICS, diag, strict=True)})
+        return out
+
+    # -- state --------------------------------------------------------------------------------------
     def state_dict(self, dtype: torch.dtype | None = None) -> dict[str, Any]:
-        hf = megatron_to_hf(self.model.state_dict(), self.shape)
+        """The whole model in HF names on rank 0 (fp32 CPU copies, or ``dtype``), ``{}`` on the others."""
+        whole = gather_to_leader(self.model.state_dict(), self.full_meta, self.shape, self.ranks, self.vocab)
+        if not whole:
+            return {}
+        hf = megatron_to_hf(whole, self.shape)
         out = {k: hf[k].detach().to("cpu", copy=True) for k in self.hf_keys}
         return {k: v.to(dtype) for k, v in out.items()} if dtype is not None else out
 
-    def load_state(self, model_state: dict[str, Any], optimizer_state: dict[str, Any] | None) -> None:
-        with torch.no_grad():
-            load_hf_weights(self.model, {k: torch.as_tensor(v).float() for k, v in model_state.items()}, self.shape)
-        if optimizer_state is not None:
-            import copy
+    def optimizer_state_dict(self) -> dict[str, Any]:
+        if self.world > 1:
+            raise NotImplementedError("megatron connector: a rank group's optimizer state is sharded; "
+                                      "checkpoint it with sharded_state()")
+        return self.training.optimizer_state_dict()
 
-            self.optimizer.load_state_dict(copy.deepcopy(optimizer_state))
+    def load_state(self, model_state: dict[str, Any], optimizer_state: dict[str, Any] | None) -> None:
+        leader = dist.get_rank() == LEADER
+        if self.world > 1:
+            flag = torch.tensor([float(leader and optimizer_state is not None)], device=self._comm_device)
+            dist.broadcast(flag, src=LEADER)
+            if flag.item():
+                raise NotImplementedError("megatron connector: a one-rank optimizer state cannot be loaded into a "
+                                          "rank group; resume it from a sharded (DCP) checkpoint")
+            model_state = broadcast_from_leader(model_state if leader else None, self.hf_meta, self._comm_device)
+        self._load_hf({k: torch.as_tensor(v).float() for k, v in model_state.items()})
+        self.training.reload_params()
+        if optimizer_state is not None:
+            self.training.load_optimizer_state_dict(optimizer_state)

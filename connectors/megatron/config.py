@@ -11,7 +11,7 @@ import importlib.util
 from pathlib import Path
 from typing import Literal
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from astraflow.trainer.backend import TorchBackendConfig
 
@@ -30,13 +30,29 @@ class MegatronBackendConfig(TorchBackendConfig):
     """GRPO/PPO on a Megatron-core ``GPTModel`` converted from the policy's HF checkpoint
     (``type: megatron``). The objective and optimiser options are the built-in backend's (same
     names, same meaning); the published weights carry HF names, so engines never know which backend
-    trained them. One rank (tensor / pipeline parallel size 1), see connectors/megatron/README.md."""
+    trained them. Under ``trainer.ranks`` > 1 the model is split ``tensor_parallel`` x
+    ``pipeline_parallel`` ways and the remaining factor of the world size is data parallel; see
+    connectors/megatron/README.md."""
 
     type: Literal["megatron"] = "megatron"  # type: ignore[assignment]  # narrows the parent's "torch"
     """The Megatron-core connector (``connectors/megatron``)."""
+    tensor_parallel: int = Field(default=1, ge=1)
+    """Ranks each layer's weights are split across (Megatron's tensor model parallel size); it must
+    divide the attention heads and the key/value heads."""
+    pipeline_parallel: int = Field(default=1, ge=1)
+    """Pipeline stages the layers are split into (Megatron's pipeline model parallel size); it must
+    divide the layers."""
+    distributed_optimizer: bool | None = None
+    """Megatron-core's own training machinery: its DistributedDataParallel, its distributed optimizer
+    (AdamW state sharded over the data-parallel ranks) and its pipeline schedules. They need CUDA.
+    None: on CUDA with more than one rank. False: torch AdamW on each rank's shard, replicated over
+    data-parallel ranks (the CPU path). True on a CPU device is refused."""
 
     @model_validator(mode="after")
     def _megatron_installed(self) -> MegatronBackendConfig:
         if not megatron_available():
             raise ValueError(INSTALL_HINT)
+        if self.distributed_optimizer and not self.device.startswith("cuda"):
+            raise ValueError("megatron connector: distributed_optimizer needs a CUDA device (megatron-core's "
+                             "DDP buffers, distributed optimizer and schedules allocate on CUDA)")
         return self

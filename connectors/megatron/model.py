@@ -24,6 +24,8 @@ from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from connectors.megatron.shard import Layout
+
 
 class SDPACoreAttention(MegatronModule):
     """Causal grouped-query attention with ``torch.nn.functional.scaled_dot_product_attention``, in
@@ -61,23 +63,13 @@ class _HostRotaryEmbedding(RotaryEmbedding):
         return emb[:, None, None, :]
 
 
-def ensure_model_parallel(device: torch.device) -> None:
-    """A one-rank process group (gloo on CPU, NCCL on CUDA) and Megatron's parallel state
-    (tensor / pipeline parallel size 1), unless a launcher (torchrun) already set them up."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(),
-                                rank=0, world_size=1)
-    if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
-
-
-def transformer_config(hf_config: Any, *, params_dtype: torch.dtype = torch.float32) -> TransformerConfig:
-    """Megatron's config for the decoder described by an HF Qwen2 / Llama config."""
+def transformer_config(hf_config: Any, layout: Layout = Layout(), *,
+                       params_dtype: torch.dtype = torch.float32) -> TransformerConfig:
+    """Megatron's config for the decoder described by an HF Qwen2 / Llama config, split by ``layout``."""
     heads = hf_config.num_attention_heads
     return TransformerConfig(
+        tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
+        pipeline_dtype=params_dtype if layout.pp > 1 else None,
         num_layers=hf_config.num_hidden_layers, hidden_size=hf_config.hidden_size, num_attention_heads=heads,
         num_query_groups=getattr(hf_config, "num_key_value_heads", None) or heads,
         kv_channels=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads,
@@ -96,17 +88,25 @@ def _rope_base(hf_config: Any) -> float:
     return float(params.get("rope_theta") or getattr(hf_config, "rope_theta", None) or 10_000.0)
 
 
-def build_gpt_model(hf_config: Any, device: torch.device) -> GPTModel:
-    """An (uninitialised-weights) ``GPTModel`` with the shapes of ``hf_config``'s decoder on ``device``."""
+def build_gpt_model(hf_config: Any, device: torch.device, layout: Layout = Layout()) -> GPTModel:
+    """An (uninitialised-weights) ``GPTModel`` with the shapes of ``hf_config``'s decoder on ``device``:
+    this rank's part of it under ``layout`` (Megatron's parallel state must be initialised with the
+    same sizes, :func:`connectors.megatron.parallel.init_parallel`). Its logits stay split over the
+    tensor-parallel ranks (``parallel_output``), vocabulary padded to a multiple of ``layout.tp``."""
+    from megatron.core import parallel_state
+
     scaling = (getattr(hf_config, "rope_parameters", None) or {}).get("rope_type", "default")
     if scaling not in ("default", None):
         raise ValueError(f"megatron connector: rope scaling {scaling!r} is not supported (only the default RoPE)")
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
-    model = GPTModel(config=transformer_config(hf_config), transformer_layer_spec=spec,
-                     vocab_size=hf_config.vocab_size, max_sequence_length=hf_config.max_position_embeddings,
+    model = GPTModel(config=transformer_config(hf_config, layout), transformer_layer_spec=spec,
+                     vocab_size=layout.padded_vocab(hf_config.vocab_size),
+                     max_sequence_length=hf_config.max_position_embeddings,
+                     pre_process=parallel_state.is_pipeline_first_stage(),
+                     post_process=parallel_state.is_pipeline_last_stage(),
                      position_embedding_type="rope", rotary_base=_rope_base(hf_config),
                      share_embeddings_and_output_weights=bool(getattr(hf_config, "tie_word_embeddings", False)))
     if device.type != "cuda":
-        model.rotary_pos_emb.__class__ = _HostRotaryEmbedding
+        model.rotary_pos_emb.__class__ = _HostRotaryEmbedding  # every stage has one
     return model.to(device)

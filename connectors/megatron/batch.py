@@ -1,0 +1,73 @@
+"""A batch of trajectories as the tensors one data-parallel rank trains on.
+
+Every rank gets the whole batch (:mod:`astraflow.trainer.distributed`); data-parallel rank ``d`` of
+``dp`` takes rows ``d, d + dp, ...`` of a minibatch. The loss is normalised by the whole minibatch's
+loss tokens, so the gradients summed over the replicas are the one-rank gradient. A replica left
+without a row (fewer trained rows than replicas) forwards one row with a zero loss mask: it still
+runs the collectives, and contributes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from astraflow.records import Trajectory
+
+
+@dataclass
+class MicroBatch:
+    """One forward/backward's tensors (``B`` rows of width ``T``, ``R`` response positions)."""
+
+    ids: torch.Tensor
+    """Token ids ``[B, T]``, right-padded with 0."""
+    gather_pos: torch.Tensor
+    """``[B, R]``: the position whose logits predict each response token."""
+    behav: torch.Tensor
+    """The engine's log-probs of the response tokens ``[B, R]``."""
+    mask: torch.Tensor
+    """Loss mask ``[B, R]`` (0 on padding and on a replica's filler row)."""
+    adv: torch.Tensor
+    """Advantage per row ``[B]``."""
+    batch_tokens: float
+    """Loss tokens of the whole minibatch over every replica: the loss's denominator."""
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return torch.arange(self.ids.shape[1], device=self.ids.device).expand_as(self.ids)
+
+
+def replica_rows(rows: Sequence[int], dp_rank: int, dp: int) -> tuple[list[int], bool]:
+    """This replica's share of ``rows`` and whether it is a filler (no row of its own)."""
+    mine = list(rows[dp_rank::dp])
+    return (mine, False) if mine else ([rows[0]], True)
+
+
+def micro_batch(trajs: Sequence[Trajectory], adv: Sequence[float], batch_tokens: float, device: torch.device, *,
+                filler: bool = False) -> MicroBatch:
+    """The tensors of ``trajs`` (advantages ``adv``), as the built-in backend lays them out."""
+    seqs = [list(t.prompt_ids) + list(t.response_ids) for t in trajs]
+    n, width = len(trajs), max(len(s) for s in seqs)
+    resp_w = max(max(len(t.response_ids) for t in trajs), 1)
+    # Filled in numpy and handed to torch once: per-row torch ops cost more than the whole batch.
+    ids = np.zeros((n, width), dtype=np.int64)
+    gather_pos = np.zeros((n, resp_w), dtype=np.int64)
+    behav = np.zeros((n, resp_w), dtype=np.float32)
+    mask = np.zeros((n, resp_w), dtype=np.float32)
+    for i, (t, s) in enumerate(zip(trajs, seqs, strict=True)):
+        ids[i, : len(s)] = s
+        r, p = len(t.response_ids), len(t.prompt_ids)
+        if len(t.logprobs) != r or len(t.loss_mask) != r:
+            raise ValueError(f"trajectory {getattr(t, 'episode_id', i)}: per-token lengths differ")
+        if r:
+            gather_pos[i, :r] = np.arange(p - 1, p - 1 + r)
+            behav[i, :r] = t.logprobs
+            mask[i, :r] = 0.0 if filler else np.asarray(t.loss_mask, dtype=np.float32)
+    as_t = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
+    return MicroBatch(ids=as_t(ids), gather_pos=as_t(gather_pos), behav=as_t(behav), mask=as_t(mask),
+                      adv=torch.tensor(list(adv), dtype=torch.float32, device=device), batch_tokens=batch_tokens)

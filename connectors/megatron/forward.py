@@ -1,0 +1,36 @@
+"""One pipeline stage's forward on a :class:`~connectors.megatron.batch.MicroBatch`: the first stage
+embeds the token ids, a later one continues from the activations its schedule handed it
+(``set_input_tensor``), and the last returns the response tokens' log-probs instead of logits."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from connectors.megatron.batch import MicroBatch
+from connectors.megatron.logprobs import token_logprobs
+from connectors.megatron.parallel import Ranks
+
+LossFn = Callable[[torch.Tensor], tuple[torch.Tensor, dict[str, Any]]]
+"""``loss_fn(logp) -> (loss, reduced)`` on the last stage: the loss to back-propagate and what the
+step keeps of this forward (metrics, log-probs)."""
+
+
+@dataclass(frozen=True)
+class StageForward:
+    ranks: Ranks
+    temperature: float
+    """The engines' sampling temperature: logits are divided by it."""
+    vocab: int
+    """The real vocabulary (the model's is padded to a multiple of tp)."""
+
+    def __call__(self, model: torch.nn.Module, micro: MicroBatch) -> torch.Tensor:
+        """Hidden states ``[T, B, H]`` on an inner stage, log-probs ``[B, R]`` on the last."""
+        ids = micro.ids if self.ranks.first_stage else None
+        out = model(ids, micro.positions, attention_mask=None)
+        if not self.ranks.last_stage:
+            return out
+        return token_logprobs(out, micro.ids, micro.gather_pos, temperature=self.temperature, vocab=self.vocab)

@@ -1,0 +1,41 @@
+"""Log-probabilities of the response tokens from logits split over the tensor-parallel ranks, with
+Megatron's ``vocab_parallel_cross_entropy`` (each rank holds ``V / tp`` vocabulary columns; the
+softmax's max and sum are all-reduced over the tensor-parallel group, so no rank ever holds the whole
+``[B, T, V]``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _mask_padding(local: torch.Tensor, vocab: int) -> torch.Tensor:
+    """``-inf`` in the columns past the real vocabulary (Megatron pads it to a multiple of tp): the
+    padded rows of the output layer are zero, and a zero logit would take probability mass."""
+    from megatron.core import parallel_state as ps
+
+    width = local.shape[-1]
+    start = ps.get_tensor_model_parallel_rank() * width
+    if start + width <= vocab:
+        return local
+    padded = torch.arange(start, start + width, device=local.device) >= vocab
+    return local.masked_fill(padded, float("-inf"))
+
+
+def token_logprobs(local_logits: torch.Tensor, ids: torch.Tensor, gather_pos: torch.Tensor, *,
+                   temperature: float, vocab: int) -> torch.Tensor:
+    """log pi(response token), ``[B, T_resp]``: the logits at ``gather_pos`` predict ``ids`` at
+    ``gather_pos + 1`` (the built-in backend's ``token_logprobs``, with the vocabulary split)."""
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    rows = local_logits.gather(1, gather_pos[:, :, None].expand(-1, -1, local_logits.shape[-1]))
+    rows = _mask_padding(rows.float() / temperature, vocab)
+    targets = ids.gather(1, (gather_pos + 1).clamp(max=ids.shape[1] - 1))
+    return -vocab_parallel_cross_entropy(rows, targets)
+
+
+def full_logits(local_logits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """The whole ``[B, T, V]`` logits on every tensor-parallel rank (for checks and debugging)."""
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+    return gather_from_tensor_model_parallel_region(local_logits)[..., :vocab]
