@@ -21,6 +21,12 @@ left alone). :meth:`CheckpointStore.load` reads only ``latest.json`` and refuses
 than falling back; the older K-1 are there for a human to roll back to, by copying a step's
 ``pointer.json`` over ``latest.json``.
 
+A backend with sharded state (the torch backend, at any world size) writes format 3 instead: its
+model and optimizer through torch.distributed.checkpoint as safetensors shards, one folder per save
+under ``step-N/``, the pointer naming every shard file and its sha256
+(:mod:`astraflow.trainer.sharded_checkpoint`). Retention and the refusal of a corrupt checkpoint are
+the same for both formats.
+
 Nothing read back is unpickled (see :mod:`astraflow.trainer.state_codec`): a format-1 checkpoint,
 whose optimizer state was a ``torch.save`` pickle, is refused with :class:`CheckpointError` naming
 the object, because anyone who can write to the bucket could otherwise run code in the trainer.
@@ -36,6 +42,8 @@ from typing import TYPE_CHECKING, Any
 
 from astraflow.objstore import ChecksumError, ObjectNotFoundError, ObjectStoreError, RunLayout
 from astraflow.objstore.layout import TRAINER_POINTER_FILE
+from astraflow.trainer import sharded_checkpoint
+from astraflow.trainer.sharded_checkpoint import LocalShards, StoredShards
 from astraflow.trainer.state_codec import StateFormatError, decode_state, encode_state
 
 if TYPE_CHECKING:
@@ -47,7 +55,8 @@ STEP_POINTER = "pointer.json"
 STEP_DIR_RE = re.compile(r"^step-(\d+)/")
 log = logging.getLogger(__name__)
 FORMAT = 2
-"""2: optimizer state as safetensors + JSON; 1 (refused): optimizer state pickled by torch.save."""
+"""2: optimizer state as safetensors + JSON; 1 (refused): optimizer state pickled by torch.save;
+3: torch.distributed.checkpoint shards (:data:`astraflow.trainer.sharded_checkpoint.FORMAT`)."""
 
 
 class CheckpointError(RuntimeError):
@@ -68,6 +77,11 @@ class TrainerCheckpoint:
     """Ids of the most recent batches trained (a re-sent batch with one of these ids is skipped)."""
     topic_ids: dict[str, str | None] = field(default_factory=dict)
     """Ids of the topics ``offsets`` point into: a re-created topic (a lost log) voids its offsets."""
+    local_shards: LocalShards | None = None
+    """To save as format 3: this rank's DCP files on local disk (``model_state`` is then empty)."""
+    stored_shards: StoredShards | None = None
+    """Loaded from a format-3 pointer: its shard files, to restore with
+    :func:`astraflow.trainer.sharded_checkpoint.restore` (``model_state`` is then empty)."""
 
 
 class CheckpointStore:
@@ -89,8 +103,14 @@ class CheckpointStore:
     def _key(self, name: str) -> str:
         return self.layout.trainer_key(self.policy, name)
 
-    def save(self, ckpt: TrainerCheckpoint) -> dict[str, Any]:
-        """Write the parts, then the pointer; returns the pointer document."""
+    def save(self, ckpt: TrainerCheckpoint) -> dict[str, Any] | None:
+        """Write the parts, then the pointer; returns the pointer document (None on a rank other
+        than 0 of a format-3 save, which writes only its own parts)."""
+        if ckpt.local_shards is not None:
+            pointer = sharded_checkpoint.upload_rank(self, ckpt)
+            if pointer is not None:
+                self._write_pointer(pointer)
+            return pointer
         from safetensors.torch import save as st_save
 
         prefix = f"step-{ckpt.step:08d}"
@@ -115,11 +135,15 @@ class CheckpointStore:
             "topic_ids": dict(ckpt.topic_ids),
             "time": time.time(),
         }
-        self.store.put_json(self._key(f"{prefix}/{STEP_POINTER}"), pointer)
+        self._write_pointer(pointer)
+        return pointer
+
+    def _write_pointer(self, pointer: dict[str, Any]) -> None:
+        """The step's copy, then ``latest.json`` (last), then retention."""
+        self.store.put_json(self._key(f"step-{pointer['step']:08d}/{STEP_POINTER}"), pointer)
         self.store.put_json(self._key(POINTER), pointer)
         if self.keep_checkpoints is not None:
-            self._prune(ckpt.step)  # strictly after the pointer: it never names deleted parts
-        return pointer
+            self._prune(pointer["step"])  # strictly after the pointer: it never names deleted parts
 
     def _prune(self, pointed: int) -> None:
         """Delete the step folders older than the ``keep_checkpoints`` newest at or below ``pointed``
@@ -155,6 +179,8 @@ class CheckpointStore:
             return None
         except ObjectStoreError as exc:  # checksum mismatch or not JSON
             raise CheckpointError(f"trainer checkpoint pointer {self._key(POINTER)} is corrupt: {exc}") from exc
+        if isinstance(pointer, dict) and pointer.get("format") == sharded_checkpoint.FORMAT:
+            return self._sharded(pointer)
         self._check_pointer(pointer)
         blobs = {}
         for part, info in pointer["parts"].items():
@@ -184,6 +210,19 @@ class CheckpointStore:
             batch_ids=list(pointer.get("batch_ids", [])),
             topic_ids={str(k): v for k, v in pointer.get("topic_ids", {}).items()},
         )
+
+    def _sharded(self, pointer: dict[str, Any]) -> TrainerCheckpoint:
+        """A format-3 checkpoint: its bookkeeping and shard list (the shards are read by ``restore``)."""
+        stored = sharded_checkpoint.parse_pointer(self, pointer)
+        try:
+            return TrainerCheckpoint(
+                step=int(pointer["step"]), version=int(pointer["version"]), model_state={}, optimizer_state=None,
+                offsets={k: int(v) for k, v in pointer.get("offsets", {}).items()},
+                batch_ids=list(pointer.get("batch_ids", [])),
+                topic_ids={str(k): v for k, v in pointer.get("topic_ids", {}).items()}, stored_shards=stored)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"trainer checkpoint pointer {self._key(POINTER)} is not a checkpoint pointer: "
+                                  f"{exc}") from None
 
     def _check_pointer(self, pointer: Any) -> None:
         """Refuse a pointer this version must not load, naming the object at fault."""

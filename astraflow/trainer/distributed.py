@@ -46,13 +46,14 @@ trainer service, when the world size is above 1 (with one rank nothing here appl
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import os
 import signal
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import IntEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -162,6 +163,12 @@ class RankGroup:
             buf = torch.empty(n, dtype=torch.uint8, device=device)
         dist.broadcast(buf, src=LEADER)
         return bytes(buf.cpu().numpy().tobytes()) if not self.leader else bytes(data or b"")
+
+    def broadcast_json(self, obj: Any = None) -> Any:
+        """The leader's JSON-able ``obj`` on every rank (others pass nothing). Collective."""
+        if not self.launched:
+            return obj
+        return json.loads(self.broadcast_bytes(json.dumps(obj).encode() if self.leader else None))
 
     def broadcast_command(self, command: Command | None, payload: bytes = b"") -> tuple[Command, bytes]:
         """The leader's command (and payload) on every rank; others pass None. Collective."""

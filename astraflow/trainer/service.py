@@ -27,6 +27,13 @@ Versions that a crashed life published after its last checkpoint are orphaned: t
 publishes its checkpointed weights as a fresh version above anything published, so nodes never
 see a version number go backwards, and continues from there.
 
+A group of ranks (``trainer.ranks`` > 1, launched by torch.distributed.run; the contract is
+:mod:`astraflow.trainer.distributed`): every rank runs this service, rank 0 alone reads the batch topic,
+commits, publishes and writes records, and each loop turn it broadcasts one command (train this
+batch / checkpoint / idle / stop) so that all ranks make the same collective calls. Checkpoints of
+the torch backend are sharded (torch.distributed.checkpoint, format 3) at any world size and resume
+at any other.
+
 Records on ``<run>.metrics`` (key ``trainer.<policy>``), typed control records
 (:mod:`astraflow.records.control`, each with its own schema name): a ``TrainerStart`` per life; a
 ``TrainerStep`` per step once its version is published (``publish_bytes`` known; ``publish_s``: seconds
@@ -58,6 +65,7 @@ from astraflow.records.control import (
 )
 from astraflow.trainer.checkpoint import CheckpointError, CheckpointStore, TrainerCheckpoint
 from astraflow.trainer.checkpoint_writer import CheckpointWriter
+from astraflow.trainer.distributed import Command, RankGroup, current_group
 
 if TYPE_CHECKING:
     from astraflow.config import ClusterConfig
@@ -83,7 +91,9 @@ def _offset_key(topic: str, partition: int) -> str:
 
 class TrainerService:
     def __init__(self, cfg: ClusterConfig, recipe: Recipe, policy: str, stop_event: threading.Event, *,
-                 poll_timeout_s: float = 0.5) -> None:
+                 poll_timeout_s: float = 0.5, group: RankGroup | None = None) -> None:
+        self.group = current_group() if group is None else group
+        """This process's rank in the trainer's group (one rank unless launched by torch.distributed.run)."""
         self.cfg = cfg
         self.recipe = recipe
         self.policy = policy
@@ -113,13 +123,22 @@ class TrainerService:
 
     # -- bootstrap ---------------------------------------------------------------------------------
     def _bootstrap(self) -> str:
+        """Collective on a rank group: every rank loads the same state; rank 0 alone reads and writes
+        the weight store (what it finds is broadcast)."""
+        from astraflow.trainer.sharded_checkpoint import restore
+
+        leader = self.group.leader
         ckpt = self.checkpoints.load()
-        latest = self.subscriber.latest_version()
+        latest = self.group.broadcast_json(self.subscriber.latest_version() if leader else None)
         if ckpt is not None:
-            self.backend.load_state(ckpt.model_state, ckpt.optimizer_state)
+            if ckpt.stored_shards is not None:
+                restore(self.checkpoints, ckpt, self.backend, self.group)
+            else:
+                self.backend.load_state(ckpt.model_state if leader else {}, ckpt.optimizer_state if leader else None)
             self.step, self.version = ckpt.step, ckpt.version
             self.offsets, self.batch_ids = dict(ckpt.offsets), list(ckpt.batch_ids)
-            self._forget_offsets_of_recreated_topics(ckpt.topic_ids)
+            if leader:
+                self._forget_offsets_of_recreated_topics(ckpt.topic_ids)
             self._trained = set(self.batch_ids)
             self._last_ckpt_step = ckpt.step
             if latest is None or latest != self.version:
@@ -129,11 +148,12 @@ class TrainerService:
                 self._publish_now(self._served_state(), self.version, self.batch_ids[-1] if self.batch_ids else None)
             return f"checkpoint step {ckpt.step} (version {self.version})"
         if latest is not None:
-            state, _, _ = self.subscriber.pull(latest)
+            state = self.subscriber.pull(latest)[0] if leader else {}
             self.backend.load_state(state, None)
             self.version = latest
-            # The pulled bits are the stored version's: the first step publishes a delta from them.
-            self.publisher.assume_published(state, latest)
+            if leader:
+                # The pulled bits are the stored version's: the first step publishes a delta from them.
+                self.publisher.assume_published(state, latest)
             return f"weight store version {latest}"
         self.version = 0
         origin = "seeded model"
@@ -141,6 +161,10 @@ class TrainerService:
             self.warm_start = self._warm_start()
             origin += (f" + SFT warm start ({self.warm_start['sft_steps']} steps, final loss "
                        f"{self.warm_start['sft_final_loss']:.3f})")
+        elif self.group.distributed:
+            # every rank starts from rank 0's weights, however each built its model
+            full = self.backend.state_dict()
+            self.backend.load_state(full, None)
         self._publish_now(self._served_state(), 0)
         return f"{origin}, published as v0"
 
@@ -159,41 +183,58 @@ class TrainerService:
                         "reading them from their start; batches already trained are skipped by id",
                         self.policy, sorted(gone), self.step)
 
-    def _warm_start(self) -> dict[str, Any]:
+    def _warm_start(self) -> dict[str, Any] | None:
         """The policy's ``sft`` warm start on the fresh model, as ``astraflow demo`` does it. It runs
-        on the HF model: the built-in backend's own, or for another backend (Megatron) a fresh one
-        whose weights the backend then loads by their HF names."""
+        on the HF model: the built-in backend's own, or for another backend (Megatron) or a rank group
+        a fresh one on rank 0, whose weights the backend then loads by their HF names (collective).
+        Its figures on rank 0, None on the others."""
         import torch
 
         from astraflow.sft import warm_start
 
-        log.info("trainer %s: fresh model, running the recipe's SFT warm start before publishing v0",
-                 self.policy)
-        torch.manual_seed(self.recipe.seed)
-        tokenizer = self.recipe.build_policy_tokenizer(self.policy)
-        in_place = self.spec.backend.type == "torch"
-        model = self.backend.model if in_place else self.recipe.build_policy_model(self.policy)
-        figures = warm_start(model, tokenizer, self.recipe, self.policy, progress=False)
+        in_place = self.spec.backend.type == "torch" and not self.group.distributed
+        figures = None
+        model = None
+        if self.group.leader:
+            log.info("trainer %s: fresh model, running the recipe's SFT warm start before publishing v0",
+                     self.policy)
+            torch.manual_seed(self.recipe.seed)
+            tokenizer = self.recipe.build_policy_tokenizer(self.policy)
+            model = self.backend.model if in_place else self.recipe.build_policy_model(self.policy)
+            figures = warm_start(model, tokenizer, self.recipe, self.policy, progress=False)
+            log.info("trainer %s: SFT warm start done: %d steps in %.1fs, final loss %.3f", self.policy,
+                     figures["sft_steps"], figures["sft_seconds"], figures["sft_final_loss"])
         if not in_place:
-            self.backend.load_state(model.state_dict(), None)
-        log.info("trainer %s: SFT warm start done: %d steps in %.1fs, final loss %.3f", self.policy,
-                 figures["sft_steps"], figures["sft_seconds"], figures["sft_final_loss"])
-        return figures
+            self.backend.load_state(model.state_dict() if model is not None else {}, None)
+        return self.group.broadcast_json(figures)
 
     # -- checkpointing -----------------------------------------------------------------------------
-    def _checkpoint(self, consumer: Any, *, wait: bool = False) -> None:
-        """Snapshot the state and save it off the loop (:mod:`astraflow.trainer.checkpoint_writer`);
-        ``wait``: until it is durable and its batches are committed (a clean stop, the end)."""
-        if self.step != self._last_ckpt_step or self._uncommitted:
-            self._commit_saved(consumer, wait=True)  # one save at a time, commits in order
-            ckpt = TrainerCheckpoint(
-                step=self.step, version=self.version, model_state=self.backend.state_dict(),
-                optimizer_state=self.backend.optimizer_state_dict(), offsets=dict(self.offsets),
-                batch_ids=list(self.batch_ids), topic_ids=dict(self.topic_ids))
-            self.checkpoint_writer.start(ckpt, self._uncommitted)
-            self._uncommitted = []
-            self._last_ckpt_step = self.step
-        self._commit_saved(consumer, wait=wait)
+    def _checkpoint_due(self) -> bool:
+        """Rank 0: something is not in a checkpoint yet (steps, or skipped records to commit)."""
+        return self.step != self._last_ckpt_step or bool(self._uncommitted)
+
+    def _checkpoint(self, consumer: Any) -> None:
+        """Snapshot the state and save it off the loop (:mod:`astraflow.trainer.checkpoint_writer`).
+        Collective on a rank group: the backend's sharded state is written by DCP to local disk here,
+        each rank uploads its own files on its writer thread, rank 0 writes the pointer."""
+        from astraflow.trainer.sharded_checkpoint import write_local
+
+        self._commit_saved(consumer, wait=True)  # one save at a time, commits in order
+        sharded = self.backend.sharded_state()
+        common = {"step": self.step, "version": self.version, "offsets": dict(self.offsets),
+                  "batch_ids": list(self.batch_ids), "topic_ids": dict(self.topic_ids)}
+        if sharded is not None:
+            shards = write_local(sharded, self.group, f"{self.life}-{self.step}")
+            ckpt = TrainerCheckpoint(model_state={}, optimizer_state=None, local_shards=shards, **common)
+        elif self.group.distributed:
+            raise RuntimeError(f"trainer {self.policy}: backend {type(self.backend).__name__} has no sharded state "
+                               f"(sharded_state), so it cannot checkpoint as a group of ranks")
+        else:
+            ckpt = TrainerCheckpoint(model_state=self.backend.state_dict(),
+                                     optimizer_state=self.backend.optimizer_state_dict(), **common)
+        self.checkpoint_writer.start(ckpt, self._uncommitted)
+        self._uncommitted = []
+        self._last_ckpt_step = self.step
 
     def _save_checkpoint(self, ckpt: TrainerCheckpoint) -> None:
         """On the writer's thread. A restarting S3 server is waited out (one line per backoff step),
@@ -210,11 +251,20 @@ class TrainerService:
             return
         if saved.covered:
             consumer.commit(saved.covered)
+        if not self.group.leader:
+            return
         log.info("trainer %s: checkpoint at step %d / v%d saved in %.2fs (off the training loop)", self.policy,
                  saved.checkpoint.step, saved.checkpoint.version, saved.save_s)
 
     # -- main loop ---------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
+        self.group.start(getattr(self.spec.backend, "device", "cpu"))
+        try:
+            return self._run()
+        finally:
+            self.group.close()
+
+    def _run(self) -> dict[str, Any]:
         from astraflow.delta import WeightPublisher, WeightSubscriber
         from astraflow.log import ConsumerGroups, LogConsumer, LogProducer, Topics, ensure_topics
         from astraflow.log.identity import topic_ids
@@ -222,64 +272,107 @@ class TrainerService:
         from astraflow.records import batch as batch_rec
         from astraflow.trainer.backend import build_backend
 
+        leader = self.group.leader
+        # one life per group: it names the group's records and its checkpoint saves
+        self.life = self.group.broadcast_json(self.life)
         topics = Topics(self.cfg.run)
-        ensure_topics(self.cfg, {topics.batches(self.policy): 1, topics.weights(self.policy): 1, topics.metrics: 1})
-        self.topic_ids = topic_ids(self.cfg, [topics.batches(self.policy)])
+        if leader:
+            ensure_topics(self.cfg, {topics.batches(self.policy): 1, topics.weights(self.policy): 1,
+                                     topics.metrics: 1})
+            self.topic_ids = topic_ids(self.cfg, [topics.batches(self.policy)])
         self.checkpoints = CheckpointStore(ObjectStore.from_config(self.cfg), self.cfg.run, self.policy,
                                            keep_checkpoints=self.tspec.keep_checkpoints)
         self.checkpoint_writer: CheckpointWriter[list[Any]] = CheckpointWriter(
             self._save_checkpoint, f"checkpoint-{self.policy}")
         self.backend = build_backend(self.recipe.build_policy_model(self.policy), self.spec.backend)
-        self.subscriber = WeightSubscriber(self.cfg, self.policy, f"trainer-{self.life}", register=False)
-        self.producer = LogProducer(self.cfg, f"{self.cfg.run}.{self.component_id}.{self.life}")
-        self.records = UntilAcked(self.producer)
-        """The step, start, skipped and done records: each is the only one of its kind, so a refused one is sent again."""
-        self.publisher = WeightPublisher(
-            self.cfg, self.policy, anchor_every=self.tspec.anchor_every,
-            max_lag_versions=self.tspec.max_publish_lag, gc_every=self.tspec.weights_gc_every,
-            producer_id=f"{self.cfg.run}.{self.component_id}.{self.life}.weights")
-        origin = self._bootstrap()
-        log.info("trainer %s (life %s) starts from %s", self.policy, self.life, origin)
-        self._emit(TrainerStart, step=self.step, version=self.version, origin=origin,
-                   warm_start=self.warm_start or None)
-        group = ConsumerGroups(self.cfg.run).trainer(self.policy)
-        consumer = LogConsumer(self.cfg, topics.batches(self.policy), group,
-                               {batch_rec.SCHEMA_NAME: batch_rec.SCHEMA_VERSION}, max_poll_interval_ms=600_000,
-                               client_id=f"trainer-{self.policy}-{self.life}")
+        if leader:
+            self.subscriber = WeightSubscriber(self.cfg, self.policy, f"trainer-{self.life}", register=False)
+            self.producer = LogProducer(self.cfg, f"{self.cfg.run}.{self.component_id}.{self.life}")
+            self.records = UntilAcked(self.producer)
+            """The step, start, skipped and done records: each is the only one of its kind, so a refused one is sent again."""
+            self.publisher = WeightPublisher(
+                self.cfg, self.policy, anchor_every=self.tspec.anchor_every,
+                max_lag_versions=self.tspec.max_publish_lag, gc_every=self.tspec.weights_gc_every,
+                producer_id=f"{self.cfg.run}.{self.component_id}.{self.life}.weights")
+        consumer = None
         finished = False
         try:
+            origin = self._bootstrap()
+            ranks = f" on {self.group.world_size} ranks" if self.group.distributed else ""
+            log.info("trainer %s (life %s%s) starts from %s", self.policy, self.life, ranks, origin)
+            if leader:
+                self._emit(TrainerStart, step=self.step, version=self.version, origin=origin,
+                           warm_start=self.warm_start or None)
+                group = ConsumerGroups(self.cfg.run).trainer(self.policy)
+                consumer = LogConsumer(self.cfg, topics.batches(self.policy), group,
+                                       {batch_rec.SCHEMA_NAME: batch_rec.SCHEMA_VERSION},
+                                       max_poll_interval_ms=600_000, client_id=f"trainer-{self.policy}-{self.life}")
             wait_from = time.perf_counter()
-            while self.step < self.tspec.steps and not self.stop_event.is_set():
-                msgs = consumer.poll(timeout_s=self.poll_timeout_s, max_records=1)
-                self._emit_published()
-                self.records.resend_refused()
-                self._commit_saved(consumer)
-                if not msgs:
-                    continue
-                msg = msgs[0]
-                if not self._admit(msg, batch_rec):
-                    continue
-                wait_s = time.perf_counter() - wait_from
-                self._train(msg, wait_s)
-                wait_from = time.perf_counter()
-                if self.step % self.tspec.checkpoint_every == 0:
+            while True:
+                command, msg, batch = self._turn(consumer, batch_rec)
+                if command is Command.STOP:
+                    break
+                if command is Command.CHECKPOINT:
                     self._checkpoint(consumer)
+                elif command is Command.TRAIN:
+                    self._train(msg, batch, time.perf_counter() - wait_from)
+                    wait_from = time.perf_counter()
+                elif not leader:
+                    self._commit_saved(consumer)  # a failed upload of this rank's shards surfaces here
             finished = self.step >= self.tspec.steps
-            self.publisher.flush()
-            self._emit_published()
-            self._checkpoint(consumer, wait=True)
-            if finished:
+            if leader:
+                self.publisher.flush()
+                self._emit_published()
+            self._commit_saved(consumer, wait=True)
+            if finished and leader:
                 self._emit(TrainerDone, step=self.step, version=self.version, skipped=self.skipped)
         finally:
-            try:
-                self.publisher.close()
-            finally:
-                consumer.close()
-            if not self.records.settle(10):
-                log.warning("trainer %s: some metrics records were not acknowledged before exit", self.policy)
-            self.producer.close()
+            if leader:
+                try:
+                    self.publisher.close()
+                finally:
+                    if consumer is not None:
+                        consumer.close()
+                if not self.records.settle(10):
+                    log.warning("trainer %s: some metrics records were not acknowledged before exit", self.policy)
+                self.producer.close()
         return {"step": self.step, "version": self.version, "finished": finished, "skipped": dict(self.skipped),
-                "life": self.life}
+                "life": self.life, "rank": self.group.rank, "ranks": self.group.world_size}
+
+    def _turn(self, consumer: Any, batch_rec: Any) -> tuple[Command, Any, Any]:
+        """This loop turn's command, the same on every rank: rank 0 decides it (:meth:`_lead`) and
+        broadcasts it with the batch's Arrow bytes; the others decode the batch. Returns the command,
+        the batch record (rank 0) and the batch."""
+        from astraflow.log.codec import ArrowCodec
+
+        msg = None
+        if self.group.leader:
+            command, msg = self._lead(consumer, batch_rec)
+            batch = msg.extra.pop("batch") if msg is not None else None
+            if not self.group.distributed:
+                return command, msg, batch
+            payload = ArrowCodec.encode_table(msg.table).tobytes() if msg is not None else b""
+            self.group.broadcast_command(command, payload)
+            return command, msg, batch
+        command, payload = self.group.broadcast_command(None)
+        batch = batch_rec.from_table(ArrowCodec.decode_table(payload)) if command is Command.TRAIN else None
+        return command, None, batch
+
+    def _lead(self, consumer: Any, batch_rec: Any) -> tuple[Command, Any]:
+        """Rank 0's decision for this turn: checkpoint when one falls due, stop at the step target (or
+        when asked) once the last state is in a checkpoint, else the next admitted batch record."""
+        due = self.step % self.tspec.checkpoint_every == 0 and self.step != self._last_ckpt_step
+        if self.step >= self.tspec.steps or self.stop_event.is_set():
+            return (Command.CHECKPOINT if self._checkpoint_due() else Command.STOP), None
+        if due:
+            return Command.CHECKPOINT, None
+        msgs = consumer.poll(timeout_s=self.poll_timeout_s, max_records=1)
+        self._emit_published()
+        self.records.resend_refused()
+        self._commit_saved(consumer)
+        if not msgs or not self._admit(msgs[0], batch_rec):
+            return Command.IDLE, None
+        return Command.TRAIN, msgs[0]
 
     def _admit(self, msg: Any, batch_rec: Any) -> bool:
         """Decode the batch record; False (and the record marked for commit) for one not to train."""
@@ -315,12 +408,14 @@ class TrainerService:
         self.offsets[_offset_key(msg.topic, msg.partition)] = msg.offset + 1
         self._uncommitted.append(msg)
 
-    def _train(self, msg: Any, wait_s: float) -> None:
-        b = msg.extra.pop("batch")
+    def _train(self, msg: Any, b: Any, wait_s: float) -> None:
+        """One step on batch ``b`` (collective on a rank group); rank 0 (which holds its record
+        ``msg``) publishes the new version and keeps its step record until it is announced."""
         trajs = b.trajectories
         stale = [self.version - t.min_version for t in trajs]
         handoff = HandoffLatency()
-        handoff.observe(msg.topic, msg.timestamp_ms)  # batch sent -> this step starts
+        if msg is not None:
+            handoff.observe(msg.topic, msg.timestamp_ms)  # batch sent -> this step starts
         t0 = time.perf_counter()
         m = self.backend.step(trajs)
         step_s = time.perf_counter() - t0
@@ -329,6 +424,11 @@ class TrainerService:
         self.version += 1
         self.batch_ids.append(b.batch_id)
         self._trained.add(b.batch_id)
+        t1 = time.perf_counter()
+        served = self._served_state()  # on a rank group: gathered on rank 0, {} elsewhere
+        t2 = time.perf_counter()
+        if msg is None:
+            return
         self._consumed(msg)
         record = {
             "step": self.step,
@@ -347,9 +447,6 @@ class TrainerService:
         # GRPO's share of trajectories without a learning signal, and how many the backend trained on
         # (fewer with skip_zero_advantage), when the backend reports them
         record.update({k: float(m[k]) for k in ("zero_adv_frac", "trained_trajectories") if k in m})
-        t1 = time.perf_counter()
-        served = self._served_state()
-        t2 = time.perf_counter()
         self.publisher.publish(served, self.version, owned=True, batch_id=b.batch_id)
         record["state_copy_s"] = t2 - t1  # the backend's copy + cast of the weights (the trainer waits)
         record["publish_blocked_s"] = time.perf_counter() - t2
@@ -359,6 +456,8 @@ class TrainerService:
         return publishable(self.backend.state_dict(), self.tspec.publish_dtype)
 
     def _publish_now(self, state: dict[str, Any], version: int, batch_id: str | None = None) -> None:
+        if not self.group.leader:
+            return
         # _served_state's tensors are fresh copies
         self.publisher.publish(state, version, owned=True, batch_id=batch_id)
         self.publisher.flush()

@@ -76,6 +76,27 @@ def decode_state(tensors_blob: bytes, skeleton_blob: bytes) -> Any:
     return state
 
 
+def encode_plain(state: Any) -> bytes:
+    """A tensor-free state (optimizer param groups) as the JSON skeleton alone."""
+
+    def refuse(_t: Any) -> dict[str, str]:
+        raise StateFormatError("encode_plain: the state holds a tensor (use encode_state)")
+
+    return json.dumps({"format": FORMAT, "state": _encode(state, refuse, "state")}, allow_nan=False,
+                      separators=(",", ":")).encode()
+
+
+def decode_plain(skeleton_blob: bytes) -> Any:
+    """The state :func:`encode_plain` was given; :class:`StateFormatError` on any other input."""
+    try:
+        skeleton = json.loads(skeleton_blob)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise StateFormatError(f"state skeleton is not JSON: {exc}") from None
+    if not isinstance(skeleton, dict) or skeleton.get("format") != FORMAT or "state" not in skeleton:
+        raise StateFormatError(f"state skeleton is not an {FORMAT} document")
+    return _decode(skeleton["state"], {}, set(), "state")
+
+
 def _encode(node: Any, put: Any, path: str) -> Any:
     import torch
 

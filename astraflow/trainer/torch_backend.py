@@ -1,6 +1,14 @@
 """The built-in trainer backend (``type: torch``): GRPO/PPO with AdamW on a ``transformers`` causal
 LM, fp32 master weights, the objective of ``astraflow.trainer.loss``. Options:
 :class:`~astraflow.trainer.backend.TorchBackendConfig`.
+
+On a rank group (``trainer.ranks`` > 1, :mod:`astraflow.trainer.distributed`) the model is sharded with
+FSDP2 (``fully_shard`` on each decoder layer, then the root) and AdamW steps on the shards. Every rank
+gets the whole batch; each forwards its share of the trained rows (round robin), with the loss divided
+by the WHOLE batch's loss tokens and multiplied by the world size, so that FSDP's averaged
+reduce-scatter yields the single-rank gradient. A rank left without a row forwards one row with zero
+advantage and zero mask (terms exactly 0) so that every rank takes part in every collective.
+Diagnostics are reduced over the group (the loss summed, the rest token-weighted).
 """
 
 from __future__ import annotations
@@ -8,11 +16,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from astraflow.devices import describe as describe_device
 from astraflow.trainer.backend import TorchBackendConfig
-from astraflow.trainer.base import TrainerBackend
+from astraflow.trainer.base import ShardedState, TrainerBackend
+from astraflow.trainer.distributed import RankGroup, current_group
 from astraflow.trainer.loss import group_advantages, policy_loss
 
 if TYPE_CHECKING:
@@ -25,21 +34,46 @@ log = logging.getLogger(__name__)
 
 
 class TorchBackend(TrainerBackend):
-    """GRPO/PPO on a ``transformers`` causal LM with AdamW (fp32 master weights)."""
+    """GRPO/PPO on a ``transformers`` causal LM with AdamW (fp32 master weights).
 
-    def __init__(self, model: PreTrainedModel, config: TorchBackendConfig | dict[str, Any] | None = None) -> None:
+    A subclass on another model class (Megatron's ``GPTModel``) reuses the step; on a rank group it
+    sets :attr:`dp_rank` / :attr:`dp_size` (its data-parallel place, which decides the rows it trains),
+    overrides :meth:`_all_reduce_sum` for its data-parallel group, and opts in to FSDP2 + DCP with
+    ``shards_over_ranks = True`` only if those fit its model."""
+
+    shards_over_ranks: ClassVar[bool] = True
+    """On a rank group, shard the model with FSDP2 and checkpoint through DCP (:meth:`sharded_state`).
+    A subclass does so only if it says so itself (see ``__init_subclass__``)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "shards_over_ranks" not in cls.__dict__:
+            cls.shards_over_ranks = False
+
+    def __init__(self, model: PreTrainedModel, config: TorchBackendConfig | dict[str, Any] | None = None,
+                 group: RankGroup | None = None) -> None:
         import torch
 
         if not isinstance(config, TorchBackendConfig):
             config = TorchBackendConfig.model_validate(config or {})
         self.config = config
-        self.device = torch.device(config.device)
+        self.group = current_group() if group is None else group
+        self.device = torch.device(self.group.device(config.device))
         self.model = model.to(self.device).float()
+        self.dp_rank, self.dp_size = (self.group.rank, self.group.world_size) if self.group.distributed else (0, 1)
+        """This rank's place among the ranks that split a batch's rows (1 rank: 0 of 1)."""
+        if self.group.distributed and self.shards_over_ranks:
+            _shard(self.model, self.device)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
         )
         self.steps = 0
-        log.info("training %s on %s", type(self.model).__name__, describe_device(self.device))
+        self._aliases: dict[str, str] = {}
+        """Tied weights left out of the sharded state: alias -> the name stored (set by sharded_state)."""
+        where = describe_device(self.device)
+        if self.group.distributed and self.shards_over_ranks:
+            where += f", FSDP2 rank {self.group.rank} of {self.group.world_size}"
+        log.info("training %s on %s", type(self.model).__name__, where)
 
     # -- batch preparation ------------------------------------------------------------------------
     def _tensors(self, trajs: Sequence[Trajectory]) -> tuple[torch.Tensor, ...]:
@@ -99,13 +133,15 @@ class TorchBackend(TrainerBackend):
         order = list(range(n))
         chunks = [order[i:: cfg.minibatches] for i in range(cfg.minibatches) if order[i:: cfg.minibatches]]
         agg: dict[str, float] = {}
-        # The rows each minibatch forwards: without the zero-advantage ones, whose terms are 0.
+        # The rows each minibatch forwards: without the zero-advantage ones, whose terms are 0; on a
+        # rank group, this rank's share of them.
         rows = {tuple(c): self._trained_rows(c, adv) for c in chunks}
+        mine = {c: self._rank_rows(r) for c, r in rows.items()}
         for chunk in chunks:
-            trained = rows[tuple(chunk)]
-            sub = [trajectories[i] for i in trained]
+            sub, a, filler = self._rank_batch(trajectories, mine[tuple(chunk)], adv)
             ids, attn, gpos, behav, mask = self._tensors(sub)
-            a = torch.tensor([adv[i] for i in trained], dtype=torch.float32, device=self.device)
+            if filler:
+                mask.zero_()  # a row only so that this rank joins the collectives: no terms, no tokens
             logp = self.token_logprobs(ids, attn, gpos)
             if cfg.minibatches == 1:
                 prox = logp.detach()  # one update per batch: the proximal policy is the current one
@@ -113,18 +149,20 @@ class TorchBackend(TrainerBackend):
                 if not agg:  # proximal log-probs for every minibatch, before the first update
                     with torch.no_grad():
                         prox_all = {}
-                        for c, r in rows.items():
-                            t_ = self._tensors([trajectories[i] for i in r])
+                        for c, r in mine.items():
+                            t_ = self._tensors(self._rank_batch(trajectories, r, adv)[0])
                             prox_all[c] = self.token_logprobs(t_[0], t_[1], t_[2])
                 prox = prox_all[tuple(chunk)]
             chunk_tokens = sum(sum(trajectories[i].loss_mask) for i in chunk)
             loss, m = policy_loss(logp, prox, behav, a, mask, clip_eps=cfg.clip_eps,
                                   clip_eps_high=cfg.clip_eps_high, is_cap=cfg.is_cap, batch_tokens=chunk_tokens)
             self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            # FSDP averages the ranks' gradients; each rank's loss is its share of the batch's sum
+            (loss * self.dp_size if self.dp_size > 1 else loss).backward()
             gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
             self.optimizer.step()
-            m["grad_norm"] = float(gn)
+            m = self._reduced(m, float(mask.sum()))
+            m["grad_norm"] = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
             for k, v in m.items():
                 agg[k] = agg.get(k, 0.0) + v / len(chunks)
         self.model.eval()
@@ -138,6 +176,32 @@ class TorchBackend(TrainerBackend):
         )
         return agg
 
+    def _rank_rows(self, trained: list[int]) -> list[int]:
+        """This rank's share of a minibatch's trained rows (all of them on one rank)."""
+        return trained[self.dp_rank:: self.dp_size] if self.dp_size > 1 else trained
+
+    def _rank_batch(self, trajectories: Sequence[Trajectory], mine: list[int],
+                    adv: list[float]) -> tuple[list[Trajectory], torch.Tensor, bool]:
+        """The trajectories this rank forwards, their advantages, and whether they are a filler: a
+        rank without rows forwards the batch's first with advantage 0 (its mask is zeroed too)."""
+        import torch
+
+        filler = not mine
+        rows = mine or [0]
+        a = torch.tensor([0.0 if filler else adv[i] for i in rows], dtype=torch.float32, device=self.device)
+        return [trajectories[i] for i in rows], a, filler
+
+    def _reduced(self, m: dict[str, float], tokens: float) -> dict[str, float]:
+        """A minibatch's diagnostics over the group: the loss (each rank's share of the batch's sum)
+        summed, the per-token means weighted by each rank's loss tokens."""
+        if self.dp_size == 1:
+            return m
+        means = ("clip_frac", "is_weight_mean", "is_truncated_frac", "behav_kl")
+        sums = self._all_reduce_sum([m["loss"], tokens, *(m[k] * tokens for k in means)])
+        out = dict(m, loss=sums[0])
+        out.update({k: v / sums[1] if sums[1] else 0.0 for k, v in zip(means, sums[2:], strict=True)})
+        return out
+
     def _trained_rows(self, chunk: list[int], adv: list[float]) -> list[int]:
         """The rows of ``chunk`` to forward: all, or (``skip_zero_advantage``) those with a nonzero
         advantage, and at least one, so that every parameter still gets a gradient (zero) and the
@@ -146,10 +210,20 @@ class TorchBackend(TrainerBackend):
             return chunk
         return [i for i in chunk if adv[i] != 0.0] or chunk[:1]
 
+    def _all_reduce_sum(self, values: list[float]) -> list[float]:
+        """Sum over the ranks that split the batch (collective)."""
+        return self.group.all_reduce_sum(values)
+
     # -- state ------------------------------------------------------------------------------------
     def state_dict(self, dtype: torch.dtype | None = None) -> dict[str, Any]:
-        """Detached CPU copies of the weights (cast to ``dtype``, e.g. torch.bfloat16, if given)."""
-        sd = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        """Detached CPU copies of the weights (cast to ``dtype``, e.g. torch.bfloat16, if given). On a
+        rank group (collective): the full weights gathered on rank 0, ``{}`` on the others."""
+        if self.group.distributed:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        else:
+            sd = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
         return {k: v.to(dtype) for k, v in sd.items()} if dtype is not None else sd
 
     def optimizer_state_dict(self) -> dict[str, Any]:
@@ -157,11 +231,16 @@ class TorchBackend(TrainerBackend):
         would mutate under a checkpoint being written off the critical path."""
         import copy
 
+        if self.group.distributed:
+            raise NotImplementedError("a rank group checkpoints through sharded_state (DCP)")
         return copy.deepcopy(self.optimizer.state_dict())
 
     def load_state(self, model_state: dict[str, Any], optimizer_state: dict[str, Any] | None) -> None:
         import torch
 
+        if self.group.distributed:
+            self._load_full_state_on_group(model_state, optimizer_state)
+            return
         with torch.no_grad():
             self.model.load_state_dict(model_state, strict=True)
         if optimizer_state is not None:
@@ -169,3 +248,80 @@ class TorchBackend(TrainerBackend):
 
             # torch keeps the given moment tensors when dtype/device match: never share them
             self.optimizer.load_state_dict(copy.deepcopy(optimizer_state))
+
+    def _load_full_state_on_group(self, model_state: dict[str, Any], optimizer_state: dict[str, Any] | None) -> None:
+        """Rank 0's full state broadcast into every rank's shards (collective). A single-rank
+        optimizer state (keyed by parameter index) is re-keyed by parameter name first."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(self.model, model_state if self.group.leader else {}, options=options)
+        with_optimizer = self.group.broadcast_bytes(b"1" if optimizer_state is not None else b"") == b"1"
+        if with_optimizer:
+            named = _by_name(self.model, optimizer_state) if self.group.leader and optimizer_state else {}
+            set_optimizer_state_dict(self.model, self.optimizer, named, options=options)
+
+    def sharded_state(self) -> ShardedState | None:
+        """Model and AdamW state by parameter name (DTensor shards on a rank group) for DCP; the
+        param groups (hyper-parameters) as extras. None for a subclass that did not opt in."""
+        if not self.shards_over_ranks:
+            return None
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model, optim = get_state_dict(self.model, self.optimizer)
+        # a tied weight (lm_head = embed_tokens) is stored once: safetensors refuses shared memory
+        self._aliases = _aliases(model)
+        model = {k: v for k, v in model.items() if k not in self._aliases}
+        return ShardedState(tensors={"model": model, "optimizer": optim["state"]},
+                            extras={"param_groups": optim["param_groups"]})
+
+    def load_sharded_state(self, state: ShardedState) -> None:
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        model = dict(state.tensors["model"])
+        model.update({alias: model[name] for alias, name in self._aliases.items()})
+        set_state_dict(self.model, self.optimizer, model_state_dict=model,
+                       optim_state_dict={"state": state.tensors["optimizer"],
+                                         "param_groups": state.extras["param_groups"]})
+
+
+def _shard(model: Any, device: torch.device) -> None:
+    """FSDP2 over the whole group: each decoder layer (the classes the model names in
+    ``_no_split_modules``) its own unit, then the root (embeddings, final norm, tied head)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    layer_classes = set(getattr(model, "_no_split_modules", None) or ())
+    for module in model.modules():
+        if type(module).__name__ in layer_classes:
+            fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def _aliases(state: dict[str, Any]) -> dict[str, str]:
+    """Names whose tensor shares its memory with an earlier name's (tied weights): alias -> name."""
+    seen: dict[tuple[int, int, tuple[int, ...]], str] = {}
+    out = {}
+    for name, t in state.items():
+        local = t.to_local() if hasattr(t, "to_local") else t
+        where = (local.untyped_storage().data_ptr(), local.storage_offset(), tuple(local.shape))
+        if where in seen and local.numel():
+            out[name] = seen[where]
+        else:
+            seen.setdefault(where, name)
+    return out
+
+
+def _by_name(model: Any, optimizer_state: dict[str, Any]) -> dict[str, Any]:
+    """A single-rank AdamW state dict (parameters by index, in ``model.parameters()`` order) keyed by
+    parameter name, as torch.distributed.checkpoint's full optimizer state is."""
+    names = [name for name, _ in model.named_parameters()]
+    state = {names[i]: v for i, v in optimizer_state["state"].items()}
+    groups = [dict(g, params=[names[i] for i in g["params"]]) for g in optimizer_state["param_groups"]]
+    return {"state": state, "param_groups": groups}
