@@ -35,7 +35,14 @@ def token_logprobs(local_logits: torch.Tensor, ids: torch.Tensor, gather_pos: to
 
 
 def full_logits(local_logits: torch.Tensor, vocab: int) -> torch.Tensor:
-    """The whole ``[B, T, V]`` logits on every tensor-parallel rank (for checks and debugging)."""
-    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+    """The whole ``[B, T, V]`` logits on every tensor-parallel rank, without gradient (for checks).
+    torch's ``all_gather``: Megatron's ``gather_from_tensor_model_parallel_region`` allocates its
+    output on ``torch.cuda.current_device()``, which a CPU host does not have."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
 
-    return gather_from_tensor_model_parallel_region(local_logits)[..., :vocab]
+    group = ps.get_tensor_model_parallel_group()
+    local = local_logits.detach().contiguous()
+    pieces = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(pieces, local, group=group)
+    return torch.cat(pieces, dim=-1)[..., :vocab]

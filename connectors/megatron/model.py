@@ -24,7 +24,7 @@ from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from connectors.megatron.shard import Layout
+from connectors.megatron.shard import Layout, tp_split
 
 
 class SDPACoreAttention(MegatronModule):
@@ -109,4 +109,19 @@ def build_gpt_model(hf_config: Any, device: torch.device, layout: Layout = Layou
                      share_embeddings_and_output_weights=bool(getattr(hf_config, "tie_word_embeddings", False)))
     if device.type != "cuda":
         model.rotary_pos_emb.__class__ = _HostRotaryEmbedding  # every stage has one
+    mark_tensor_parallel(model)
     return model.to(device)
+
+
+def mark_tensor_parallel(model: torch.nn.Module) -> None:
+    """Tag each split weight as Megatron's initialisers would have (``tensor_model_parallel``,
+    ``partition_dim``, ``partition_stride``). megatron-core 0.16 tags a parallel layer's weight only
+    inside its initialiser, which ``perform_initialization=False`` skips (only the biases get tagged);
+    untagged, a split weight counts as a duplicate of tensor-parallel rank 0's in the gradient norm
+    (``param_is_not_tensor_parallel_duplicate``), and the clip would see only part of the gradient."""
+    for name, param in model.named_parameters():
+        split = tp_split(name)
+        if split is not None and not getattr(param, "tensor_model_parallel", False):
+            param.tensor_model_parallel = True
+            param.partition_dim = 1 if split == "cols" else 0
+            param.partition_stride = 1
