@@ -95,9 +95,9 @@ def available_cores() -> int:
 
 def threads_per_component(recipe: Recipe, cores: int | None = None) -> int:
     """Torch threads for each component process: the cores shared by the processes that compute
-    (one trainer per policy, the pools' nodes), at least one. Two cores and a trainer plus a node get
-    one each (oversubscribed OpenMP threads spin on shared cores); sixteen cores give them eight."""
-    computing = len(recipe.policies) + sum(pool.nodes for pool in recipe.pools)
+    (each policy's trainer ranks, the pools' nodes), at least one. Two cores and a trainer plus a node
+    get one each (oversubscribed OpenMP threads spin on shared cores); sixteen cores give them eight."""
+    computing = len(recipe.policies) * recipe.trainer.ranks + sum(pool.nodes for pool in recipe.pools)
     return max(1, (cores or available_cores()) // max(1, computing))
 
 
@@ -166,8 +166,8 @@ def component_specs(recipe: Recipe, recipe_file: Path, cluster_file: Path, run_d
                                logs / "dataflow.log"))
     for policy in recipe.policies:
         name = f"trainer-{policy.name}"
-        specs.append(ChildSpec(name, [*base, "trainer", "--recipe", str(recipe_file), "--policy", policy.name],
-                               env, logs / f"{name}.log", may_exit=True))
+        specs.append(ChildSpec(name, trainer_argv(recipe, recipe_file, cluster_file, policy.name), env,
+                               logs / f"{name}.log", may_exit=True))
     for pool in recipe.pools if rollouts else []:
         specs += [node_spec(recipe, recipe_file, cluster_file, run_dir, pool.name, i, threads=threads)
                   for i in range(pool.nodes)]
@@ -175,6 +175,18 @@ def component_specs(recipe: Recipe, recipe_file: Path, cluster_file: Path, run_d
         specs.append(ChildSpec("archive", [*base, "archive", "--recipe", str(recipe_file)], env,
                                logs / "archive.log"))
     return specs
+
+
+def trainer_argv(recipe: Recipe, recipe_file: Path, cluster_file: Path, policy: str) -> list[str]:
+    """The command of one policy's trainer: ``astraflow trainer``, or with ``trainer.ranks`` > 1 the
+    same command as the workers of one torch.distributed.run agent, which the supervisor watches as
+    one component (a dead rank ends the agent; the restarted group resumes from its checkpoint)."""
+    args = ["trainer", "--recipe", str(recipe_file), "--policy", policy]
+    if recipe.trainer.ranks == 1:
+        return [*_cli(cluster_file), *args]
+    from astraflow.trainer.launch import rank_group_argv
+
+    return rank_group_argv(["--config", str(cluster_file), *args], recipe.trainer.ranks)
 
 
 def node_name(pool: str, index: int) -> str:

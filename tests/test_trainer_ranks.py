@@ -1,0 +1,185 @@
+"""The torch backend as a group of ranks (FSDP2 on gloo, CPU), launched by torch's own elastic agent:
+one step on 2 ranks agrees with one step on 1 rank, and checkpoints written through
+torch.distributed.checkpoint into the real bucket resume at another world size (2 -> 1 -> 2)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from test_raas_support import load_tiny_model
+from update_agreement import update_disagreement
+
+pytestmark = pytest.mark.slow
+
+
+def _launch(fn, ranks: int, *args):
+    """``fn(*args)`` on ``ranks`` processes started by torch.distributed's elastic agent (the launcher
+    ``astraflow run`` uses, as a Python API); returns each rank's result by rank."""
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=ranks, run_id=uuid.uuid4().hex[:8],
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, start_method="spawn",
+                          monitor_interval=0.1)
+    return elastic_launch(config, fn)(*args)
+
+
+def _batch(rewards: list[list[float]], tag: str = "b"):
+    """Groups of trajectories with the given rewards (a group with equal rewards has advantage 0)."""
+    from astraflow.records import Trajectory
+
+    trajs = []
+    for g, group in enumerate(rewards):
+        for s, reward in enumerate(group):
+            resp = [8 + s + g, 9, 2 + s, 10 + g][: 3 + (s + g) % 2]
+            trajs.append(Trajectory(
+                episode_id=f"{tag}{g}-{s}", task_id=f"{tag}{g}", group_id=f"{tag}{g}", sample_index=s, policy="p",
+                prompt_ids=[1, 5 + g, 6, 7], response_ids=resp, logprobs=[-2.0] * len(resp),
+                versions=[0] * len(resp), loss_mask=[1] * len(resp), reward=reward))
+    return trajs
+
+
+STEP_CASES = {
+    # 4 trained rows: 2 per rank, one group left out for its zero advantage
+    "rows split": ({"lr": 1e-3}, [[0.0, 1.0], [1.0, 1.0], [1.0, 0.0]]),
+    # one trained row: rank 1 forwards a filler (advantage and mask 0) to join the collectives
+    "filler rank": ({"lr": 1e-3}, [[0.0, 1.0], [1.0, 1.0]]),
+    # two optimizer steps per batch: proximal log-probs, the PPO clip active
+    "minibatches": ({"lr": 1e-2, "minibatches": 2}, [[0.0, 1.0], [1.0, 0.0], [0.0, 1.0]]),
+}
+
+
+def _steps_on_group(cases: dict) -> dict:
+    from astraflow.trainer.distributed import current_group
+    from astraflow.trainer.torch_backend import TorchBackend
+
+    group = current_group()
+    group.start("cpu")
+    out = {}
+    for name, (options, rewards) in cases.items():
+        backend = TorchBackend(load_tiny_model(), options)
+        metrics = backend.step(_batch(rewards))
+        out[name] = (metrics, backend.state_dict())
+    group.close()
+    return out
+
+
+def test_one_step_on_two_ranks_is_the_step_on_one_rank():
+    from astraflow.trainer.distributed import SINGLE
+    from astraflow.trainer.torch_backend import TorchBackend
+
+    start = load_tiny_model().state_dict()
+    group = _launch(_steps_on_group, 2, STEP_CASES)
+    for name in STEP_CASES:  # every rank reports the group's metrics; the full state is on rank 0 only
+        timeless = [{k: v for k, v in group[r][name][0].items() if k != "step_seconds"} for r in (0, 1)]
+        assert timeless[0] == timeless[1] and group[1][name][1] == {}, name
+    for name, (options, rewards) in STEP_CASES.items():
+        one = TorchBackend(load_tiny_model(), options, group=SINGLE)
+        m1 = one.step(_batch(rewards))
+        m2, state = group[0][name]
+        expected = one.state_dict()
+        assert list(state) == list(expected), name  # HF names, HF order (the tied lm_head included)
+        assert update_disagreement(start, expected, state) < 1e-4, name  # 2-3e-6 on 2 CPU cores
+        for key in ("loss", "grad_norm", "clip_frac", "behav_kl", "trained_trajectories", "tokens"):
+            assert m2[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-7), (name, key)
+
+
+# -- checkpoints through torch.distributed.checkpoint, resharded ----------------------------------
+def _save(backend, group, cluster, step: int):
+    from astraflow.objstore import ObjectStore
+    from astraflow.trainer.checkpoint import CheckpointStore, TrainerCheckpoint
+    from astraflow.trainer.sharded_checkpoint import write_local
+
+    shards = write_local(backend.sharded_state(), group, f"test-{step}")
+    store = CheckpointStore(ObjectStore.from_config(cluster), cluster.run, "p")
+    return store.save(TrainerCheckpoint(step=step, version=step, model_state={}, optimizer_state=None,
+                                        offsets={"t:0": step}, batch_ids=[f"b{step}"], local_shards=shards))
+
+
+def _resume(backend, group, cluster):
+    from astraflow.objstore import ObjectStore
+    from astraflow.trainer.checkpoint import CheckpointStore
+    from astraflow.trainer.sharded_checkpoint import restore
+
+    store = CheckpointStore(ObjectStore.from_config(cluster), cluster.run, "p")
+    ckpt = store.load()
+    restore(store, ckpt, backend, group)
+    return ckpt
+
+
+def _two_ranks_save_then_step(cluster):
+    """Step, checkpoint (step 1), step again; rank 0 returns the full state after each step."""
+    from astraflow.trainer.distributed import current_group
+    from astraflow.trainer.torch_backend import TorchBackend
+
+    group = current_group()
+    group.start("cpu")
+    backend = TorchBackend(load_tiny_model(), {"lr": 1e-2})
+    backend.step(_batch([[0.0, 1.0], [1.0, 0.0]], "x"))
+    saved = backend.state_dict()
+    pointer = _save(backend, group, cluster, 1)
+    backend.step(_batch([[1.0, 0.0], [0.0, 1.0]], "y"))
+    after = backend.state_dict()
+    group.close()
+    return saved, after, pointer
+
+
+def _two_ranks_resume_then_step(cluster):
+    from astraflow.trainer.distributed import current_group
+    from astraflow.trainer.torch_backend import TorchBackend
+
+    group = current_group()
+    group.start("cpu")
+    backend = TorchBackend(load_tiny_model(), {"lr": 1e-2})
+    ckpt = _resume(backend, group, cluster)
+    resumed = backend.state_dict()
+    backend.step(_batch([[0.0, 1.0], [1.0, 0.0]], "z"))
+    after = backend.state_dict()
+    group.close()
+    return ckpt.step, ckpt.stored_shards.world_size, resumed, after
+
+
+def test_a_two_rank_checkpoint_resumes_on_one_rank_and_a_one_rank_checkpoint_on_two(test_cluster):
+    import torch
+
+    from astraflow.objstore import ObjectStore
+    from astraflow.trainer.checkpoint import CheckpointError, CheckpointStore
+    from astraflow.trainer.distributed import SINGLE
+    from astraflow.trainer.torch_backend import TorchBackend
+
+    def same(a, b):
+        return list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+    # 2 ranks write step 1 (each rank its shards); 1 rank resumes it and takes the same next step
+    saved, after_two, pointer = _launch(_two_ranks_save_then_step, 2, test_cluster)[0]
+    assert pointer["format"] == 3 and pointer["world_size"] == 2
+    assert {f["key"].rsplit("/", 2)[1] for f in pointer["parts"]["shards"]} == {"rank-00000", "rank-00001"}
+    one = TorchBackend(load_tiny_model(), {"lr": 1e-2}, group=SINGLE)
+    ckpt = _resume(one, SINGLE, test_cluster)
+    assert (ckpt.step, ckpt.offsets, ckpt.batch_ids) == (1, {"t:0": 1}, ["b1"])
+    assert same(one.state_dict(), saved)  # the fp32 masters, bit for bit
+    one.step(_batch([[1.0, 0.0], [0.0, 1.0]], "y"))
+    # the optimizer's moments came back too: the second step is the one the 2 ranks took
+    assert update_disagreement(saved, after_two, one.state_dict()) < 1e-4
+
+    # 1 rank writes step 2; 2 ranks resume it and take the same next step as the 1 rank
+    pointer = _save(one, SINGLE, test_cluster, 2)
+    assert pointer["world_size"] == 1
+    resumed_at = one.state_dict()
+    step, written_by, resumed, after = _launch(_two_ranks_resume_then_step, 2, test_cluster)[0]
+    assert (step, written_by) == (2, 1) and same(resumed, resumed_at)
+    one.step(_batch([[0.0, 1.0], [1.0, 0.0]], "z"))
+    assert update_disagreement(resumed_at, one.state_dict(), after) < 1e-4
+
+    # a shard replaced behind the pointer's back (a valid object, other bytes) is refused, named
+    store = ObjectStore.from_config(test_cluster)
+    shard = pointer["parts"]["shards"][0]["key"]
+    store.put_bytes(shard, b"not a shard")
+    fresh = TorchBackend(load_tiny_model(), {"lr": 1e-2}, group=SINGLE)
+    with pytest.raises(CheckpointError, match=f"{shard} does not match the sha256"):
+        _resume(fresh, SINGLE, test_cluster)
+    # and a pointer whose shard list is not one is refused before anything is read
+    ckpts = CheckpointStore(store, test_cluster.run, "p")
+    store.put_json(ckpts._key("latest.json"), {**pointer, "parts": {"shards": "x", "extras": {}}})
+    with pytest.raises(CheckpointError, match="not a format-3 pointer"):
+        ckpts.load()
