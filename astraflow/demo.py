@@ -137,8 +137,8 @@ def run_one(path: Path, cfg: ClusterConfig, opts: DemoOptions, console) -> dict[
         figures = dict(sft[p.name])
         row: dict[str, Any] = {"role": recipe.role(p.name), "untrained": figures.pop("untrained"),
                                "sft": figures, "before": before[p.name]}
-        done = result.done.get(p.name, {})
-        row["trainer_steps"] = done.get("step", result.trainers.get(p.name, {}).get("step"))
+        last = result.done.get(p.name) or result.trainers.get(p.name)
+        row["trainer_steps"] = last.step if last is not None else None
         if result.returncode == 0:
             state, v = pull_version(run_cfg, p.name, None)
             row["after"] = evaluate(recipe, p.name, state, v, heldout)

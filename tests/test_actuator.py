@@ -10,12 +10,20 @@ import time
 from pathlib import Path
 
 import pytest
+from control_records_factory import actuator_event, node_status
 from process_helpers import pid_alive
 
-from astraflow.dataflow.autoscaler import AutoscaleConfig, PoolReport, autoscale_report, read_report
+from astraflow.dataflow.autoscaler import AutoscaleConfig, autoscale_report
 from astraflow.launcher.actuator import Actuator, PoolScaler
 from astraflow.launcher.supervisor import ChildSpec, ProcessGroup
 from astraflow.recipe import PoolAutoscale, PoolSpec, Recipe
+from astraflow.records.control import (
+    ActuatorEvent,
+    AutoscaleReport,
+    ControlRecordError,
+    PoolReport,
+    parse_control,
+)
 
 
 def report(nodes: int, target: int, reason: str = "trainer_starved") -> PoolReport:
@@ -89,11 +97,14 @@ def test_the_dataflow_report_drives_the_scaler() -> None:
     up = autoscale_report(cfg, {"p": {"nodes": 1, "wait_s": 5, "step_s": 10, "consumed": 8, "entered": 8}}, 1.0)
     down = autoscale_report(cfg, {"p": {"nodes": 2, "wait_s": 0, "step_s": 10, "consumed": 2, "entered": 8}}, 2.0)
     s = scaler(confirm_reports=1, cooldown_s=0)
-    assert s.observe(read_report(up)["p"], running=1, now=1).target == 2
-    assert s.observe(read_report(down)["p"], running=2, now=2).target == 1
-    assert read_report({"kind": "dataflow", "pools": {}}) == {}
-    assert read_report({"kind": "autoscale", "pools": {"p": {"nodes": "x"}, "q": up["pools"]["p"]}}) == {
-        "q": PoolReport(nodes=1, target_nodes=2, w=0.5, reason="trainer_starved")}
+    # What a reader of the metrics topic gets: the record's JSON parsed by its headers' schema.
+    up, down = (parse_control(r.SCHEMA_NAME, r.SCHEMA_VERSION, r.to_json()) for r in (up, down))
+    assert s.observe(up.pools["p"], running=1, now=1).target == 2
+    assert s.observe(down.pools["p"], running=2, now=2).target == 1
+    assert up.pools["p"] == PoolReport(nodes=1, target_nodes=2, w=0.5, reason="trainer_starved")
+    # A malformed report is refused whole (the consumer dead-letters it), not read in part.
+    with pytest.raises(ControlRecordError, match="pools.p.nodes"):
+        parse_control(up.SCHEMA_NAME, up.SCHEMA_VERSION, {**up.to_json(), "pools": {"p": {"nodes": "x"}}})
 
 
 # -- recipe --------------------------------------------------------------------------------------------
@@ -156,9 +167,9 @@ def _wait_retired(group: ProcessGroup, actuator: Actuator, timeout_s: float = 20
         time.sleep(0.05)
 
 
-def _autoscale(pool: str, nodes: int, target: int, reason: str) -> dict:
-    return {"component": "dataflow", "kind": "autoscale", "time": time.time(),
-            "pools": {pool: {"nodes": nodes, "target_nodes": target, "w": 0.5, "reason": reason}}}
+def _autoscale(pool: str, nodes: int, target: int, reason: str, age_s: float = 0.0) -> AutoscaleReport:
+    return AutoscaleReport(time=time.time() - age_s, pools={pool: PoolReport(nodes=nodes, target_nodes=target, w=0.5,
+                                                                             reason=reason)})
 
 
 def test_actuator_starts_and_drains_nodes(tmp_path: Path) -> None:
@@ -166,11 +177,11 @@ def test_actuator_starts_and_drains_nodes(tmp_path: Path) -> None:
     pool = PoolSpec(name="p", nodes=1, drain_timeout_s=5,
                     autoscale={"max_nodes": 3, "cooldown_s": 0, "confirm_reports": 1})
     group = ProcessGroup(grace_s=2)
-    records: list[dict] = []
+    records: list[ActuatorEvent] = []
     actuator = Actuator([pool], group, spec, grace_s=2, note=records.append)
     try:
         first = group.start(spec("p", 0))
-        actuator.observe({**_autoscale("p", 1, 3, "trainer_starved"), "time": time.time() - 60})
+        actuator.observe(_autoscale("p", 1, 3, "trainer_starved", age_s=60))
         assert list(group.children) == ["raas-p-0"], "a report older than the actuator is history"
         actuator.observe(_autoscale("p", 1, 3, "trainer_starved"))
         assert list(group.children) == ["raas-p-0", "raas-p-1", "raas-p-2"]
@@ -185,11 +196,11 @@ def test_actuator_starts_and_drains_nodes(tmp_path: Path) -> None:
         assert list(group.children) == ["raas-p-0", "raas-p-1", "raas-p-2"]
     finally:
         group.stop()
-    events = [(r["event"], r.get("node"), r.get("returncode")) for r in records]
+    events = [(r.event, r.node, r.returncode) for r in records]
     assert events == [("scale", None, None), ("start", "raas-p-1", None), ("start", "raas-p-2", None),
                       ("scale", None, None), ("stop", "raas-p-2", None), ("stopped", "raas-p-2", 0),
                       ("scale", None, None), ("start", "raas-p-2", None)]
-    assert [(r["nodes"], r["target"]) for r in records if r["event"] == "scale"] == [(1, 3), (3, 2), (2, 3)]
+    assert [(r.nodes, r.target) for r in records if r.event == "scale"] == [(1, 3), (3, 2), (2, 3)]
     assert not pid_alive(first.proc.pid)
     actuator.observe(_autoscale("p", 1, 3, "trainer_starved"))  # after the stop: nothing starts
     assert len(records) == 8
@@ -200,7 +211,7 @@ def test_a_node_that_does_not_drain_is_killed_after_its_drain_time(tmp_path: Pat
     pool = PoolSpec(name="p", nodes=2, drain_timeout_s=0.5,
                     autoscale={"max_nodes": 2, "cooldown_s": 0, "confirm_reports": 1})
     group = ProcessGroup(grace_s=2)
-    records: list[dict] = []
+    records: list[ActuatorEvent] = []
     actuator = Actuator([pool], group, spec, grace_s=0.5, note=records.append)
     try:
         for i in range(2):
@@ -210,8 +221,8 @@ def test_a_node_that_does_not_drain_is_killed_after_its_drain_time(tmp_path: Pat
         _wait_retired(group, actuator)
     finally:
         group.stop(grace_s=0.2)
-    stopped = [r for r in records if r["event"] == "stopped"]
-    assert [(r["node"], r["returncode"]) for r in stopped] == [("raas-p-1", -9)] and stopped[0]["drain_s"] >= 1.0
+    stopped = [r for r in records if r.event == "stopped"]
+    assert [(r.node, r.returncode) for r in stopped] == [("raas-p-1", -9)] and stopped[0].drain_s >= 1.0
 
 
 def test_the_live_view_drops_a_retired_node() -> None:
@@ -221,10 +232,10 @@ def test_the_live_view_drops_a_retired_node() -> None:
 
     p = RunProgress(run="r", steps=3, policies=["policy"])
     for node in ("raas-p-0", "raas-p-1"):
-        p.update({"component": "raas", "node_id": node, "tokens_per_s": 100.0})
-    p.update({"kind": "actuator", "component": "actuator", "event": "stopped", "node": "raas-p-1"})
-    p.update({"component": "raas", "node_id": "raas-p-1", "tokens_per_s": 50.0})  # its last record, read late
+        p.update(node_status(node, "p", tokens_per_s=100.0))
+    p.update(actuator_event("stopped", "p", node="raas-p-1", returncode=0, drain_s=1.0))
+    p.update(node_status("raas-p-1", "p", tokens_per_s=50.0))  # its last record, read late
     assert list(p.nodes) == ["raas-p-0"] and "nodes 1 100 tok/s" in p.summary_line()
-    p.update({"kind": "actuator", "component": "actuator", "event": "start", "node": "raas-p-1"})
-    p.update({"component": "raas", "node_id": "raas-p-1", "tokens_per_s": 10.0})
+    p.update(actuator_event("start", "p", node="raas-p-1", pid=1))
+    p.update(node_status("raas-p-1", "p", tokens_per_s=10.0))
     assert sorted(p.nodes) == ["raas-p-0", "raas-p-1"]

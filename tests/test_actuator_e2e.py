@@ -26,6 +26,7 @@ from process_helpers import children, pid_alive
 
 from astraflow.dataflow.autoscaler import AutoscaleConfig, autoscale_report
 from astraflow.launcher.cluster import write_cluster_file
+from astraflow.records.control import AutoscaleReport, send_control
 
 ROOT = Path(__file__).parent.parent
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -104,7 +105,7 @@ class Run:
     def actuations(self, event: str) -> list[dict]:
         return [r for r in self.records() if r.get("kind") == "actuator" and r.get("event") == event]
 
-    def wait_for(self, what: str, found, timeout_s: float = 40.0, report: dict | None = None):
+    def wait_for(self, what: str, found, timeout_s: float = 40.0, report: AutoscaleReport | None = None):
         """Until ``found(records)`` is truthy; meanwhile publish ``report`` every second, as the
         dataflow publishes one every ``interval_s``."""
         from astraflow.records import trajectory as traj_rec
@@ -118,8 +119,7 @@ class Run:
             if result:
                 return result
             if report is not None and time.monotonic() - last_sent >= 1.0:
-                self.producer.send_json(self.topic, "dataflow", {"component": "dataflow", "id": "dataflow",
-                                                                 **report, "time": time.time()})
+                send_control(self.producer, self.topic, "dataflow", report.model_copy(update={"time": time.time()}))
                 self.producer.flush(5)
                 last_sent = time.monotonic()
             time.sleep(0.2)
@@ -179,7 +179,7 @@ def test_the_actuator_scales_a_pool_up_and_down_and_loses_no_task(tmp_path: Path
     cfg = AutoscaleConfig()
     starved = autoscale_report(cfg, {"default": _window(1, wait_s=5.0, consumed=8)}, 0.0)  # w = 0.5
     surplus = autoscale_report(cfg, {"default": _window(2, wait_s=0.0, consumed=2)}, 0.0)  # a quarter batched
-    assert (starved["pools"]["default"]["target_nodes"], surplus["pools"]["default"]["target_nodes"]) == (2, 1)
+    assert (starved.pools["default"].target_nodes, surplus.pools["default"].target_nodes) == (2, 1)
 
     run = Run(tmp_path, test_cluster)
     try:

@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+from control_records_factory import autoscale_report, dataflow_counters, node_status
 
 from astraflow.dataflow import DataflowConfig
 from astraflow.dataflow.service import run_dataflow
@@ -17,7 +18,10 @@ from astraflow.log.codec import WEIGHT_ANNOUNCEMENT_SCHEMA
 from astraflow.records import Task, Trajectory, batch, episode_id_for, group_id_for, trajectory
 from astraflow.records.control import (
     METRICS_TOPIC_SCHEMAS,
+    AutoscaleReport,
     ControlRecordError,
+    DataflowCounters,
+    NodeStatus,
     TrainerDone,
     TrainerSkipped,
     TrainerStart,
@@ -43,6 +47,10 @@ RECORDS = [
     TrainerStep(**IDENTITY, **STEP_FIELDS),
     TrainerSkipped(**IDENTITY, reason="duplicate", batch_id="solver-00000001", step=3, version=3),
     TrainerDone(**IDENTITY, step=4, version=4, skipped={"duplicate": 1, "already_checkpointed": 0, "invalid": 0}),
+    node_status("raas-default-0", versions={"solver": 3}, workflow={"tool_calls": 2},
+                counters={"weights.refused.checksum": 1}),
+    dataflow_counters({"tasks.emitted": 9, "trajectories.dropped.stale": 2}, versions={"solver": 3}),
+    autoscale_report(default=(1, 2)),
 ]
 WIRE_KEYS = {
     # the keys the trainer's dict records had before they were typed (metrics.jsonl readers use them)
@@ -50,6 +58,12 @@ WIRE_KEYS = {
     TrainerStep: {"component", *IDENTITY, *STEP_FIELDS},
     TrainerSkipped: {"component", *IDENTITY, "event", "reason", "batch_id", "step", "version"},
     TrainerDone: {"component", *IDENTITY, "event", "step", "version", "skipped"},
+    # a node's, the dataflow's counters and its report: the keys of the dicts they were
+    NodeStatus: {"component", "id", "time", "node_id", "pool", "episodes", "rejected", "trajectories", "tokens",
+                 "tokens_per_s", "versions", "busy_fraction", "refresh_s", "in_flight", "workflow", "counters",
+                 "handoff_ms"},
+    DataflowCounters: {"component", "id", "kind", "time", "versions", "counters", "handoff_ms"},
+    AutoscaleReport: {"component", "id", "kind", "time", "pools"},
 }
 
 

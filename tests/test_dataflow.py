@@ -292,7 +292,7 @@ def test_autoscaler_math():
     assert target_nodes(a, 4, wait_s=100, step_s=10, consumed=0, entered=0)[0] == 40  # w clipped at 0.9
     assert target_nodes(AutoscaleConfig(max_nodes=6), 4, 5, 10, 0, 0)[0] == 6
     rep = autoscale_report(a, {"gpu": {"nodes": 3, "wait_s": 2, "step_s": 10, "consumed": 1, "entered": 1}}, 1.0)
-    assert rep["pools"]["gpu"] == {"nodes": 3, "target_nodes": 4, "w": 0.2, "reason": "trainer_starved"}
+    assert rep.pools["gpu"].model_dump() == {"nodes": 3, "target_nodes": 4, "w": 0.2, "reason": "trainer_starved"}
 
 
 # -- checkpoint / restore -----------------------------------------------------------------------

@@ -376,15 +376,21 @@ def test_told_the_trainers_step_count_the_dataflow_emits_nothing_for_after_the_l
     assert result["counters"]["tasks.emitted"] == 2 and result["counters"]["tasks.in_flight"] == 1
 
 
-def test_tasks_emitted_together_share_a_record_per_partition_each_in_its_own_keys_partition(test_cluster,
-                                                                                           unique_name):
+@pytest.mark.parametrize("launcher_partitions", [None, 6])
+def test_tasks_emitted_together_share_a_record_per_partition_each_in_its_own_keys_partition(
+        test_cluster, unique_name, launcher_partitions):
     """The dataflow sends the tasks it emits at once as one record per partition, and each task lands in
     the partition kafka's default partitioner gives its prompt id: the nodes get the same tasks as with
-    a record per task, in fewer records."""
+    a record per task, in fewer records. The partition count is the topic's: the dataflow's default (4)
+    when it creates the topic, the launcher's when a pool of 6 nodes had it created with 6 (grouped by 4,
+    partitions 4 and 5 would get tasks of other keys and two of the six nodes none of their own)."""
     from astraflow.log import LogConsumer, LogProducer, Topics, ensure_topics
     from astraflow.log.producer import key_partition
 
     cfg, topics = test_cluster, Topics(test_cluster.run)
+    if launcher_partitions is not None:
+        ensure_topics(cfg, {topics.tasks("default"): launcher_partitions})
+    count = launcher_partitions or 4
     section = DataflowConfig(policies=["solver"], groups_per_batch=12, max_staleness=0, min_group_samples=1,
                              epochs=1, max_in_flight=12)
     dataset = [Task(f"prompt-{i}", f"q{i}", answer=str(i), samples=2) for i in range(12)]
@@ -401,12 +407,13 @@ def test_tasks_emitted_together_share_a_record_per_partition_each_in_its_own_key
         stop.set()
         th.join(30)
     assert sorted(p for _, ids in records for p in ids) == sorted(t.prompt_id for t in dataset)
-    partitions = {p: key_partition(p, 4) for _, ids in records for p in ids}
+    partitions = {p: key_partition(p, count) for _, ids in records for p in ids}
     assert all(partitions[p] == partition for partition, ids in records for p in ids)
     assert len(records) == len(set(partitions.values())) < 12  # one record per partition used
+    assert max(partitions.values()) == count - 1  # every partition gets its own keys' tasks
     # key_partition is the producer's own choice: a record keyed by each prompt id lands there
     probe = unique_name("probe-topic")
-    ensure_topics(cfg, {probe: 4})
+    ensure_topics(cfg, {probe: count})
     with LogProducer(cfg, unique_name("probe")) as prod:
         acks = {p: prod.send_json(probe, p, {}).result(10) for p in partitions}
     assert {p: ack.partition for p, ack in acks.items()} == partitions

@@ -18,6 +18,14 @@ import time
 from pathlib import Path
 
 import pytest
+from control_records_factory import (
+    autoscale_report,
+    dataflow_counters,
+    node_status,
+    restart,
+    trainer_done,
+    trainer_step,
+)
 from process_helpers import pid_alive
 
 from astraflow.launcher.restarts import NO_RESTART, RestartBook, RestartPolicy
@@ -143,7 +151,7 @@ def test_dead_child_is_restarted_until_its_budget_is_spent(tmp_path: Path) -> No
     (event,) = _wait_restart(group)
     assert time.monotonic() - t0 >= 0.2, "restarted before its backoff"
     assert (event.name, event.returncode, event.restarts, event.backoff_s) == ("raas-a", -signal.SIGKILL, 1, 0.2)
-    assert event.record()["kind"] == "supervisor" and event.record()["event"] == "restart"
+    assert event.record().to_json()["kind"] == "supervisor" and event.record().event == "restart"
     deadline = time.monotonic() + 10
     while pid_alive(helper) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -199,14 +207,10 @@ def _metrics(path: Path) -> list[dict]:
     recs = []
     for step in range(1, 6):
         for policy in ("solver", "verifier"):
-            recs.append({"component": "trainer", "id": f"trainer-{policy}", "time": 100.0 + step, "policy": policy,
-                         "step": step, "version": step, "loss": 0.1, "reward_mean": 0.2 + 0.1 * step,
-                         "staleness_mean": 0.5, "staleness_max": 1, "wait_s": 0.3, "step_s": 1.0,
-                         "trajectories": 128, "tokens": 400, "publish_bytes": 90000 if step % 5 == 0 else 3000})
-        recs.append({"component": "raas", "id": "raas-default-0", "node_id": "raas-default-0", "pool": "default",
-                     "time": 100.0 + step, "tokens_per_s": 300 + step, "versions": {"solver": step}})
-    recs.append({"component": "trainer", "id": "trainer-solver", "time": 107.0, "event": "done",
-                 "policy": "solver", "version": 5})
+            recs.append(trainer_step(policy, step, reward_mean=0.2 + 0.1 * step, trajectories=128,
+                                     publish_bytes=90000 if step % 5 == 0 else 3000).to_json())
+        recs.append(node_status(time=100.0 + step, tokens_per_s=300 + step, versions={"solver": step}).to_json())
+    recs.append(trainer_done("solver", 5, time=107.0).to_json())
     with open(path, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in recs)
         f.write('{"component": "trai')  # a torn last line (crash mid-write) is skipped
@@ -235,26 +239,30 @@ def test_report_of_empty_run(tmp_path: Path) -> None:
 
 
 def test_progress_folds_the_metrics_contract(tmp_path: Path) -> None:
+    """The live view folds typed records, read back from metrics.jsonl's JSON with the one parse function."""
     from astraflow.launcher.progress import RunProgress
+    from astraflow.records.control import ControlRecordError, parse_metrics_json
 
     p = RunProgress(run="r", steps=5, policies=["solver", "verifier"])
     for rec in _metrics(tmp_path / "m.jsonl"):
-        p.update(rec)
-    p.update({"component": "dataflow", "id": "dataflow", "kind": "dataflow",
-              "counters": {"tasks.emitted": 9, "trajectories.dropped.stale": 2, "tasks.expired": 0}})
-    p.update({"component": "dataflow", "id": "dataflow", "kind": "autoscale",
-              "pools": {"default": {"nodes": 1, "target_nodes": 2}}})
-    assert p.autoscale["pools"]["default"]["target_nodes"] == 2 and "pools" not in p.dataflow
-    assert p.trainers["verifier"]["step"] == 5 and "solver" in p.done and not p.all_done
+        p.update(parse_metrics_json(rec))
+    p.update(dataflow_counters({"tasks.emitted": 9, "trajectories.dropped.stale": 2, "tasks.expired": 0}))
+    p.update(parse_metrics_json(autoscale_report(default=(1, 2)).to_json()))
+    assert p.autoscale is not None and p.autoscale.pools["default"].target_nodes == 2
+    assert p.dataflow is not None and p.dataflow.counters["tasks.emitted"] == 9
+    assert p.trainers["verifier"].step == 5 and "solver" in p.done and not p.all_done
     assert p.dropped() == {"trajectories.dropped.stale": 2}
     line = p.summary_line()
     assert "solver: step 5/5 v5 reward 0.700 done" in line and "trajectories.dropped.stale=2" in line
-    p.update({"component": "trainer", "event": "done", "policy": "verifier", "version": 5})
+    p.update(trainer_done("verifier", 5))
     assert p.all_done
-    p.update({"kind": "supervisor", "component": "raas-default-0", "event": "restart", "returncode": -9,
-              "restarts": 1})
+    p.update(parse_metrics_json(restart("raas-default-0").to_json()))
     assert p.restarts == {"raas-default-0": 1} and "restarts raas-default-0=1" in p.summary_line()
-    assert "event" not in p.nodes["raas-default-0"], "a supervisor record is not a node's metrics"
+    assert list(p.nodes) == ["raas-default-0"] and p.nodes["raas-default-0"].tokens_per_s == 305
+    with pytest.raises(ControlRecordError, match="tokens_per_s"):  # a node's status without its rate
+        parse_metrics_json({k: v for k, v in node_status().to_json().items() if k != "tokens_per_s"})
+    with pytest.raises(ControlRecordError):  # a user's own figures: no record kind of ours
+        parse_metrics_json({"component": "my-evaluator", "accuracy": 0.5})
 
 
 def test_done_of_an_earlier_life_does_not_end_a_resumed_run() -> None:
@@ -263,9 +271,9 @@ def test_done_of_an_earlier_life_does_not_end_a_resumed_run() -> None:
     from astraflow.launcher.progress import RunProgress
 
     p = RunProgress(run="r", steps=6, policies=["policy"])
-    p.update({"component": "trainer", "event": "done", "policy": "policy", "step": 3, "version": 3})
+    p.update(trainer_done("policy", 3))
     assert not p.all_done
-    p.update({"component": "trainer", "event": "done", "policy": "policy", "step": 6, "version": 6})
+    p.update(trainer_done("policy", 6))
     assert p.all_done
 
 

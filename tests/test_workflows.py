@@ -157,5 +157,5 @@ def test_node_metrics_record_carries_the_workflow_counters():
 
     counters = Counter(tool_calls=5, tool_timeout=2, env_failure=1)
     rec = NodeCounters("node-1", "default").record(4, {"agent": 3}, 0.1, 2, counters)
-    assert rec["workflow"] == {"tool_calls": 5, "tool_timeout": 2, "env_failure": 1}
-    assert rec["component"] == "raas" and rec["id"] == "node-1"
+    assert rec.workflow == {"tool_calls": 5, "tool_timeout": 2, "env_failure": 1}
+    assert rec.to_json()["component"] == "raas" and rec.id == "node-1"

@@ -54,7 +54,13 @@ class LiveRun(ArchivedRun):
         from astraflow.log import LogConsumer, Topics
         from astraflow.log.codec import WEIGHT_ANNOUNCEMENT_SCHEMA
         from astraflow.records import trajectory
-        from astraflow.records.control import METRICS_TOPIC_SCHEMAS
+        from astraflow.records.control import (
+            METRICS_TOPIC_SCHEMAS,
+            DataflowCounters,
+            WeightAnnouncement,
+            is_control,
+            parse_control,
+        )
 
         topics = Topics(self.run)
         weights = {topics.weights(p): p for p in self.policies}
@@ -84,12 +90,14 @@ class LiveRun(ArchivedRun):
                     if m.topic == topics.trajectories and m.table is not None:
                         events.append(Event(stamp, m.partition, m.offset, R.TRAJECTORIES,
                                             trajectory.from_table(m.table, lazy=True)))
-                    elif m.topic in weights and isinstance(m.obj, dict) and m.obj.get("version") is not None:
+                    elif not is_control(m.schema_name, m.schema_version):
+                        continue  # untyped figures on the metrics topic
+                    elif isinstance(record := parse_control(m.schema_name, m.schema_version, m.obj),
+                                    WeightAnnouncement) and m.topic in weights:
                         events.append(Event(stamp, -1, m.offset, R.WEIGHTS, policy=weights[m.topic],
-                                            version=int(m.obj["version"])))
-                    elif (m.topic == topics.metrics and isinstance(m.obj, dict) and m.offset > counters_offset
-                          and m.obj.get("component") == "dataflow" and m.obj.get("kind") == "dataflow"):
-                        counters, counters_offset = m.obj.get("counters"), m.offset
+                                            version=record.version))
+                    elif isinstance(record, DataflowCounters) and m.offset > counters_offset:
+                        counters, counters_offset = record.counters, m.offset
         finally:
             consumer.close()  # leaves the throwaway group, commits nothing
         log.info("replay --from-log: %d events of run %s", len(events), self.run)

@@ -222,7 +222,7 @@ class ArchivedRun:
 
     def online_counters(self) -> dict[str, int] | None:
         """The online dataflow's last counters (its last ``kind: dataflow`` metrics record), if archived."""
-        import json
+        from astraflow.records.control import DataflowCounters
 
         last = None
         keys = [key for stream in archive_parts(self.store, self.run, R.METRICS) for key in stream]
@@ -231,7 +231,7 @@ class ArchivedRun:
                 is_dataflow = row["component"] == "dataflow" and row["kind"] == "dataflow"
                 if is_dataflow and (last is None or row["log_offset"] > last[0]):
                     last = (row["log_offset"], row["json"])
-        return json.loads(last[1]).get("counters") if last else None
+        return DataflowCounters.model_validate_json(last[1]).counters if last else None
 
 
 # -- replaying -----------------------------------------------------------------------------------------

@@ -3,17 +3,19 @@
 w = trainer wait / trainer step time. Above the dead band the trainer starves: suggest
 ``ceil(nodes / (1 - w))``. Below it rollouts outpace training: suggest
 ``min(nodes, ceil(nodes * consumed / entered * 1.1))``. Inside the band: keep ``nodes``. The report
-is a record on the metrics topic (``kind: autoscale``, one :class:`PoolReport` per pool); the
-dataflow starts or stops nothing. ``astraflow run`` can act on it for pools that opt in
+is a typed record on the metrics topic (:class:`~astraflow.records.control.AutoscaleReport`, one
+:class:`~astraflow.records.control.PoolReport` per pool); the dataflow starts or stops nothing. ``astraflow run`` can act on it for pools that opt in
 (:mod:`astraflow.launcher.actuator`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
+
+from astraflow.records.control import AutoscaleReport, PoolReport
+from astraflow.records.control.status import ScalingReason
 
 
 class AutoscaleConfig(BaseModel):
@@ -37,20 +39,6 @@ class AutoscaleConfig(BaseModel):
     interval (5 s), so that every live node is seen in every window."""
 
 
-class PoolReport(BaseModel):
-    """One pool's entry in the report (written by :func:`autoscale_report`, read by the actuator)."""
-
-    model_config = ConfigDict(extra="ignore")
-    nodes: int = Field(ge=0)
-    """Nodes of the pool seen in the window (trajectories or metrics records)."""
-    target_nodes: int = Field(ge=0)
-    """Suggested node count."""
-    w: float = 0.0
-    """Trainer wait / step time over the window."""
-    reason: str = ""
-    """``trainer_starved``, ``rollout_surplus``, ``in_band`` or ``no_data``."""
-
-
 def _ceil(x: float) -> int:
     # 4 / (1 - 0.9) is 40.000000000000004 in binary floating point: not a reason for a 41st node.
     return math.ceil(round(x, 9))
@@ -58,7 +46,7 @@ def _ceil(x: float) -> int:
 
 def target_nodes(
     cfg: AutoscaleConfig, nodes: int, wait_s: float, step_s: float, consumed: int, entered: int
-) -> tuple[int, float, str]:
+) -> tuple[int, float, ScalingReason]:
     """(target node count, w, reason) for one pool."""
     if nodes <= 0 or step_s <= 0:
         return max(nodes, cfg.min_nodes), 0.0, "no_data"
@@ -75,32 +63,14 @@ def target_nodes(
     return target, w, reason
 
 
-def autoscale_report(
-    cfg: AutoscaleConfig,
-    pools: dict[str, dict[str, float]],
-    now: float,
-) -> dict[str, Any]:
-    """The metrics-topic record. ``pools[name]`` has ``nodes``, ``wait_s``, ``step_s`` (trainer
-    totals over the window, summed over the policies the pool serves), ``consumed`` (trajectories
-    that went into batches) and ``entered`` (trajectories received)."""
-    out: dict[str, Any] = {"kind": "autoscale", "time": now, "pools": {}}
+def autoscale_report(cfg: AutoscaleConfig, pools: dict[str, dict[str, float]], now: float) -> AutoscaleReport:
+    """The report. ``pools[name]`` has ``nodes``, ``wait_s``, ``step_s`` (trainer totals over the window,
+    summed over the policies the pool serves), ``consumed`` (trajectories that went into batches) and
+    ``entered`` (trajectories received)."""
+    entries = {}
     for name, p in pools.items():
         target, w, reason = target_nodes(
             cfg, int(p["nodes"]), p["wait_s"], p["step_s"], int(p["consumed"]), int(p["entered"])
         )
-        out["pools"][name] = PoolReport(nodes=int(p["nodes"]), target_nodes=target, w=w, reason=reason).model_dump()
-    return out
-
-
-def read_report(rec: Any) -> dict[str, PoolReport]:
-    """The pool entries of a metrics record if it is an autoscaling report, else ``{}``; a malformed
-    entry is left out (control records come from other processes: never crash on one)."""
-    if not isinstance(rec, dict) or rec.get("kind") != "autoscale" or not isinstance(rec.get("pools"), dict):
-        return {}
-    out = {}
-    for name, entry in rec["pools"].items():
-        try:
-            out[str(name)] = PoolReport.model_validate(entry)
-        except ValidationError:
-            continue
-    return out
+        entries[name] = PoolReport(nodes=int(p["nodes"]), target_nodes=target, w=w, reason=reason)
+    return AutoscaleReport(time=now, pools=entries)

@@ -24,7 +24,7 @@ not parse): a :class:`WeightAnnouncement` gives a policy's new version and ``bat
 trained into it, which re-anchors the staleness accounting (:meth:`Dataflow.on_weights`); a trainer's
 :class:`TrainerStep` (``wait_s`` and ``step_s``: seconds waited for its batch / spent on the step) feeds
 the autoscaler; a trainer's :class:`TrainerSkipped` tells that a served batch will train no version
-(:meth:`Dataflow.batch_skipped`). A node's metrics record (still untyped JSON) names its pool.
+(:meth:`Dataflow.batch_skipped`). A node's status record names its pool.
 """
 
 from __future__ import annotations
@@ -43,17 +43,21 @@ from astraflow.dataflow.config import DataflowConfig
 from astraflow.dataflow.pipeline import Dataflow
 from astraflow.dataflow.recovery import recover
 from astraflow.log.codec import WEIGHT_ANNOUNCEMENT_SCHEMA
-from astraflow.log.identity import topic_ids
+from astraflow.log.identity import topic_ids, topic_partitions
 from astraflow.log.producer import key_partition, record_policy
+from astraflow.log.topics import TASK_PARTITIONS
 from astraflow.outage import OutageReport, wait_out_outage
 from astraflow.records import RecordSchemaError, Task, batch, task, trajectory
 from astraflow.records.control import (
     METRICS_TOPIC_SCHEMAS,
+    DataflowCounters,
+    NodeStatus,
     TrainerSkipped,
     TrainerStep,
     WeightAnnouncement,
     is_control,
     parse_control,
+    send_control,
 )
 
 log = logging.getLogger(__name__)
@@ -92,7 +96,6 @@ def run_dataflow(
     checkpoint_every_s: float = 5.0,
     metrics_every_s: float = 2.0,
     pools: Iterable[str] = ("default",),
-    task_partitions: int = 4,
     stop_when_finished: bool = False,
     train_steps: int | None = None,
 ) -> dict[str, int]:
@@ -101,8 +104,7 @@ def run_dataflow(
     ``train_steps``: the recipe's ``trainer.steps``, so that no task is emitted beyond what the run's
     last batches need (:meth:`Dataflow.run_room`)."""
     service = DataflowService(cfg, section, dataset, checkpoint_every_s=checkpoint_every_s,
-                              metrics_every_s=metrics_every_s, pools=pools, task_partitions=task_partitions,
-                              train_steps=train_steps)
+                              metrics_every_s=metrics_every_s, pools=pools, train_steps=train_steps)
     return service.run(stop_event, stop_when_finished=stop_when_finished)
 
 
@@ -113,27 +115,26 @@ class DataflowService:
 
     def __init__(self, cfg: ClusterConfig, section: DataflowConfig, dataset: Iterable[Task], *,
                  checkpoint_every_s: float = 5.0, metrics_every_s: float = 2.0,
-                 pools: Iterable[str] = ("default",), task_partitions: int = 4,
-                 train_steps: int | None = None) -> None:
+                 pools: Iterable[str] = ("default",), train_steps: int | None = None) -> None:
         from astraflow.log import ConsumerGroups, LogConsumer, LogProducer, Topics
         from astraflow.objstore import ObjectStore
 
         self.cfg, self.section = cfg, section
         self.checkpoint_every_s, self.metrics_every_s = checkpoint_every_s, metrics_every_s
-        self.task_partitions = task_partitions
+        self.task_partitions: dict[str, int] = {}
+        """Pool -> partitions of its task topic, as the broker has it (the launcher made it one per node)."""
         self.topics = Topics(cfg.run)
         self.store = ObjectStore.from_config(cfg)
         self.s3 = OutageReport("dataflow: state save, S3 endpoint", str(cfg.s3.endpoint), log)
         self.state_key = state_key(cfg.run)
         self.df = Dataflow(section, dataset, train_steps=train_steps)
         self.weight_topics = {self.topics.weights(p): p for p in section.policies}
-        self.ready_pools: set[str] = set()
         self.placing: list[tuple[str, Any]] = []
         """(prompt id, ack future) of task records not yet acknowledged: their positions."""
         saved = self._resume()
         self.skip_below = {(t, int(p)): o for t, p, o in saved.get("offsets", [])}
         self._ensure_topics(pools)
-        task_topics = [self.topics.tasks(p) for p in self.ready_pools]
+        task_topics = [self.topics.tasks(p) for p in self.task_partitions]
         self.recovery = recover(cfg, self.df, self.topics, dict(saved.get("topic_ids", {})), self.skip_below,
                                 time.time(), latest_version=lambda policy: _latest_version(cfg, policy),
                                 known_topics=[self.topics.trajectories, self.topics.metrics, *self.weight_topics,
@@ -177,7 +178,8 @@ class DataflowService:
             return ends
         recreated = self.recovery.recreated
         return adopt_lost_emissions(self.cfg, self.df,
-                                    {t: self.task_partitions for t in task_topics if t not in recreated},
+                                    {self.topics.tasks(pool): n for pool, n in self.task_partitions.items()
+                                     if self.topics.tasks(pool) not in recreated},
                                     [t for t in (self.topics.batches(p) for p in self.section.policies)
                                      if t not in recreated],
                                     ends, int(saved["saved_at_ms"]), time.time())
@@ -193,12 +195,10 @@ class DataflowService:
     def _ensure_topics(self, pools: Iterable[str]) -> None:
         from astraflow.log import ensure_topics
 
-        ensure_topics(self.cfg, {self.topics.trajectories: 1, self.topics.metrics: 1,
-                                 **dict.fromkeys(self.weight_topics, 1),
-                                 **{self.topics.batches(p): 1 for p in self.section.policies}})
+        run_topics = self.topics.partitions({}, list(self.section.policies))
+        ensure_topics(self.cfg, {t: n for t, n in run_topics.items() if t != self.topics.dead_letters})
         for pool in {*pools, *(f.task.pool for f in self.df.emitter.in_flight.values())}:
-            ensure_topics(self.cfg, {self.topics.tasks(pool): self.task_partitions})
-            self.ready_pools.add(pool)
+            self._open_pool_topic(pool)
 
     def run(self, stop_event: threading.Event, *, stop_when_finished: bool = False) -> dict[str, int]:
         """Read, emit and checkpoint until ``stop_event`` (or, with ``stop_when_finished``, until the
@@ -260,7 +260,7 @@ class DataflowService:
         records: dict[tuple[str, int], list[Task]] = {}
         for t in tasks:
             self._ensure_pool_topic(t.pool)  # a dataset may name pools beyond ``pools``
-            records.setdefault((t.pool, key_partition(t.prompt_id, self.task_partitions)), []).append(t)
+            records.setdefault((t.pool, key_partition(t.prompt_id, self.task_partitions[t.pool])), []).append(t)
         for (pool, _partition), group in records.items():
             # keyed by the first prompt id: it hashes to the partition every task of the group does
             ack = self.producer.send_table(self.topics.tasks(pool), group[0].prompt_id, task.to_table(group),
@@ -269,13 +269,22 @@ class DataflowService:
             self.placing.extend((t.prompt_id, ack) for t in group)
 
     def _ensure_pool_topic(self, pool: str) -> None:
+        """A pool met after start-up (a dataset may name pools beyond ``pools``): its topic, and its id
+        for the recovery's bookkeeping."""
+        if pool not in self.task_partitions:
+            topic = self._open_pool_topic(pool)
+            if topic not in self.recovery.topic_ids:
+                self.recovery.topic_ids.update(topic_ids(self.cfg, [topic]))
+
+    def _open_pool_topic(self, pool: str) -> str:
+        """The pool's task topic exists (created here at the default size if the launcher did not) and
+        its real partition count is known: tasks are grouped by the partition their keys hash to."""
         from astraflow.log import ensure_topics
 
-        if pool not in self.ready_pools:
-            ensure_topics(self.cfg, {self.topics.tasks(pool): self.task_partitions})
-            self.ready_pools.add(pool)
-            if self.topics.tasks(pool) not in self.recovery.topic_ids:
-                self.recovery.topic_ids.update(topic_ids(self.cfg, [self.topics.tasks(pool)]))
+        topic = self.topics.tasks(pool)
+        ensure_topics(self.cfg, {topic: TASK_PARTITIONS})
+        self.task_partitions[pool] = topic_partitions(self.cfg, [topic])[topic]
+        return topic
 
     def _checkpoint(self) -> None:
         """Flush, save the state with the next offset per partition, then commit what was read."""
@@ -319,30 +328,21 @@ def _on_weights(df: Dataflow, policy: str, m: Any) -> None:
 
 
 def _on_metrics(df: Dataflow, m: Any, window: _Window) -> None:
-    if m.key == COMPONENT_ID:
-        return
-    if is_control(m.schema_name, m.schema_version):  # parsed at decode: a bad one never gets here
-        record = parse_control(m.schema_name, m.schema_version, m.obj)
-        if isinstance(record, TrainerSkipped):  # a duplicate or an invalid batch record
-            df.batch_skipped(record.policy, record.batch_id)
-        elif isinstance(record, TrainerStep):
-            window.wait_s += record.wait_s
-            window.step_s += record.step_s
-        return
-    obj = m.obj  # a node's status (untyped JSON): the pools that have nodes
-    if isinstance(obj, dict) and obj.get("pool") and obj.get("node_id"):
-        window.nodes[obj["pool"]].add(obj["node_id"])
-
-
-def _identity() -> dict[str, str]:
-    """Fields of every metrics record (the metrics contract); ``kind`` tells the two records apart."""
-    return {"component": "dataflow", "id": COMPONENT_ID}
+    if m.key == COMPONENT_ID or not is_control(m.schema_name, m.schema_version):
+        return  # its own records, and untyped figures (which steer nothing)
+    record = parse_control(m.schema_name, m.schema_version, m.obj)  # parsed at decode: a bad one never gets here
+    if isinstance(record, TrainerSkipped):  # a duplicate or an invalid batch record
+        df.batch_skipped(record.policy, record.batch_id)
+    elif isinstance(record, TrainerStep):
+        window.wait_s += record.wait_s
+        window.step_s += record.step_s
+    elif isinstance(record, NodeStatus):  # the pools that have nodes
+        window.nodes[record.pool].add(record.node_id)
 
 
 def _publish_metrics(producer: Any, topic: str, df: Dataflow, now: float, handoff_ms: dict[str, dict]) -> None:
-    producer.send_json(topic, COMPONENT_ID, {**_identity(), "kind": "dataflow", "time": now,
-                                             "versions": dict(df.versions), "counters": df.counters(),
-                                             "handoff_ms": handoff_ms})
+    send_control(producer, topic, COMPONENT_ID, DataflowCounters(time=now, versions=dict(df.versions),
+                                                                 counters=df.counters(), handoff_ms=handoff_ms))
 
 
 def _publish_report(producer: Any, topic: str, df: Dataflow, window: _Window, section: DataflowConfig,
@@ -360,7 +360,7 @@ def _publish_report(producer: Any, topic: str, df: Dataflow, window: _Window, se
         for pool, nodes in window.nodes.items()
     }
     if pools:
-        producer.send_json(topic, COMPONENT_ID, {**_identity(), **autoscale_report(section.autoscale, pools, now)})
+        send_control(producer, topic, COMPONENT_ID, autoscale_report(section.autoscale, pools, now))
     window.reset()
 
 

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from astraflow.dataflow.autoscaler import PoolReport, read_report
 from astraflow.launcher.plan import node_name
+from astraflow.records.control import ActuatorEvent, AutoscaleReport, ControlRecord, PoolReport
 
 if TYPE_CHECKING:
     from astraflow.launcher.supervisor import ChildSpec, ProcessGroup, RestartEvent
@@ -83,7 +83,7 @@ class Actuator:
     process group, so it restarts nothing itself)."""
 
     def __init__(self, pools: list[PoolSpec], group: ProcessGroup, spec: Callable[[str, int], ChildSpec], *,
-                 grace_s: float, note: Callable[[dict[str, Any]], None], now: float | None = None) -> None:
+                 grace_s: float, note: Callable[[ActuatorEvent], None], now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         self.group = group
         self.spec = spec
@@ -98,12 +98,12 @@ class Actuator:
         self.since = time.time()
         """Reports older than the actuator (a resumed run reads its metrics log from the start) are history."""
 
-    def observe(self, rec: dict[str, Any]) -> None:
+    def observe(self, record: ControlRecord) -> None:
         if self.group.stopping:
             return  # the run is over: the monitor's last reads must not start anything
-        if not isinstance(rec.get("time"), int | float) or rec["time"] < self.since:
+        if not isinstance(record, AutoscaleReport) or record.time < self.since:
             return
-        for pool, report in read_report(rec).items():
+        for pool, report in record.pools.items():
             if pool in self.scalers:
                 decision = self.scalers[pool].observe(report, len(self.members[pool]), time.monotonic())
                 if decision is not None:
@@ -140,17 +140,15 @@ class Actuator:
         return {}
 
     def _record(self, pool: str, event: str, **fields: Any) -> None:
-        self.note({"kind": "actuator", "component": "actuator", "pool": pool, "event": event, **fields,
-                   "time": time.time()})
+        self.note(ActuatorEvent(pool=pool, event=event, time=time.time(), **fields))
 
 
-def describe(rec: dict[str, Any]) -> str | None:
+def describe(record: ActuatorEvent) -> str | None:
     """The console line of an actuator record (None: not worth a line)."""
-    event = rec.get("event")
-    if event == "scale":
-        return (f"autoscale pool {rec['pool']}: {rec['nodes']} -> {rec['target']} nodes ({rec['reason']}; the "
-                f"dataflow saw {rec['seen']} and suggested {rec['suggested']})")
-    if event == "stopped":
-        how = "drained" if rec["returncode"] == 0 else f"ended with status {rec['returncode']}"
-        return f"autoscale: {rec['node']} {how} after {rec['drain_s']:.1f} s"
+    if record.event == "scale":
+        return (f"autoscale pool {record.pool}: {record.nodes} -> {record.target} nodes ({record.reason}; the "
+                f"dataflow saw {record.seen} and suggested {record.suggested})")
+    if record.event == "stopped":
+        how = "drained" if record.returncode == 0 else f"ended with status {record.returncode}"
+        return f"autoscale: {record.node} {how} after {record.drain_s or 0.0:.1f} s"
     return None

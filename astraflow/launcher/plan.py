@@ -18,9 +18,6 @@ from astraflow.config import ClusterConfig
 from astraflow.launcher.supervisor import ChildSpec
 from astraflow.recipe import Recipe
 
-TASK_PARTITIONS = 4
-"""Partitions of each ``tasks.<pool>`` topic: up to this many nodes of a pool share the work."""
-
 
 def effective_recipe(recipe: Recipe, *, run_id: str, steps: int | None = None,
                      nodes: dict[str, int] | None = None) -> Recipe:
@@ -73,16 +70,10 @@ def run_topics(recipe: Recipe, run_id: str) -> dict[str, int]:
     """Every topic of the run with its partition count (created before any component starts)."""
     from astraflow.log import Topics
 
-    t = Topics(run_id)
-    topics = {t.trajectories: 1, t.metrics: 1, t.dead_letters: 1}
-    for pool in recipe.pools:
-        # One partition per node at most: an autoscaled pool's last nodes would otherwise idle.
-        most = pool.autoscale.max_nodes if pool.autoscale is not None else pool.nodes
-        topics[t.tasks(pool.name)] = max(TASK_PARTITIONS, pool.nodes, most)
-    for policy in recipe.policies:
-        topics[t.batches(policy.name)] = 1
-        topics[t.weights(policy.name)] = 1
-    return topics
+    # One partition per node at most: an autoscaled pool's last nodes would otherwise idle.
+    most = {pool.name: max(pool.nodes, pool.autoscale.max_nodes if pool.autoscale is not None else 0)
+            for pool in recipe.pools}
+    return Topics(run_id).partitions(most, [policy.name for policy in recipe.policies])
 
 
 def available_cores() -> int:

@@ -1,4 +1,5 @@
-"""Live view of a run, built only from ``<run>.metrics`` records (the metrics contract).
+"""Live view of a run, built only from the typed records of ``<run>.metrics`` and the launcher's own
+events (:mod:`astraflow.records.control`).
 
 ``RunProgress`` folds records into the latest state per trainer, node and dataflow; ``render``
 draws it as a rich table; ``summary_line`` is the one-line form printed when output is not a TTY.
@@ -8,7 +9,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+
+from astraflow.records.control import (
+    ActuatorEvent,
+    AutoscaleReport,
+    ControlRecord,
+    DataflowCounters,
+    NodeStatus,
+    SupervisorEvent,
+    TrainerDone,
+    TrainerStart,
+    TrainerStep,
+)
 
 
 @dataclass
@@ -17,50 +29,46 @@ class RunProgress:
     steps: int
     """Target steps per policy."""
     policies: list[str]
-    trainers: dict[str, dict[str, Any]] = field(default_factory=dict)
-    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
-    dataflow: dict[str, Any] = field(default_factory=dict)
-    autoscale: dict[str, Any] = field(default_factory=dict)
-    done: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Trainers that reported ``{"event": "done"}``, by policy."""
+    trainers: dict[str, TrainerStart | TrainerStep] = field(default_factory=dict)
+    """Each policy's trainer: its latest step, or its start before the first step."""
+    nodes: dict[str, NodeStatus] = field(default_factory=dict)
+    dataflow: DataflowCounters | None = None
+    autoscale: AutoscaleReport | None = None
+    done: dict[str, TrainerDone] = field(default_factory=dict)
+    """Trainers that reported ``done``, by policy."""
     restarts: dict[str, int] = field(default_factory=dict)
-    """Restarts per component, from the launcher's own ``kind: supervisor`` records."""
+    """Restarts per component, from the launcher's own supervisor events."""
     retired: set[str] = field(default_factory=set)
-    """Nodes the actuator stopped (``kind: actuator``): out of the view, also their late records."""
+    """Nodes the actuator stopped: out of the view, also their late records."""
     records: int = 0
     started: float = field(default_factory=time.monotonic)
 
-    def update(self, rec: dict[str, Any]) -> None:
+    def update(self, record: ControlRecord) -> None:
+        """Fold one typed record (:func:`~astraflow.records.control.parse_control` or
+        :func:`~astraflow.records.control.parse_metrics_json` made it)."""
         self.records += 1
-        comp = rec.get("component")
-        if rec.get("kind") == "supervisor":
-            if rec.get("event") == "restart":
-                self.restarts[str(comp)] = int(rec.get("restarts", 0))
-        elif rec.get("kind") == "actuator":
-            node = str(rec.get("node"))
-            if rec.get("event") == "stopped":
+        match record:
+            case SupervisorEvent(event="restart"):
+                self.restarts[record.component] = record.restarts
+            case ActuatorEvent(event="stopped", node=str(node)):
                 self.retired.add(node)
                 self.nodes.pop(node, None)
-            elif rec.get("event") == "start":
+            case ActuatorEvent(event="start", node=str(node)):
                 self.retired.discard(node)  # a new node under a retired one's name
-        elif comp == "trainer":
-            policy = str(rec.get("policy", rec.get("id", "?")))
-            if rec.get("event") == "done":
+            case TrainerDone():
                 # A resumed run reads its log from the start: a "done" of an earlier life that had a
                 # smaller step target is history, not the end of this run.
-                if int(rec.get("step", self.steps)) >= self.steps:
-                    self.done[policy] = rec
-            else:
-                self.trainers.setdefault(policy, {}).update(rec)
-        elif comp == "raas":
-            node = str(rec.get("node_id", rec.get("id", "?")))
-            if node not in self.retired:
-                self.nodes.setdefault(node, {}).update(rec)
-        elif comp == "dataflow":
-            if rec.get("kind") == "autoscale":
-                self.autoscale = rec
-            else:
-                self.dataflow.update(rec)
+                if record.step >= self.steps:
+                    self.done[record.policy] = record
+            case TrainerStart() | TrainerStep():
+                self.trainers[record.policy] = record
+            case NodeStatus():
+                if record.node_id not in self.retired:
+                    self.nodes[record.node_id] = record
+            case AutoscaleReport():
+                self.autoscale = record
+            case DataflowCounters():
+                self.dataflow = record
 
     @property
     def all_done(self) -> bool:
@@ -70,50 +78,32 @@ class RunProgress:
         return time.monotonic() - self.started
 
     # -- views --------------------------------------------------------------------------------
-    def counters(self) -> dict[str, Any]:
+    def counters(self) -> dict[str, int]:
         """The dataflow's flat counters (``tasks.emitted``, ``trajectories.dropped.stale``, ...)."""
-        c = self.dataflow.get("counters")
-        return c if isinstance(c, dict) else {}
-
-    def counter(self, *names: str) -> Any:
-        c = self.counters()
-        for n in names:
-            if n in c:
-                return c[n]
-            if n in self.dataflow:
-                return self.dataflow[n]
-        return "-"
+        return self.dataflow.counters if self.dataflow is not None else {}
 
     def dropped(self) -> dict[str, int]:
         """Non-zero counters of records dropped or expired by a rule, by counter name."""
-        out = {}
-        for key, value in self.counters().items():
-            if isinstance(value, dict) and "drop" in key:
-                out.update({f"{key}.{k}": int(v) for k, v in value.items() if isinstance(v, (int, float)) and v})
-            elif ("drop" in key or "expired" in key) and isinstance(value, (int, float)) and value:
-                out[key] = int(value)
-        return out
+        return {key: value for key, value in self.counters().items()
+                if ("drop" in key or "expired" in key) and value}
 
     def weight_refusals(self) -> dict[str, int]:
         """Nodes' non-zero ``weights.refused.<reason>`` / ``weights.unreachable`` counters, summed."""
         out: dict[str, int] = {}
-        for n in self.nodes.values():
-            c = n.get("counters")
-            for key, value in (c.items() if isinstance(c, dict) else ()):
-                if key.startswith("weights.") and isinstance(value, (int, float)) and value:
-                    out[key] = out.get(key, 0) + int(value)
+        for node in self.nodes.values():
+            for key, value in node.counters.items():
+                if key.startswith("weights.") and value:
+                    out[key] = out.get(key, 0) + value
         return out
 
     def summary_line(self) -> str:
         parts = [f"[{self.elapsed():5.0f}s]"]
         for p in self.policies:
-            t = self.trainers.get(p, {})
-            step = t.get("step", "-")
-            reward = t.get("reward_mean")
-            parts.append(f"{p}: step {step}/{self.steps} v{t.get('version', '-')}"
-                         + (f" reward {reward:.3f}" if isinstance(reward, (int, float)) else "")
+            t = self.trainers.get(p)
+            reward = f" reward {t.reward_mean:.3f}" if isinstance(t, TrainerStep) else ""
+            parts.append(f"{p}: step {t.step if t else '-'}/{self.steps} v{t.version if t else '-'}{reward}"
                          + (" done" if p in self.done else ""))
-        tps = sum(float(n.get("tokens_per_s", 0) or 0) for n in self.nodes.values())
+        tps = sum(n.tokens_per_s for n in self.nodes.values())
         parts.append(f"nodes {len(self.nodes)} {tps:.0f} tok/s")
         d = self.dropped()
         if d:
@@ -135,39 +125,36 @@ class RunProgress:
                     "state"):
             tr.add_column(col)
         for p in self.policies:
-            t = self.trainers.get(p, {})
-            tr.add_row(
-                p, f"{t.get('step', '-')}/{self.steps}", str(t.get("version", "-")), _f(t.get("reward_mean")),
-                _f(t.get("loss"), 4), f"{_f(t.get('staleness_mean'), 2)}/{t.get('staleness_max', '-')}",
-                _f(t.get("wait_s"), 1), _f(t.get("step_s"), 2), str(t.get("trajectories", "-")),
-                "[green]done[/green]" if p in self.done else ("training" if t else "[dim]starting[/dim]"),
-            )
+            tr.add_row(p, *_trainer_cells(self.trainers.get(p), self.steps),
+                       "[green]done[/green]" if p in self.done else (
+                           "training" if p in self.trainers else "[dim]starting[/dim]"))
         nodes = Table(title="RaaS nodes", title_justify="left")
         for col in ("node", "pool", "episodes", "traj", "tok/s", "busy", "versions"):
             nodes.add_column(col)
         for nid, n in sorted(self.nodes.items()):
-            versions = n.get("versions") or {}
-            nodes.add_row(nid, str(n.get("pool", "-")), str(n.get("episodes", "-")), str(n.get("trajectories", "-")),
-                          _f(n.get("tokens_per_s"), 0), _f(n.get("busy_fraction"), 2),
-                          " ".join(f"{k}:v{v}" for k, v in sorted(versions.items())) or "-")
-        batches = {k.split(".")[1]: v for k, v in self.counters().items()
-                   if k.startswith("batches.") and k.endswith(".batches")}
-        flow = (f"dataflow: tasks emitted {self.counter('tasks.emitted', 'emitted')}, finished "
-                f"{self.counter('tasks.finished', 'completed')}, in flight {self.counter('tasks.in_flight', 'in_flight')}"
-                f", batches {batches or self.dataflow.get('batches', '-')}")
+            nodes.add_row(nid, n.pool, str(n.episodes), str(n.trajectories), _f(n.tokens_per_s, 0),
+                          _f(n.busy_fraction, 2), " ".join(f"{k}:v{v}" for k, v in sorted(n.versions.items())) or "-")
+        c = self.counters()
+        batches = {k.split(".")[1]: v for k, v in c.items() if k.startswith("batches.") and k.endswith(".batches")}
+        flow = (f"dataflow: tasks emitted {c.get('tasks.emitted', '-')}, finished {c.get('tasks.finished', '-')}, "
+                f"in flight {c.get('tasks.in_flight', '-')}, batches {batches or '-'}")
         d = self.dropped()
         flow += ", dropped " + (", ".join(f"{k} {v}" for k, v in sorted(d.items())) if d else "0")
-        targets = self.autoscale.get("targets") or {
-            pool: v.get("target_nodes") for pool, v in (self.autoscale.get("pools") or {}).items() if isinstance(v, dict)}
-        if targets:
-            flow += f"; autoscale target nodes {targets}"
+        if self.autoscale is not None and self.autoscale.pools:
+            flow += f"; autoscale target nodes { {p: r.target_nodes for p, r in self.autoscale.pools.items()} }"
         if self.restarts:
             flow += "\n[yellow]restarted:[/yellow] " + ", ".join(
                 f"{k} ×{v}" for k, v in sorted(self.restarts.items()))
         return Group(tr, nodes, flow)
 
 
-def _f(value: Any, digits: int = 3) -> str:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return "-" if value is None else str(value)
-    return f"{value:.{digits}f}"
+def _trainer_cells(t: TrainerStart | TrainerStep | None, steps: int) -> list[str]:
+    """A trainer's row in the live view, up to its state: a started trainer has a step and a version."""
+    if not isinstance(t, TrainerStep):
+        return [f"{t.step if t else '-'}/{steps}", str(t.version) if t else "-", *["-"] * 6]
+    return [f"{t.step}/{steps}", str(t.version), _f(t.reward_mean), _f(t.loss, 4),
+            f"{_f(t.staleness_mean, 2)}/{t.staleness_max}", _f(t.wait_s, 1), _f(t.step_s, 2), str(t.trajectories)]
+
+
+def _f(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"

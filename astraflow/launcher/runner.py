@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from astraflow.config import ClusterConfig
 from astraflow.launcher.actuator import Actuator
@@ -39,6 +39,16 @@ from astraflow.launcher.restarts import RestartPolicy
 from astraflow.launcher.stack_watch import StackWatch
 from astraflow.launcher.supervisor import ChildExited, ChildSpec, ProcessGroup, RestartEvent, describe_exit
 from astraflow.recipe import Recipe
+from astraflow.records.control import (
+    ActuatorEvent,
+    ControlRecord,
+    SupervisorEvent,
+    TrainerDone,
+    TrainerStart,
+    TrainerStep,
+    is_control,
+    parse_control,
+)
 
 if TYPE_CHECKING:
     from astraflow.embedded import EmbeddedStack
@@ -85,9 +95,9 @@ class RunResult:
     restarts: dict[str, int]
     """Restarts per component that was restarted."""
     wall_s: float
-    trainers: dict[str, dict[str, Any]]
-    """Last step record per policy."""
-    done: dict[str, dict[str, Any]]
+    trainers: dict[str, TrainerStart | TrainerStep]
+    """Each policy's last step record (its start record before the first step)."""
+    done: dict[str, TrainerDone]
     """The ``done`` record per policy that finished."""
     metrics_path: Path
     report_path: Path | None
@@ -112,7 +122,7 @@ class _Monitor:
         from astraflow.report import MetricsLog
 
         self.progress = progress
-        self.subscribers: list[Callable[[dict[str, Any]], None]] = []
+        self.subscribers: list[Callable[[ControlRecord], None]] = []
         """Also given every record read from the topic (the actuator reads the autoscaling reports)."""
         self.metrics = MetricsLog(metrics_path)
         self.warn = warn
@@ -141,14 +151,18 @@ class _Monitor:
             self._outage = None
         for msg in batch:
             if isinstance(msg.obj, dict):
-                self.record(msg.obj)
+                self.metrics.append(msg.obj)  # as written: metrics.jsonl keeps untyped figures too
+            if is_control(msg.schema_name, msg.schema_version):  # parsed at decode: a bad one never gets here
+                record = parse_control(msg.schema_name, msg.schema_version, msg.obj)
+                self.progress.update(record)
                 for subscriber in self.subscribers:
-                    subscriber(msg.obj)
+                    subscriber(record)
         return len(batch)
 
-    def record(self, rec: dict[str, Any]) -> None:
-        self.metrics.append(rec)
-        self.progress.update(rec)
+    def record(self, record: ControlRecord) -> None:
+        """One of the launcher's own records (a supervisor or actuator event)."""
+        self.metrics.append(record.to_json())
+        self.progress.update(record)
 
     def close(self) -> None:
         """Drain what the components wrote just before the stop (last steps, done events), close."""
@@ -201,7 +215,7 @@ def _actuator(recipe: Recipe, group: ProcessGroup, monitor: _Monitor, console, o
               spec: Callable[[str, int], ChildSpec]) -> Actuator:
     """The actuator of the autoscaled pools, fed the metrics records the monitor reads. Its records go
     to metrics.jsonl, its scaling steps also to the console (above the live table, which shares it)."""
-    def note(rec: dict[str, Any]) -> None:
+    def note(rec: ActuatorEvent) -> None:
         monitor.record(rec)
         line = describe_actuation(rec)
         if line is not None:
@@ -293,8 +307,8 @@ def _launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console, guard
     except ChildExited as exc:
         reason, rc = str(exc), 1
         if monitor is not None:
-            monitor.record({"kind": "supervisor", "component": exc.name, "event": "failed",
-                            "returncode": exc.returncode, "restarts": exc.restarts, "time": time.time()})
+            monitor.record(SupervisorEvent(component=exc.name, event="failed", returncode=exc.returncode,
+                                           restarts=exc.restarts, time=time.time()))
         console.print(f"[red]run {run_id} failed:[/red] {escape(str(exc))}", highlight=False)  # a log tail: no markup
     except KeyboardInterrupt as exc:
         reason, rc = "interrupted", 130

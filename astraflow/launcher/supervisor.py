@@ -23,10 +23,10 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from astraflow.launcher.restarts import NO_RESTART, RestartBook, RestartPolicy
 from astraflow.process import log_tail, signal_group, spawn_logged, terminate_groups
+from astraflow.records.control import SupervisorEvent
 
 
 @dataclass
@@ -87,10 +87,10 @@ class RestartEvent:
     backoff_s: float
     pid: int
 
-    def record(self) -> dict[str, Any]:
-        """The ``metrics.jsonl`` record (``kind: supervisor``)."""
-        return {"kind": "supervisor", "component": self.name, "event": "restart", "returncode": self.returncode,
-                "restarts": self.restarts, "backoff_s": self.backoff_s, "pid": self.pid, "time": time.time()}
+    def record(self) -> SupervisorEvent:
+        """The launcher's record of it (in ``metrics.jsonl``)."""
+        return SupervisorEvent(component=self.name, event="restart", returncode=self.returncode,
+                               restarts=self.restarts, backoff_s=self.backoff_s, pid=self.pid, time=time.time())
 
 
 @dataclass

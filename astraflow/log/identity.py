@@ -53,6 +53,28 @@ def topic_ids(cfg: ClusterConfig, topics: Iterable[str], *, deadline_s: float = 
                            deadline_s=deadline_s)
 
 
+def topic_partitions(cfg: ClusterConfig, topics: Iterable[str], *, deadline_s: float = DEFAULT_DEADLINE_S
+                     ) -> dict[str, int]:
+    """Each existing topic's partition count, as the broker has it (a topic is created once, by whoever
+    comes first, and keeps its count: a writer that hashes keys to partitions must use this one)."""
+    from astraflow.log.admin import open_admin
+
+    names = sorted(set(topics))
+    if not names:
+        return {}
+
+    def attempt(timeout_s: float) -> dict[str, int]:
+        admin = open_admin(cfg, timeout_s)
+        try:
+            described = admin.describe_topics(names)
+        finally:
+            admin.close()
+        return {t["name"]: len(t["partitions"]) for t in described if t.get("error_code", 0) == 0 and t["partitions"]}
+
+    return retry_transient(attempt, what=f"describing topics {names}", endpoint=cfg.kafka.bootstrap,
+                           deadline_s=deadline_s)
+
+
 def earliest_offsets(cfg: ClusterConfig, partitions: Iterable[Partition], *,
                      deadline_s: float = DEFAULT_DEADLINE_S) -> dict[Partition, int]:
     """The first offset still on the log for each partition (records below it were deleted)."""

@@ -16,6 +16,12 @@ _PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]+$")
 MAX_TOPIC_LENGTH = 249
 
+TASK_PARTITIONS = 4
+"""Partitions of a pool's task topic, at least: a pool's nodes share its partitions (a node with none
+idles), so a pool that may have more nodes gets one per node (:meth:`Topics.partitions`). The other
+topics have one partition: one reader each (the dataflow, a policy's trainer, every node's own weight
+subscriber), and one partition keeps their records in the order they were written."""
+
 
 def validate_topic_name(name: str) -> str:
     """Return ``name`` if Kafka accepts it as a topic name, else raise :class:`TopicNameError`."""
@@ -71,6 +77,16 @@ class Topics:
     def dead_letters(self) -> str:
         """Records someone could not decode or validate, with the reason, bytes kept as they were."""
         return self._name("dead-letters")
+
+    def partitions(self, pools: dict[str, int], policies: list[str]) -> dict[str, int]:
+        """Every topic of the run with the partition count it is created with: ``pools`` maps a pool to
+        the most nodes it may have. Existing topics keep theirs; writers that hash keys to partitions
+        read the real count (:func:`astraflow.log.identity.topic_partitions`)."""
+        topics = {self.trajectories: 1, self.metrics: 1, self.dead_letters: 1}
+        topics.update({self.tasks(pool): max(TASK_PARTITIONS, nodes) for pool, nodes in pools.items()})
+        for policy in policies:
+            topics.update({self.batches(policy): 1, self.weights(policy): 1})
+        return topics
 
     def __repr__(self) -> str:
         return f"Topics({self.run!r})"

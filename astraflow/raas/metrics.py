@@ -1,4 +1,4 @@
-"""A RaaS node's counters and the periodic record it puts on ``<run>.metrics``."""
+"""A RaaS node's counters and the periodic status record it puts on ``<run>.metrics``."""
 
 from __future__ import annotations
 
@@ -6,10 +6,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from astraflow.records.control import NodeStatus
+
 
 @dataclass
 class NodeCounters:
-    """What a node did since it started; ``record`` turns it into the metrics-contract record."""
+    """What a node did since it started; ``record`` turns it into its status record."""
 
     node_id: str
     pool: str
@@ -27,8 +29,8 @@ class NodeCounters:
     def record(self, concurrency: int, versions: dict[str, int], refresh_s: float, in_flight: int,
                workflow_counters: Mapping[str, int] | None = None,
                weight_counters: Mapping[str, int] | None = None,
-               handoff_ms: Mapping[str, dict] | None = None, region: Mapping | None = None) -> dict:
-        """The metrics record; ``workflow_counters`` (tool calls, tool timeouts, environment
+               handoff_ms: Mapping[str, dict] | None = None, region: Mapping | None = None) -> NodeStatus:
+        """The status record; ``workflow_counters`` (tool calls, tool timeouts, environment
         failures, ...) are cumulative since the node started, under ``workflow``; so are
         ``weight_counters`` (``weights.refused.<reason>``, ``weights.unreachable``), under ``counters``.
         ``handoff_ms``: send -> poll latency per topic since the last record (astraflow.log.handoff).
@@ -36,26 +38,12 @@ class NodeCounters:
         (:meth:`astraflow.objstore.regional.ReplicaStats.record`)."""
         now = time.monotonic()
         dt = max(now - self._last_t, 1e-9)
-        rec = {
-            "component": "raas",
-            "id": self.node_id,
-            "time": time.time(),
-            "node_id": self.node_id,
-            "pool": self.pool,
-            "episodes": self.episodes,
-            "rejected": self.rejected,
-            "trajectories": self.trajectories,
-            "tokens": self.tokens,
-            "tokens_per_s": (self.tokens - self._last_tokens) / dt,
-            "versions": dict(versions),
-            "busy_fraction": min(1.0, (self.busy_s - self._last_busy) / (dt * concurrency)),
-            "refresh_s": refresh_s,
-            "in_flight": in_flight,
-            "workflow": dict(workflow_counters or {}),
-            "counters": dict(weight_counters or {}),
-            "handoff_ms": dict(handoff_ms or {}),
-        }
-        if region is not None:
-            rec["region"] = dict(region)
+        rec = NodeStatus(
+            id=self.node_id, time=time.time(), node_id=self.node_id, pool=self.pool, episodes=self.episodes,
+            rejected=self.rejected, trajectories=self.trajectories, tokens=self.tokens,
+            tokens_per_s=(self.tokens - self._last_tokens) / dt, versions=dict(versions),
+            busy_fraction=min(1.0, (self.busy_s - self._last_busy) / (dt * concurrency)), refresh_s=refresh_s,
+            in_flight=in_flight, workflow=dict(workflow_counters or {}), counters=dict(weight_counters or {}),
+            handoff_ms=dict(handoff_ms or {}), region=None if region is None else dict(region))
         self._last_t, self._last_tokens, self._last_busy = now, self.tokens, self.busy_s
         return rec

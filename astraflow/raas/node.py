@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from astraflow.log.errors import ProduceRefusedError
 from astraflow.raas.inflight import InFlightTasks
 from astraflow.raas.metrics import NodeCounters
+from astraflow.records.control import NodeStatus, send_control
 
 if TYPE_CHECKING:
     from astraflow.config import ClusterConfig
@@ -48,9 +49,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 EXIT_PRODUCER_FAILED = 75
 """Exit status of a node whose producer failed (EX_TEMPFAIL): the supervisor restarts it."""
-
-TASK_PARTITIONS = 4
-"""Partitions of a task topic when the node is the first to create it (as the dataflow does)."""
 
 
 class RaasNode:
@@ -83,8 +81,10 @@ class RaasNode:
 
         topics = Topics(self.cfg.run)
         policies = [p.name for p in self.recipe.policies]
-        ensure_topics(self.cfg, {topics.tasks(self.pool.name): TASK_PARTITIONS, topics.trajectories: 1,
-                                 topics.metrics: 1, **{topics.weights(p): 1 for p in policies}})
+        # A node started on its own (not by `astraflow run`) may be the first: the run's topics as the
+        # launcher would create them, this pool at its configured size.
+        run_topics = topics.partitions({self.pool.name: self.pool.nodes}, policies)
+        ensure_topics(self.cfg, {t: n for t, n in run_topics.items() if t != topics.dead_letters})
         self.workflow = build_recipe_workflow(self.recipe)
         self.policies = build_policy_clients(self.recipe, self.pool, self.node_id)
         self.engines = {name: client.engine for name, client in self.policies.items()}
@@ -103,7 +103,7 @@ class RaasNode:
             log.info("node %s: serving %s", self.node_id, versions)
             # Announce the node (pool, versions served) as soon as it can work, not only every
             # metrics_every_s: short runs and autoscaling both want to see every member.
-            self.producer.send_json(topics.metrics, self.node_id, self._metrics_record())
+            send_control(self.producer, topics.metrics, self.node_id, self._status())
             self.follower.start()
             group = ConsumerGroups(self.cfg.run).raas(self.pool.name)
             consumer = await loop.run_in_executor(self._consumer_thread, functools.partial(
@@ -121,7 +121,7 @@ class RaasNode:
             self.follower.stop()
             if consumer is not None:
                 await loop.run_in_executor(self._consumer_thread, consumer.close)
-            self.producer.send_json(topics.metrics, self.node_id, self._metrics_record())
+            send_control(self.producer, topics.metrics, self.node_id, self._status())
             self.producer.flush(10)
             self.producer.close()
             self._consumer_thread.shutdown(wait=True)
@@ -179,7 +179,7 @@ class RaasNode:
             # while episodes run on this loop, and a group rebalance that completes outside a poll is
             # dropped and started over by kafka-python 3.0 (one more round trip, ~3 s on Tansu).
             if time.monotonic() - last_metrics >= self.metrics_every_s:
-                self.producer.send_json(topics.metrics, self.node_id, self._metrics_record())
+                send_control(self.producer, topics.metrics, self.node_id, self._status())
                 last_metrics = time.monotonic()
         # Clean stop: finish what runs (so it need not be redone), then leave the group.
         episodes = {e for e in episodes if not e.done()}
@@ -255,7 +255,7 @@ class RaasNode:
         return {f"{name}.{k}": v for name, client in getattr(self, "policies", {}).items()
                 for k, v in client.counters.items()}
 
-    def _metrics_record(self) -> dict:
+    def _status(self) -> NodeStatus:
         follower = getattr(self, "follower", None)
         workflow = getattr(self, "workflow", None)
         return self.counters.record(

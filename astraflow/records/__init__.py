@@ -5,7 +5,8 @@ metadata names the record), ``to_table`` and ``from_table``. Column types: token
 ``list<int32>``, log-probs ``list<float32>``, loss mask ``list<int8>``, dict fields
 ``map<string, string>`` (Task.metadata) and ``map<string, double>`` (Trajectory.rewards).
 
-The JSON control records (the trainer's events, weight announcements) are typed models in
+The JSON control records (trainer events, node status, dataflow counters, autoscaling reports, weight
+announcements) are typed models in
 :mod:`astraflow.records.control`, read with :func:`parse_control`.
 """
 

@@ -1,0 +1,33 @@
+"""What every control record is: a typed JSON document with its own schema name and version."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+from astraflow.log.errors import DecodeError
+
+
+class ControlRecordError(DecodeError):
+    """A record that claims a control schema is not one: an unknown schema name or version, a field
+    missing or of the wrong type. Raised by :func:`parse_control`; a consumer dead-letters the record."""
+
+    reason = "bad-control-record"
+
+
+def absent(value: Any) -> bool:
+    return value is None
+
+
+class ControlRecord(BaseModel):
+    """A control record: its schema name and version, and its JSON document."""
+
+    model_config = ConfigDict(extra="ignore")  # a newer writer may add fields; readers keep working
+    SCHEMA_NAME: ClassVar[str]
+    SCHEMA_VERSION: ClassVar[int]
+
+    def to_json(self) -> dict[str, Any]:
+        """The record's JSON document. Python mode: a NaN loss stays NaN, as the codec's ``json.dumps``
+        has always written it (pydantic's JSON mode would write null)."""
+        return self.model_dump()
