@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import pytest
+from fakes import FakeEngine
 
-from astraflow.engines.base import Engine, Generation, SamplingParams
-from astraflow.engines.batching import RequestBatcher
+from astraflow.engines.base import Engine, Generation
 from astraflow.environments.base import (
     ENVIRONMENTS,
     Environment,
@@ -78,46 +78,9 @@ Reply = tuple[list[int], list[int]]
 """Token ids of one turn and the weight version of each token."""
 
 
-class ScriptedEngine(Engine):
-    """A test double for a model: records every prompt (and its params) it is given and answers
-    with predetermined tokens, chosen by ``script(prompt, call_index)``; log-prob of the k-th token
-    of a turn is ``-(k+1)/10``; a reply without the stop token finishes with "length"."""
-
-    def __init__(self, script: Callable[[list[int], int], Reply], stop: int) -> None:
-        self.script, self.stop = script, stop
-        self.prompts: list[list[int]] = []
-        self.params: list[SamplingParams] = []
-        self.batches: list[int] = []
-        self.calls = 0
-        self._batcher = RequestBatcher(self, max_batch_size=64)
-
-    async def agenerate(self, prompts, params):
-        """Merged like the HF engine's requests, so concurrent episodes show up as batches."""
-        return await self._batcher.submit(prompts, params)
-
-    def generate(self, prompts, params):
-        self.batches.append(len(prompts))
-        out = []
-        for p in prompts:
-            self.prompts.append(list(p))
-            self.params.append(params)
-            ids, versions = self.script(list(p), self.calls)
-            self.calls += 1
-            ids = ids[: params.max_new_tokens]
-            versions = versions[: len(ids)]
-            finish = "stop" if ids and ids[-1] == self.stop else "length"
-            out.append(Generation(ids, [-(k + 1) / 10 for k in range(len(ids))], versions, finish))
-        return out
-
-    def load_weights(self, state_dict, version):
-        raise NotImplementedError
-
-    @property
-    def weight_version(self):
-        return 0
-
-    def state_dict(self):
-        return {}
+def scripted_engine(script: Callable[[list[int], int], Reply], stop: int) -> FakeEngine:
+    """A model answering ``script(prompt, call_index)``, batched like the HF engine (see FakeEngine)."""
+    return FakeEngine(script, stop=stop, batch=True)
 
 
 def turn_script(tok, turns: list[list[int]], versions: list[int] | None = None) -> Callable[[list[int], int], Reply]:
@@ -223,7 +186,7 @@ def env_log():
 
 
 # -- checks shared by the tests ---------------------------------------------------------------------
-def check_exact_prefix(engine: ScriptedEngine, traj: Trajectory) -> None:
+def check_exact_prefix(engine: FakeEngine, traj: Trajectory) -> None:
     """Every prompt the engine got is the trajectory's prompt + response up to a model segment's
     start, in order; the model segments are exactly what the engine returned."""
     full = [*traj.prompt_ids, *traj.response_ids]
@@ -274,7 +237,7 @@ def test_tool_agent_keeps_the_engines_ids_turn_after_turn(bpe):
             return [*turn1, bpe.eos_token_id], [3] * (len(turn1) + 1)
         return [*turn2, bpe.eos_token_id], [4, 4] + [5] * (len(turn2) - 1)
 
-    engine = ScriptedEngine(script, bpe.eos_token_id)
+    engine = scripted_engine(script, bpe.eos_token_id)
     wf = build_workflow({"type": "tool_agent", "tools": ["test_add"], "reward": "numeric_match",
                          "system_prompt": "calc"})
     [traj] = asyncio.run(wf.run_episode(task(answer="abc7"), {"agent": client(bpe, engine)}))
@@ -298,7 +261,7 @@ def test_tool_agent_keeps_the_engines_ids_turn_after_turn(bpe):
 def test_samples_run_concurrently_and_batch(bpe):
     """``task.samples`` episodes are in flight together: the engine sees their turns merged."""
     call = format_tool_call("test_add", {"a": 1, "b": 2})
-    engine = ScriptedEngine(turn_script(bpe, [enc(bpe, call), enc(bpe, "3")]), bpe.eos_token_id)
+    engine = scripted_engine(turn_script(bpe, [enc(bpe, call), enc(bpe, "3")]), bpe.eos_token_id)
     wf = build_workflow({"type": "tool_agent", "tools": ["test_add"], "reward": "numeric_match"})
     trajs = asyncio.run(wf.run_episode(task(samples=4, answer="3"), {"agent": client(bpe, engine)}))
     assert engine.batches == [4, 4]
@@ -315,7 +278,7 @@ def test_tool_errors_timeouts_and_malformed_calls_are_shown_and_counted(bpe):
              enc(bpe, format_tool_call("nope", {"a": 1})),
              enc(bpe, format_tool_call("test_add", {"a": "x", "b": 1})),
              enc(bpe, "7")]
-    engine = ScriptedEngine(turn_script(bpe, turns), bpe.eos_token_id)
+    engine = scripted_engine(turn_script(bpe, turns), bpe.eos_token_id)
     wf = build_workflow({"type": "tool_agent", "max_turns": 6, "reward": "numeric_match",
                          "tools": ["test_add", "test_fail", {"type": "test_sleep", "timeout_s": 0.05}]})
     [traj] = asyncio.run(wf.run_episode(task(), {"agent": client(bpe, engine)}))
@@ -363,7 +326,7 @@ def test_unknown_tool_or_bad_option_is_refused_at_load():
 # -- limits ---------------------------------------------------------------------------------------------
 def test_max_turns_stops_without_running_the_last_call(bpe):
     call = enc(bpe, format_tool_call("test_add", {"a": 1, "b": 1}))
-    engine = ScriptedEngine(turn_script(bpe, [call]), bpe.eos_token_id)
+    engine = scripted_engine(turn_script(bpe, [call]), bpe.eos_token_id)
     wf = build_workflow({"type": "tool_agent", "tools": ["test_add"], "max_turns": 3, "truncated_reward": -1.0})
     [traj] = asyncio.run(wf.run_episode(task(), {"agent": client(bpe, engine)}))
     check_exact_prefix(engine, traj)
@@ -376,7 +339,7 @@ def test_max_turns_stops_without_running_the_last_call(bpe):
 
 def test_max_total_tokens_bounds_the_episode(bpe):
     call = enc(bpe, format_tool_call("test_add", {"a": 1, "b": 1}))
-    engine = ScriptedEngine(turn_script(bpe, [call]), bpe.eos_token_id)
+    engine = scripted_engine(turn_script(bpe, [call]), bpe.eos_token_id)
     prompt_len = len(client(bpe, engine).prompt_ids(task(), "calc"))
     budget = prompt_len + 2 * (len(call) + 1) + 40  # two turns and part of a third fit
     wf = build_workflow({"type": "tool_agent", "tools": ["test_add"], "max_turns": 10, "system_prompt": "calc",
@@ -391,7 +354,7 @@ def test_max_total_tokens_bounds_the_episode(bpe):
 
 
 def test_context_length_is_the_default_budget_and_a_cut_turn_ends_the_episode(bpe):
-    engine = ScriptedEngine(turn_script(bpe, [enc(bpe, "a long answer that goes on")]), bpe.eos_token_id)
+    engine = scripted_engine(turn_script(bpe, [enc(bpe, "a long answer that goes on")]), bpe.eos_token_id)
     wf = build_workflow({"type": "tool_agent", "system_prompt": "calc"})
     policy = client(bpe, engine, max_new_tokens=100, max_context=len(client(bpe, engine).prompt_ids(task(), "calc")) + 5)
     [traj] = asyncio.run(wf.run_episode(task(), {"agent": policy}))
@@ -405,7 +368,7 @@ def test_context_length_is_the_default_budget_and_a_cut_turn_ends_the_episode(bp
 # -- the environment agent ----------------------------------------------------------------------------
 def test_env_agent_masks_observations_and_sums_rewards(bpe, env_log):
     actions = [enc(bpe, "go", " left"), enc(bpe, "wait"), enc(bpe, "go")]
-    engine = ScriptedEngine(turn_script(bpe, actions, versions=[1, 2, 3]), bpe.eos_token_id)
+    engine = scripted_engine(turn_script(bpe, actions, versions=[1, 2, 3]), bpe.eos_token_id)
     wf = build_workflow({"type": "env_agent", "environment": {"type": "test_countdown", "steps": 3},
                          "system_prompt": "act"})
     trajs = asyncio.run(wf.run_episode(task(samples=2), {"agent": client(bpe, engine)}))
@@ -423,7 +386,7 @@ def test_env_agent_masks_observations_and_sums_rewards(bpe, env_log):
 
 
 def test_env_agent_limits_cancel_the_episode(bpe, env_log):
-    engine = ScriptedEngine(turn_script(bpe, [enc(bpe, "go")]), bpe.eos_token_id)
+    engine = scripted_engine(turn_script(bpe, [enc(bpe, "go")]), bpe.eos_token_id)
     wf = build_workflow({"type": "env_agent", "environment": {"type": "test_countdown", "steps": 10},
                          "max_turns": 2})
     [traj] = asyncio.run(wf.run_episode(task(), {"agent": client(bpe, engine)}))
@@ -435,7 +398,7 @@ def test_env_agent_limits_cancel_the_episode(bpe, env_log):
 def test_env_failure_rejects_the_whole_group(bpe, env_log):
     """Sample 2 fails on its second step while the others are mid-episode: no trajectory at all,
     every other started episode is cancelled on the environment, the failure is counted."""
-    engine = ScriptedEngine(turn_script(bpe, [enc(bpe, "go")]), bpe.eos_token_id)
+    engine = scripted_engine(turn_script(bpe, [enc(bpe, "go")]), bpe.eos_token_id)
     wf = build_workflow({"type": "env_agent", "environment": {"type": "test_countdown", "steps": 5,
                                                               "fail_sample": 2, "fail_at": 2,
                                                               "step_delay_s": 0.01}})
@@ -447,7 +410,7 @@ def test_env_failure_rejects_the_whole_group(bpe, env_log):
 
 def test_a_cancelled_group_cancels_its_episodes(bpe, env_log):
     """The node stopping (the episode task cancelled) ends every running episode on the environment."""
-    engine = ScriptedEngine(turn_script(bpe, [enc(bpe, "go")]), bpe.eos_token_id)
+    engine = scripted_engine(turn_script(bpe, [enc(bpe, "go")]), bpe.eos_token_id)
     wf = build_workflow({"type": "env_agent", "environment": {"type": "test_countdown", "steps": 5,
                                                               "step_delay_s": 0.5}})
 
@@ -519,7 +482,7 @@ def test_env_agent_on_the_real_http_server(bpe, guess_server):
     failure in one sample mid-group returns no trajectory and cancels every other episode on the
     server (none is left running)."""
     _flaky_http()
-    engine = ScriptedEngine(turn_script(bpe, [enc(bpe, "I guess 0")]), bpe.eos_token_id)  # always "higher"
+    engine = scripted_engine(turn_script(bpe, [enc(bpe, "I guess 0")]), bpe.eos_token_id)  # always "higher"
     wf = build_workflow({"type": "env_agent", "max_turns": 3,
                          "environment": {"type": "http", "url": guess_server, "backoff_s": 0.01}})
     group = asyncio.run(wf.run_episode(task(samples=3), {"agent": client(bpe, engine)}))
@@ -572,8 +535,8 @@ class DebateWorkflow(Workflow):
 
 
 def test_two_policies_in_one_episode_get_their_own_trajectories(bpe):
-    pro_engine = ScriptedEngine(lambda p, k: ([*enc(bpe, f"pro{k}"), bpe.eos_token_id], [10] * 5), bpe.eos_token_id)
-    con_engine = ScriptedEngine(lambda p, k: ([*enc(bpe, f"con{k}"), bpe.eos_token_id], [70] * 5), bpe.eos_token_id)
+    pro_engine = scripted_engine(lambda p, k: ([*enc(bpe, f"pro{k}"), bpe.eos_token_id], [10] * 5), bpe.eos_token_id)
+    con_engine = scripted_engine(lambda p, k: ([*enc(bpe, f"con{k}"), bpe.eos_token_id], [70] * 5), bpe.eos_token_id)
     policies = {"pro": client(bpe, pro_engine, "pro"), "con": client(bpe, con_engine, "con")}
     pro, con = asyncio.run(build_workflow({"type": "test_debate", "rounds": 2}).run_episode(task(), policies))
     for traj, engine, version in [(pro, pro_engine, 10), (con, con_engine, 70)]:
@@ -619,7 +582,7 @@ def test_tool_results_are_wrapped_once(bpe):
     qwen = train_bpe(QWEN25_TOOLS)
     for tok in (qwen, bpe):
         call = enc(tok, format_tool_call("test_add", {"a": 3, "b": 4}))
-        engine = ScriptedEngine(turn_script(tok, [call, enc(tok, "7")]), tok.eos_token_id)
+        engine = scripted_engine(turn_script(tok, [call, enc(tok, "7")]), tok.eos_token_id)
         wf = build_workflow({"type": "tool_agent", "tools": ["test_add"], "reward": "numeric_match"})
         [traj] = asyncio.run(wf.run_episode(task(), {"agent": client(tok, engine)}))
         a, b = segments(traj)[1]
@@ -661,7 +624,7 @@ def test_demonstrations_are_framed_exactly_as_episodes(bpe):
                       metadata={"demonstration": json.dumps(turns)})
     wf = build_workflow({"type": "tool_agent", "tools": ["test_add"], "reward": "numeric_match"})
     [example] = wf.warm_start_examples("agent", [problem], bpe)
-    engine = ScriptedEngine(turn_script(bpe, [enc(bpe, t) for t in turns]), bpe.eos_token_id)
+    engine = scripted_engine(turn_script(bpe, [enc(bpe, t) for t in turns]), bpe.eos_token_id)
     [traj] = asyncio.run(wf.run_episode(task(answer="42", prompt="add 30 and 12"), {"agent": client(bpe, engine)}))
     assert traj.reward == 1.0
     assert example.ids == [*traj.prompt_ids, *traj.response_ids]
@@ -671,14 +634,14 @@ def test_demonstrations_are_framed_exactly_as_episodes(bpe):
 def test_evaluate_reports_the_valid_call_rate(bpe):
     turns = [enc(bpe, format_tool_call("test_add", {"a": 3, "b": 4})), enc(bpe, "<tool_call>oops</tool_call>"),
              enc(bpe, "7")]
-    engine = ScriptedEngine(turn_script(bpe, turns), bpe.eos_token_id)
+    engine = scripted_engine(turn_script(bpe, turns), bpe.eos_token_id)
     wf = build_workflow({"type": "tool_agent", "tools": ["test_add"], "reward": "numeric_match"})
     out = asyncio.run(wf.evaluate("agent", client(bpe, engine), [task(samples=8), task(samples=8)]))
     assert out["accuracy"] == 1.0 and out["n"] == 2
     # every episode opened with a well-formed call (its second, malformed call does not change that)
     assert out["tool_calls"] == 4 and out["valid_calls"] == 2 and out["valid_call_rate"] == 1.0
     assert all(p.temperature == 0.0 for p in engine.params)
-    malformed_first = ScriptedEngine(turn_script(bpe, [turns[1], turns[0], turns[2]]), bpe.eos_token_id)
+    malformed_first = scripted_engine(turn_script(bpe, [turns[1], turns[0], turns[2]]), bpe.eos_token_id)
     out = asyncio.run(wf.evaluate("agent", client(bpe, malformed_first), [task(samples=8), task(samples=8)]))
     assert out["valid_calls"] == 2 and out["valid_call_rate"] == 0.0
 
