@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes import FakeEngine, generation
 
-from astraflow.engines.base import Engine, Generation, SamplingParams
+from astraflow.engines.base import Generation
 from astraflow.environments import ENVIRONMENTS, EnvironmentFailure, HttpEnvironment, build_environment
 from astraflow.records import Task
 from astraflow.workflows import build_workflow
@@ -203,35 +204,19 @@ def test_malformed_answers_are_environment_failures(odd_server: str) -> None:
 
 
 # -- through the env_agent workflow ---------------------------------------------------------------
-class BinarySearchEngine(Engine):
+def binary_search_engine(tokenizer: Any) -> FakeEngine:
     """A stand-in model that plays the game well: reads its transcript (its guesses and the
     server's answers) and replies with the middle of what is left."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tok = tokenizer
-
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        out = []
-        for prompt in prompts:
-            text = self.tok.decode(prompt)
-            guesses = [int(g) for g in re.findall(r"assistant\n(\d+)<\|im_end\|>", text)]
-            answers = re.findall(r"user\n(higher|lower)<\|im_end\|>", text)
-            low, high = 1, 100
-            for guess, answer in zip(guesses, answers, strict=True):
-                low, high = (guess + 1, high) if answer == "higher" else (low, guess - 1)
-            ids = [*self.tok.encode(str((low + high) // 2), add_special_tokens=False), self.tok.eos_token_id]
-            out.append(Generation(ids, [-0.5] * len(ids), [3] * len(ids), "stop"))
-        return out
-
-    def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        raise NotImplementedError
-
-    @property
-    def weight_version(self) -> int:
-        return 3
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
+    def reply(prompt: list[int], _k: int) -> Generation:
+        text = tokenizer.decode(prompt)
+        guesses = [int(g) for g in re.findall(r"assistant\n(\d+)<\|im_end\|>", text)]
+        answers = re.findall(r"user\n(higher|lower)<\|im_end\|>", text)
+        low, high = 1, 100
+        for guess, answer in zip(guesses, answers, strict=True):
+            low, high = (guess + 1, high) if answer == "higher" else (low, guess - 1)
+        return generation([*tokenizer.encode(str((low + high) // 2), add_special_tokens=False),
+                           tokenizer.eos_token_id], 3)
+    return FakeEngine(reply, version=3)
 
 
 @pytest.fixture(scope="module")
@@ -240,7 +225,7 @@ def agent() -> Any:
     from astraflow.models.tiny import build_tokenizer
 
     tok = build_tokenizer(300)
-    return policy_client("agent", BinarySearchEngine(tok), tok, SamplingConfig(max_new_tokens=8))
+    return policy_client("agent", binary_search_engine(tok), tok, SamplingConfig(max_new_tokens=8))
 
 
 def test_env_agent_plays_the_real_server_and_a_failure_rejects_the_group(

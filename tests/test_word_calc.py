@@ -10,8 +10,8 @@ import re
 from dataclasses import replace
 
 import pytest
+from fakes import FakeEngine, generation
 
-from astraflow.engines.base import Engine, Generation
 from astraflow.records import Task
 from astraflow.tasks import build_dataset, split_of
 from astraflow.tasks.word_calc import EXPRESSION_KEY
@@ -89,29 +89,9 @@ def test_transcript_masks_only_the_agents_turns(tiny_tokenizer):
     assert demonstration_turns(own, workflow.tools) == ["42"]
 
 
-class ReplayEngine(Engine):
+def replay_engine(turns: list[list[int]]) -> FakeEngine:
     """Answers each turn with the next assistant segment of an SFT transcript (eos included)."""
-
-    def __init__(self, turns: list[list[int]]) -> None:
-        self.turns, self.prompts = turns, []
-
-    def generate(self, prompts, params):
-        out = []
-        for p in prompts:
-            ids = self.turns[len(self.prompts)]
-            self.prompts.append(list(p))
-            out.append(Generation(list(ids), [-0.5] * len(ids), [0] * len(ids), "stop"))
-        return out
-
-    def load_weights(self, state_dict, version):
-        raise NotImplementedError
-
-    @property
-    def weight_version(self):
-        return 0
-
-    def state_dict(self):
-        return {}
+    return FakeEngine(lambda _prompt, k: generation(turns[k], 0))
 
 
 def test_transcript_ids_equal_a_tool_agent_episode(tiny_tokenizer):
@@ -120,7 +100,7 @@ def test_transcript_ids_equal_a_tool_agent_episode(tiny_tokenizer):
     for p in build_dataset("word_calc", seed=0).problems("heldout", 3):
         [ex] = tool_use_examples(workflow, [p], tok)
         turns = [ids for m, ids in _segments(ex.ids, ex.loss_mask) if m == 1]
-        engine = ReplayEngine(turns)
+        engine = replay_engine(turns)
         client = policy_client("agent", engine, tok, SamplingConfig(max_new_tokens=64), 256)
         task = Task(prompt_id=p.prompt_id, prompt=p.prompt, answer=p.answer, samples=1, task_type="word_calc",
                     policy="", pool="default", metadata=dict(p.metadata))

@@ -5,46 +5,28 @@ import asyncio
 from typing import Literal
 
 import pytest
+from fakes import FakeEngine, generation
 
-from astraflow.engines.base import Engine, Generation
+from astraflow.engines.base import Generation
 from astraflow.records import Task
 from astraflow.workflows import REWARDS, Reward, SamplingConfig, build_workflow, register_reward
 from astraflow.workflows.policy import policy_client
 from astraflow.workflows.rewards import RewardConfig
 
 
-class ScriptedEngine(Engine):
-    """A test double for a model: returns fixed texts (to check reward wiring exactly), version 5."""
-
-    def __init__(self, tokenizer, responses: list[str]):
-        self.tok = tokenizer
-        self.responses = responses
-        self.prompts = []
-
-    def generate(self, prompts, params):
-        self.prompts.extend(prompts)
-        out = []
-        for i, _ in enumerate(prompts):
-            ids = [*self.tok.encode(self.responses[i % len(self.responses)], add_special_tokens=False),
-                   self.tok.eos_token_id]
-            out.append(Generation(ids, [-0.5] * len(ids), [5] * len(ids), "stop"))
-        return out
-
-    def load_weights(self, state_dict, version):
-        raise NotImplementedError
-
-    @property
-    def weight_version(self):
-        return 5
-
-    def state_dict(self):
-        return {}
+def scripted_engine(tokenizer, responses: list[str]) -> FakeEngine:
+    """A model returning fixed texts (to check reward wiring exactly), the k-th prompt's
+    ``responses[k % len(responses)]`` plus eos, version 5."""
+    def reply(_prompt: list[int], k: int) -> Generation:
+        ids = tokenizer.encode(responses[k % len(responses)], add_special_tokens=False)
+        return generation([*ids, tokenizer.eos_token_id], 5)
+    return FakeEngine(reply, version=5)
 
 
 @pytest.fixture
 def scripted(tiny_tokenizer):
     def make(name: str, responses: list[str]):
-        return policy_client(name, ScriptedEngine(tiny_tokenizer, responses), tiny_tokenizer)
+        return policy_client(name, scripted_engine(tiny_tokenizer, responses), tiny_tokenizer)
     return make
 
 
