@@ -9,12 +9,13 @@ from typing import ClassVar
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from fakes import make_trajectory
 
 from astraflow.archive import Archiver
 from astraflow.archive import rows as R
 from astraflow.log import LogProducer, Topics, ensure_topics
 from astraflow.objstore import ObjectStore, RunLayout
-from astraflow.records import Batch, Trajectory, batch, episode_id_for, group_id_for, trajectory
+from astraflow.records import Batch, Trajectory, batch, trajectory
 from astraflow.records.control import WeightAnnouncement, send_control
 
 pytestmark = pytest.mark.integration
@@ -22,12 +23,8 @@ POLICIES = ["solver", "verifier"]
 
 
 def make_traj(prompt_id: str, policy: str, i: int, n: int = 6) -> Trajectory:
-    return Trajectory(
-        episode_id=episode_id_for(prompt_id, policy, i), task_id=prompt_id,
-        group_id=group_id_for(prompt_id, policy), sample_index=i, policy=policy,
-        prompt_ids=[1, 2, 3], response_ids=list(range(10, 10 + n)), logprobs=[-0.5] * n,
-        versions=[3] * (n - 1) + [4], loss_mask=[1] * n, reward=float(i), rewards={"correct": 1.0},
-        turn_bounds=[0], node_id="node-a", created_at=1.7e9, gen_seconds=0.1, task_type="arith")
+    return make_trajectory(prompt_id, policy, i, n=n, reward=float(i), rewards={"correct": 1.0}, turn_bounds=[0],
+                           node_id="node-a", created_at=1.7e9, gen_seconds=0.1, task_type="arith")
 
 
 def _produce(cfg, prompts: range) -> set[str]:

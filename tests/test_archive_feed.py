@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fakes import make_trajectory
 from test_launcher_e2e import _env, tiny_recipe
 
 from astraflow.archive import Archiver
@@ -23,7 +24,7 @@ from astraflow.config import ConfigError
 from astraflow.launcher.cluster import write_cluster_file
 from astraflow.log import LogProducer, Topics, ensure_topics
 from astraflow.recipe import Recipe
-from astraflow.records import Trajectory, episode_id_for, group_id_for, trajectory
+from astraflow.records import Trajectory, trajectory
 from astraflow.records.control import WeightAnnouncement, send_control
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -31,11 +32,8 @@ GROUPS = 13  # 3 full batches of 4 groups, one group left over
 
 
 def _traj(prompt: str, i: int, version: int) -> Trajectory:
-    n = 3
-    return Trajectory(
-        episode_id=episode_id_for(prompt, "policy", i), task_id=prompt, group_id=group_id_for(prompt, "policy"),
-        sample_index=i, policy="policy", prompt_ids=[5, 6, 7, 8], response_ids=[20 + i, 21, 22],
-        logprobs=[-1.0] * n, versions=[version] * n, loss_mask=[1] * n, reward=float(i % 2), task_type="math")
+    return make_trajectory(prompt, "policy", i, n=3, version=version, prompt_ids=[5, 6, 7, 8],
+                           response_ids=[20 + i, 21, 22], logprobs=[-1.0] * 3, reward=float(i % 2), task_type="math")
 
 
 def _archive_a_source_run(cfg, group_size: int) -> set[str]:

@@ -9,6 +9,7 @@ import concurrent.futures
 import time
 
 import pytest
+from fakes import make_trajectory
 
 from astraflow.log.errors import ProduceRefusedError
 from astraflow.raas.outbox import TrajectoryOutbox
@@ -17,10 +18,9 @@ from astraflow.records.schema import RecordSchemaError
 
 
 def traj(task: str, i: int, **fields) -> traj_rec.Trajectory:
-    base = {"episode_id": f"{task}#{i}", "task_id": task, "group_id": task, "sample_index": i, "policy": "policy",
-            "prompt_ids": [1, 2], "response_ids": [3, 4], "logprobs": [-0.1, -0.2], "versions": [0, 0],
-            "loss_mask": [1, 1], "reward": 1.0}
-    return traj_rec.Trajectory(**{**base, **fields})
+    base = {"episode_id": f"{task}#{i}", "group_id": task, "policy": "policy", "prompt_ids": [1, 2],
+            "response_ids": [3, 4], "logprobs": [-0.1, -0.2]}
+    return make_trajectory(task, i=i, n=2, version=0, **{**base, **fields})
 
 
 class RecordingProducer:

@@ -7,6 +7,7 @@ import sys
 
 import pyarrow as pa
 import pytest
+from fakes import make_trajectory
 
 from astraflow.records import (
     Batch,
@@ -14,8 +15,6 @@ from astraflow.records import (
     Task,
     Trajectory,
     batch,
-    episode_id_for,
-    group_id_for,
     identity_of,
     task,
     trajectory,
@@ -23,25 +22,8 @@ from astraflow.records import (
 
 
 def make_traj(prompt_id: str = "p1", policy: str = "solver", i: int = 0, n: int = 4, reward: float = 1.0) -> Trajectory:
-    return Trajectory(
-        episode_id=episode_id_for(prompt_id, policy, i),
-        task_id=prompt_id,
-        group_id=group_id_for(prompt_id, policy),
-        sample_index=i,
-        policy=policy,
-        prompt_ids=[1, 2, 3],
-        response_ids=list(range(10, 10 + n)),
-        logprobs=[-0.5] * n,
-        versions=[3] * (n - 1) + [4],
-        loss_mask=[1] * n,
-        reward=reward,
-        rewards={"correct": reward, "format": 0.25},
-        turn_bounds=[0],
-        node_id="node-a",
-        created_at=1.7e9,
-        gen_seconds=0.125,
-        task_type="arith",
-    )
+    return make_trajectory(prompt_id, policy, i, n=n, reward=reward, rewards={"correct": reward, "format": 0.25},
+                           turn_bounds=[0], node_id="node-a", created_at=1.7e9, gen_seconds=0.125, task_type="arith")
 
 
 def ipc_bytes(table: pa.Table) -> bytes:

@@ -4,19 +4,18 @@
 from __future__ import annotations
 
 import pytest
+from fakes import make_trajectory
 
 from astraflow.archive.replay import Event, replay, trajectory_events
 from astraflow.cli.replay import parse_variant
 from astraflow.config import ConfigError
 from astraflow.dataflow.config import DataflowConfig
-from astraflow.records import Trajectory, episode_id_for, group_id_for, trajectory
+from astraflow.records import Trajectory, trajectory
 
 
 def traj(task: str, i: int, version: int, reward: float) -> Trajectory:
-    return Trajectory(
-        episode_id=episode_id_for(task, "p", i), task_id=task, group_id=group_id_for(task, "p"), sample_index=i,
-        policy="p", prompt_ids=[1], response_ids=[2, 3], logprobs=[-0.1, -0.2], versions=[version, version],
-        loss_mask=[1, 1], reward=reward, task_type="math" if task < "t5" else "code")
+    return make_trajectory(task, "p", i, n=2, version=version, reward=reward, prompt_ids=[1], response_ids=[2, 3],
+                           logprobs=[-0.1, -0.2], task_type="math" if task < "t5" else "code")
 
 
 def events() -> list[Event]:
