@@ -125,6 +125,7 @@ class RankGroup:
         import torch.distributed as dist
 
         _die_with_parent()
+        _tag_log_records(self.rank)
         device = torch.device(self.device(configured_device))
         if device.type == "cuda":
             torch.cuda.set_device(device)
@@ -214,6 +215,18 @@ def _comm_device() -> torch.device:
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def _tag_log_records(rank: int) -> None:
+    """Every log line of this process names its rank: the group's workers share one log file."""
+    make = logging.getLogRecordFactory()
+
+    def tagged(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = make(*args, **kwargs)
+        record.name = f"{record.name}[rank {rank}]"
+        return record
+
+    logging.setLogRecordFactory(tagged)
 
 
 def _die_with_parent() -> None:
