@@ -96,27 +96,43 @@ def test_a_layout_that_does_not_divide_the_model_is_refused():
 def test_pipeline_parallel_with_tied_embeddings_on_cpu_is_refused_by_name():
     from connectors.megatron.backend import MegatronBackend
 
-    with pytest.raises(ValueError, match="tied embeddings needs CUDA for pipeline_parallel > 1"):
+    with pytest.raises(ValueError, match="tied embeddings needs Megatron's DDP for pipeline_parallel > 1"):
         MegatronBackend(_qwen2(), {"type": "megatron", "pipeline_parallel": 2})
 
 
 # -- a real rank group ----------------------------------------------------------------------------------
 
-def _worker(rank: int, world: int, port: int, make: str, options: dict, out: str) -> None:
-    """One rank: join the group as torch.distributed.run's worker would, build the backend, report."""
+def _worker(rank: int, world: int, port: int, make: str, options: dict, out: str, redirect_cuda: bool) -> None:
+    """One rank: join the group as torch.distributed.run's worker would, build the backend, report.
+    ``redirect_cuda``: run Megatron's own DDP / distributed optimizer / schedules with their CUDA
+    allocations sent to the CPU (test_megatron_cuda_path_on_cpu)."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
+    if redirect_cuda:
+        from test_megatron_cuda_path_on_cpu import redirect_cuda_to_cpu
+
+        with redirect_cuda_to_cpu():
+            _rank(rank, make, options, out, distributed_optimizer=True)
+    else:
+        _rank(rank, make, options, out, distributed_optimizer=False)
+
+
+def _rank(rank: int, make: str, options: dict, out: str, *, distributed_optimizer: bool) -> None:
     from safetensors.torch import save_file
 
     from astraflow.trainer.distributed import current_group
     from connectors.megatron.backend import MegatronBackend
+    from connectors.megatron.config import MegatronBackendConfig
 
     group = current_group()
     group.start("cpu", timeout_s=120)
     model = MODELS[make]()
     trajs = _batch(model)
-    backend = MegatronBackend(model, {"type": "megatron", "lr": LR, **options})
+    config = MegatronBackendConfig.model_validate({"type": "megatron", "lr": LR, **options})
+    # model_copy does not validate: the option refuses a CPU device, which the redirection stands in for.
+    backend = MegatronBackend(model, config.model_copy(update={"distributed_optimizer": distributed_optimizer}))
+    assert type(backend.training).__name__ == ("MegatronTraining" if distributed_optimizer else "TorchTraining")
     ranks = backend.ranks
     report: dict = {"rank": rank, "tp_rank": ranks.tp_rank, "pp_rank": ranks.pp_rank, "dp_rank": ranks.dp_rank,
                     "dp": ranks.dp, "params": sum(p.numel() for p in backend.model.parameters())}
@@ -149,10 +165,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_group(tmp_path: Path, world: int, make: str, options: dict) -> list[dict]:
+def _run_group(tmp_path: Path, world: int, make: str, options: dict, *, redirect_cuda: bool = False) -> list[dict]:
     import torch.multiprocessing as mp
 
-    mp.spawn(_worker, args=(world, _free_port(), make, options, str(tmp_path)), nprocs=world, join=True)
+    mp.spawn(_worker, args=(world, _free_port(), make, options, str(tmp_path), redirect_cuda), nprocs=world,
+             join=True)
     return [json.loads((tmp_path / f"report-{r}.json").read_text()) for r in range(world)]
 
 

@@ -63,11 +63,16 @@ class MegatronBackend(TrainerBackend):
         self.shape = DecoderShape.from_hf_config(model.config)
         self.layout.check(self.shape)
         self.vocab: int = model.config.vocab_size
-        self.device = torch.device(current_group().device(config.device))
-        if self.device.type != "cuda" and self.shape.tied and self.layout.pp > 1:
-            raise ValueError("megatron connector: a model with tied embeddings needs CUDA for pipeline_parallel > 1 "
-                             "(megatron-core moves the last stage's copy of the embedding to the GPU when it "
-                             "builds the model)")
+        group = current_group()
+        self.device = torch.device(group.device(config.device))
+        use_megatron = config.distributed_optimizer
+        if use_megatron is None:
+            use_megatron = self.device.type == "cuda" and group.world_size > 1
+        if self.shape.tied and self.layout.pp > 1 and not use_megatron:
+            # The first and last stages each hold the embedding; Megatron's DDP sums their gradients over
+            # its embedding group (and its model build copies one to the other on the GPU).
+            raise ValueError("megatron connector: a model with tied embeddings needs Megatron's DDP for "
+                             "pipeline_parallel > 1 (distributed_optimizer: true, on CUDA)")
         self.ranks = init_parallel(self.device, self.layout)
         self.world = dist.get_world_size()
         hf_state = {k: v.detach().float() for k, v in model.state_dict().items()}
@@ -81,9 +86,6 @@ class MegatronBackend(TrainerBackend):
                                              self._comm_device)
         self._load_hf(hf_state)
         forward = StageForward(self.ranks, config.temperature, self.vocab)
-        use_megatron = config.distributed_optimizer
-        if use_megatron is None:
-            use_megatron = self.device.type == "cuda" and self.world > 1
         if use_megatron:
             from connectors.megatron.megatron_training import MegatronTraining
 
