@@ -183,3 +183,69 @@ def test_a_two_rank_checkpoint_resumes_on_one_rank_and_a_one_rank_checkpoint_on_
     store.put_json(ckpts._key("latest.json"), {**pointer, "parts": {"shards": "x", "extras": {}}})
     with pytest.raises(CheckpointError, match="not a format-3 pointer"):
         ckpts.load()
+
+
+def _load_full_state_then_step(model_state, optimizer_state):
+    from astraflow.trainer.distributed import current_group
+    from astraflow.trainer.torch_backend import TorchBackend
+
+    group = current_group()
+    group.start("cpu")
+    backend = TorchBackend(load_tiny_model(), {"lr": 1e-2})
+    backend.load_state(model_state if group.leader else {}, optimizer_state if group.leader else None)
+    loaded = backend.state_dict()
+    backend.step(_batch([[0.0, 1.0], [1.0, 0.0]], "y"))
+    after = backend.state_dict()
+    group.close()
+    return loaded, after
+
+
+def test_full_single_rank_state_is_broadcast_into_the_shards():
+    """What a group loads that is not sharded: a single-rank (format-2) checkpoint, whose AdamW state
+    is keyed by parameter index, and bf16 weights from the weight store; rank 0's copy reaches all."""
+    import torch
+
+    from astraflow.trainer.distributed import SINGLE
+    from astraflow.trainer.torch_backend import TorchBackend
+
+    one = TorchBackend(load_tiny_model(), {"lr": 1e-2}, group=SINGLE)
+    one.step(_batch([[0.0, 1.0], [1.0, 0.0]], "x"))
+    model_state, optimizer_state = one.state_dict(), one.optimizer_state_dict()
+    loaded, after = _launch(_load_full_state_then_step, 2, model_state, optimizer_state)[0]
+    assert all(torch.equal(loaded[k], model_state[k]) for k in model_state)
+    one.step(_batch([[0.0, 1.0], [1.0, 0.0]], "y"))
+    assert update_disagreement(model_state, one.state_dict(), after) < 1e-4  # the moments came along
+    served = {k: v.to(torch.bfloat16) for k, v in model_state.items()}
+    loaded, _ = _launch(_load_full_state_then_step, 2, served, None)[0]
+    assert all(torch.equal(loaded[k], served[k].float()) for k in served)
+
+
+def _fsdp_step_on_cuda(options: dict, rewards: list) -> dict:
+    from astraflow.trainer.distributed import current_group
+    from astraflow.trainer.torch_backend import TorchBackend
+
+    group = current_group()
+    group.start("cuda")
+    backend = TorchBackend(load_tiny_model(), {**options, "device": "cuda"})
+    metrics = backend.step(_batch(rewards))
+    state = backend.state_dict()
+    group.close()
+    return {"metrics": metrics, "state": state}
+
+
+def test_one_fsdp2_rank_on_cuda_is_the_plain_backend():
+    """The NCCL path (one rank: the CI machine has one GPU) agrees with the plain backend on CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from astraflow.trainer.distributed import SINGLE
+    from astraflow.trainer.torch_backend import TorchBackend
+
+    options, rewards = STEP_CASES["rows split"]
+    start = load_tiny_model().state_dict()
+    plain = TorchBackend(load_tiny_model(), {**options, "device": "cuda"}, group=SINGLE)
+    m1 = plain.step(_batch(rewards))
+    got = _launch(_fsdp_step_on_cuda, 1, options, rewards)[0]
+    assert update_disagreement(start, plain.state_dict(), got["state"]) < 1e-3
+    assert got["metrics"]["loss"] == pytest.approx(m1["loss"], rel=1e-4, abs=1e-6)

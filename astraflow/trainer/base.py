@@ -15,7 +15,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from astraflow.records import Trajectory
@@ -37,6 +37,10 @@ class ShardedState:
 
 class TrainerBackend(ABC):
     """What the trainer component needs from a training runtime."""
+
+    runs_as_rank_group: ClassVar[bool] = False
+    """The backend keeps the rank-group contract above (collective calls, full state on rank 0,
+    :meth:`sharded_state`); the trainer refuses to start a backend without it on more than one rank."""
 
     @abstractmethod
     def step(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:

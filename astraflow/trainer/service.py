@@ -285,6 +285,9 @@ class TrainerService:
         self.checkpoint_writer: CheckpointWriter[list[Any]] = CheckpointWriter(
             self._save_checkpoint, f"checkpoint-{self.policy}")
         self.backend = build_backend(self.recipe.build_policy_model(self.policy), self.spec.backend)
+        if self.group.distributed and not self.backend.runs_as_rank_group:
+            raise RuntimeError(f"trainer {self.policy}: backend {self.spec.backend.type!r} does not run as a group of "
+                               f"ranks (trainer.ranks = {self.group.world_size}); run it with trainer.ranks: 1")
         if leader:
             self.subscriber = WeightSubscriber(self.cfg, self.policy, f"trainer-{self.life}", register=False)
             self.producer = LogProducer(self.cfg, f"{self.cfg.run}.{self.component_id}.{self.life}")

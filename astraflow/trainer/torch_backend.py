@@ -38,17 +38,20 @@ class TorchBackend(TrainerBackend):
 
     A subclass on another model class (Megatron's ``GPTModel``) reuses the step; on a rank group it
     sets :attr:`dp_rank` / :attr:`dp_size` (its data-parallel place, which decides the rows it trains),
-    overrides :meth:`_all_reduce_sum` for its data-parallel group, and opts in to FSDP2 + DCP with
-    ``shards_over_ranks = True`` only if those fit its model."""
+    overrides :meth:`_all_reduce_sum` for its data-parallel group, says ``runs_as_rank_group = True``
+    once it keeps the contract, and opts in to FSDP2 + DCP with ``shards_over_ranks = True`` only if
+    those fit its model."""
 
+    runs_as_rank_group: ClassVar[bool] = True
     shards_over_ranks: ClassVar[bool] = True
     """On a rank group, shard the model with FSDP2 and checkpoint through DCP (:meth:`sharded_state`).
-    A subclass does so only if it says so itself (see ``__init_subclass__``)."""
+    A subclass does so, and runs as a rank group at all, only if it says so itself."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "shards_over_ranks" not in cls.__dict__:
-            cls.shards_over_ranks = False
+        for claim in ("runs_as_rank_group", "shards_over_ranks"):
+            if claim not in cls.__dict__:
+                setattr(cls, claim, False)
 
     def __init__(self, model: PreTrainedModel, config: TorchBackendConfig | dict[str, Any] | None = None,
                  group: RankGroup | None = None) -> None:
