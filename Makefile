@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test test-main test-vllm venv-vllm lint bench-log up down
+.PHONY: install demo test test-main test-vllm venv-vllm lint bench-log up down test-compose
 
 install: $(VENV)/.installed
 
@@ -59,6 +59,12 @@ $(VLLM_VENV)/.installed: pyproject.toml
 # weights reloaded into vLLM).
 test-vllm: venv-vllm
 	$(VLLM_PY) -m pytest -q -ra --durations=10 tests/test_vllm_engine.py tests/test_vllm_server.py tests/test_vllm_e2e.py
+
+# The compose stack for real (docs/compose.md): a Docker engine started by hand (installed with apt when
+# missing), a base image from Debian's mirror, the project's image, then a run of the math recipe in
+# infra/docker-compose.tansu-seaweedfs.yml (scaled, a component killed, down and up resumed). No Docker Hub.
+test-compose: install
+	scripts/compose/test.sh
 
 # The embedded Kafka broker + S3 server, for trying components by hand.
 up: install
