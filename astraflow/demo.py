@@ -81,14 +81,15 @@ def warm_start_and_publish(recipe: Recipe, cfg: ClusterConfig, dataset, console,
     import torch
 
     from astraflow.delta.publisher import WeightPublisher
+    from astraflow.models import load_policy_model, load_policy_tokenizer
     from astraflow.sft import warm_start
     from astraflow.trainer.service import publishable
 
     out = {}
     for policy in recipe.policies:
         torch.manual_seed(recipe.seed)
-        model = recipe.build_policy_model(policy.name)
-        tokenizer = recipe.build_policy_tokenizer(policy.name)
+        model = load_policy_model(recipe, policy.name)
+        tokenizer = load_policy_tokenizer(recipe, policy.name)
         untrained = evaluate(recipe, policy.name, model.state_dict(), 0, heldout)
         figures = warm_start(model, tokenizer, recipe, policy.name, dataset=dataset)
         figures["untrained"] = untrained

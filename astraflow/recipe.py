@@ -211,25 +211,6 @@ class Recipe(_Section):
         """The policy's role in the workflow ("solver", "verifier", "agent", ...)."""
         return self.workflow.roles().get(policy, "solver")
 
-    def checkpoint_dir(self, name: str) -> Path:
-        """Local checkpoint directory of policy ``name`` (downloaded / converted / built once)."""
-        from astraflow.models import resolve_checkpoint
-
-        spec = self.policy(name)
-        return resolve_checkpoint(spec.model, base=self.source.parent if self.source else None)
-
-    def build_policy_model(self, name: str) -> Any:
-        """Policy ``name``'s model, loaded from its checkpoint with ``AutoModelForCausalLM``."""
-        from astraflow.models import load_model  # torch / transformers: only when a model is built
-
-        return load_model(self.checkpoint_dir(name), trust_remote_code=self.policy(name).trust_remote_code)
-
-    def build_policy_tokenizer(self, name: str) -> Any:
-        """Policy ``name``'s tokenizer, loaded from its checkpoint with ``AutoTokenizer``."""
-        from astraflow.models import load_tokenizer
-
-        return load_tokenizer(self.checkpoint_dir(name), trust_remote_code=self.policy(name).trust_remote_code)
-
     def localized(self) -> Recipe:
         """The recipe with every local path it names (checkpoints, data files) made absolute
         against its own folder and checked: a missing checkpoint directory, a tokenizer without

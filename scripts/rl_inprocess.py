@@ -45,6 +45,7 @@ def run_recipe(path: str, overrides: dict, seed: int, quiet: bool) -> dict:
     import torch
 
     from astraflow.engines import build_engine
+    from astraflow.models import load_policy_model, load_policy_tokenizer
     from astraflow.raas.setup import build_recipe_workflow, end_of_turn_ids
     from astraflow.sft import warm_start
     from astraflow.tasks.recipe_data import recipe_dataset, task_of
@@ -65,8 +66,8 @@ def run_recipe(path: str, overrides: dict, seed: int, quiet: bool) -> dict:
     result = {"recipe": recipe.run, "policies": {}}
     for pspec in recipe.policies:
         name = pspec.name
-        model = recipe.build_policy_model(name)
-        tokenizer = recipe.build_policy_tokenizer(name)
+        model = load_policy_model(recipe, name)
+        tokenizer = load_policy_tokenizer(recipe, name)
         sft_metrics = warm_start(model, tokenizer, recipe, name, dataset=dataset, progress=not quiet)
         backends[name] = TorchBackend(model, pspec.backend)
         engine = build_engine({"type": "hf", "seed": seed}, copy.deepcopy(model), version=0)

@@ -84,7 +84,7 @@ def test_trajectories_carry_per_token_versions_and_follow_a_new_version(test_clu
     pub, model = publish_v0(cfg)
     recipe = make_recipe(cfg.run)
     stop_event = threading.Event()
-    node = RaasNode(cfg, recipe, "default", "node-a", stop_event, metrics_every_s=1.0)
+    node = RaasNode.from_config(cfg, recipe, "default", "node-a", stop_event, metrics_every_s=1.0)
     thread = threading.Thread(target=node.run, daemon=True)
     thread.start()
     reader = TopicReader(cfg, Topics(cfg.run).trajectories)

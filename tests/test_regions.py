@@ -112,7 +112,7 @@ def test_node_serves_from_the_replica_and_waits_out_paused_replication(test_clus
     pub.flush()
     origin_sent, replica_sent = origin.sent_bytes(), replica.server.sent_bytes()
     stop_event = threading.Event()
-    node = RaasNode(node_cfg, recipe, "default", "node-b", stop_event, metrics_every_s=0.5)
+    node = RaasNode.from_config(node_cfg, recipe, "default", "node-b", stop_event, metrics_every_s=0.5)
     thread = threading.Thread(target=node.run, daemon=True)
     thread.start()
     trajectories = TopicReader(cfg, Topics(cfg.run).trajectories)

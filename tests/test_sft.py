@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from astraflow.models import load_policy_model, load_policy_tokenizer
 from astraflow.recipe import Recipe
 from astraflow.sft import warm_start
 
@@ -12,7 +13,7 @@ RECIPES = Path(__file__).resolve().parent.parent / "examples" / "recipes"
 
 def test_warm_start_prints_progress_lines_when_not_a_terminal(capsys) -> None:
     recipe = Recipe.load(RECIPES / "math.yaml").localized()
-    model, tokenizer = recipe.build_policy_model("policy"), recipe.build_policy_tokenizer("policy")
+    model, tokenizer = load_policy_model(recipe, "policy"), load_policy_tokenizer(recipe, "policy")
     figures = warm_start(model, tokenizer, recipe, "policy")
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("SFT math/policy: step")]
     steps = figures["sft_steps"]

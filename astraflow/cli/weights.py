@@ -195,6 +195,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from astraflow.config import ConfigError
     from astraflow.delta import VersionNotFoundError, WeightSubscriber
+    from astraflow.models import policy_checkpoint_dir
     from astraflow.models.export import export_checkpoint
     from astraflow.recipe import Recipe
 
@@ -210,7 +211,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     except VersionNotFoundError as exc:
         print(f"astraflow weights export: {exc}")
         return 1
-    out = export_checkpoint(recipe.checkpoint_dir(args.policy), state, args.out,
+    out = export_checkpoint(policy_checkpoint_dir(recipe, args.policy), state, args.out,
                             trust_remote_code=spec.trust_remote_code)
     print(f"{args.run} / {args.policy} v{version} -> {out} ({_size(nbytes)} pulled)")
     return 0

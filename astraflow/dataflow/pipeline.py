@@ -210,6 +210,23 @@ class Dataflow:
         if self.emitter.group_done(task_id, policy):
             self.processor.task_left(task_id)
 
+    def refuse_record(self) -> None:
+        """A trajectory record whose rows break the record contract: counted, never ingested."""
+        self.processor.counters["invalid_records"] += 1
+
+    def in_flight_pool(self, task_id: str) -> str | None:
+        """The pool of an in-flight task; None for a task not in flight (finished, expired, unknown)."""
+        inflight = self.emitter.task(task_id)
+        return None if inflight is None else inflight.pool
+
+    def in_flight_pools(self) -> set[str]:
+        """The pools that in-flight tasks were sent to."""
+        return {f.task.pool for f in self.emitter.in_flight.values()}
+
+    def task_placed(self, prompt_id: str, position: tuple[str, int, int]) -> None:
+        """The broker acknowledged the task's record at ``(topic, partition, offset)``."""
+        self.emitter.placed(prompt_id, position)
+
     def expire(self, now: float) -> list[Task]:
         expired = self.emitter.expire(now, self.cfg.task_timeout_s)
         for t in expired:

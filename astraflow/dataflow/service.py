@@ -197,7 +197,7 @@ class DataflowService:
 
         run_topics = self.topics.partitions({}, list(self.section.policies))
         ensure_topics(self.cfg, {t: n for t, n in run_topics.items() if t != self.topics.dead_letters})
-        for pool in {*pools, *(f.task.pool for f in self.df.emitter.in_flight.values())}:
+        for pool in {*pools, *self.df.in_flight_pools()}:
             self._open_pool_topic(pool)
 
     def run(self, stop_event: threading.Event, *, stop_when_finished: bool = False) -> dict[str, int]:
@@ -308,13 +308,13 @@ def _ingest(df: Dataflow, m: Any, window: _Window) -> None:
         trajs = trajectory.from_table(m.table)
     except RecordSchemaError as exc:
         # The codec accepted the bytes but the rows break the record contract: count, never crash.
-        df.processor.counters["invalid_records"] += 1
+        df.refuse_record()
         log.warning("trajectory record %s/%s@%s refused: %s", m.topic, m.partition, m.offset, exc)
         return
     for t in trajs:
-        inflight = df.emitter.task(t.task_id)
-        if inflight is not None and t.node_id:
-            window.nodes[inflight.pool].add(t.node_id)
+        pool = df.in_flight_pool(t.task_id)
+        if pool is not None and t.node_id:
+            window.nodes[pool].add(t.node_id)
     df.ingest(trajs)
 
 
@@ -378,7 +378,7 @@ def _record_positions(df: Dataflow, placing: list[tuple[str, Any]]) -> None:
             raise TaskNotWritten(f"task {prompt_id} was not written to the log: {fut.exception()}")
         else:
             ack = fut.result()
-            df.emitter.placed(prompt_id, (ack.topic, ack.partition, ack.offset))
+            df.task_placed(prompt_id, (ack.topic, ack.partition, ack.offset))
     placing[:] = waiting
 
 

@@ -24,13 +24,15 @@ def effective_recipe(recipe: Recipe, *, run_id: str, steps: int | None = None,
     """The recipe with the launcher's overrides applied and every policy's checkpoint resolved to
     a local directory once (a tiny-model spec materialised, a GGUF converted, an ``s3://`` prefix
     downloaded), so the components, which read a copy under ``runs/<run>/``, all load the same files."""
+    from astraflow.models import policy_checkpoint_dir
+
     nodes = nodes or {}
     unknown = set(nodes) - {p.name for p in recipe.pools}
     if unknown:
         raise ValueError(f"--nodes names unknown pools {sorted(unknown)}; the recipe's pools are "
                          f"{[p.name for p in recipe.pools]}")
     pools = [p.model_copy(update={"nodes": nodes.get(p.name, p.nodes)}) for p in recipe.pools]
-    policies = [p.model_copy(update={"model": str(recipe.checkpoint_dir(p.name))}) for p in recipe.policies]
+    policies = [p.model_copy(update={"model": str(policy_checkpoint_dir(recipe, p.name))}) for p in recipe.policies]
     update: dict = {"run": run_id, "pools": pools, "policies": policies}
     if steps is not None:
         update["trainer"] = recipe.trainer.model_copy(update={"steps": steps})

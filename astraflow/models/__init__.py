@@ -11,6 +11,8 @@ from astraflow.models.checkpoint import (
     resolve_checkpoint,
 )
 from astraflow.models.export import export_checkpoint
+from astraflow.models.policy import load_policy_model, load_policy_tokenizer, policy_checkpoint_dir
 
 __all__ = ["ModelConfig", "cache_root", "check_checkpoint_dir", "check_model_source",
-           "export_checkpoint", "load_model", "load_tokenizer", "resolve_checkpoint"]
+           "export_checkpoint", "load_model", "load_policy_model", "load_policy_tokenizer", "load_tokenizer",
+           "policy_checkpoint_dir", "resolve_checkpoint"]

@@ -35,8 +35,10 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from astraflow.log import ConsumerGroups, LogConsumer, LogProducer, Topics
 from astraflow.log.errors import ProduceRefusedError
 from astraflow.raas.inflight import InFlightTasks
 from astraflow.raas.metrics import NodeCounters
@@ -44,56 +46,87 @@ from astraflow.records.control import NodeStatus, send_control
 
 if TYPE_CHECKING:
     from astraflow.config import ClusterConfig
-    from astraflow.recipe import Recipe
+    from astraflow.raas.outbox import TrajectoryOutbox
+    from astraflow.raas.weights import WeightFollower
+    from astraflow.recipe import PoolSpec, Recipe
+    from astraflow.workflows import Workflow
+    from astraflow.workflows.policy import PolicyClient
 
 log = logging.getLogger(__name__)
 EXIT_PRODUCER_FAILED = 75
 """Exit status of a node whose producer failed (EX_TEMPFAIL): the supervisor restarts it."""
 
 
+@dataclass
+class NodeParts:
+    """What a node works with: built from the recipe by :meth:`RaasNode.from_config`."""
+
+    workflow: Workflow
+    """Runs an episode of a task."""
+    policies: dict[str, PolicyClient]
+    """Policy name -> its client (engine, tokenizer, sampling)."""
+    follower: WeightFollower
+    """Keeps each policy's engine on the newest published weights."""
+    producer: LogProducer
+    """Sends trajectories and the node's status."""
+    outbox: TrajectoryOutbox
+    """Batches the trajectories of episodes that finish together into one record."""
+
+
 class RaasNode:
-    def __init__(self, cfg: ClusterConfig, recipe: Recipe, pool: str, node_id: str,
+    def __init__(self, cfg: ClusterConfig, pool: PoolSpec, node_id: str, parts: NodeParts,
                  stop_event: threading.Event, *, metrics_every_s: float = 5.0,
                  weights_timeout_s: float = 600.0, drain_timeout_s: float = 30.0) -> None:
         self.cfg = cfg
-        self.recipe = recipe
-        self.pool = recipe.pool(pool)
+        self.pool = pool
         self.node_id = node_id
+        self.workflow, self.policies, self.follower = parts.workflow, parts.policies, parts.follower
+        self.producer, self.outbox = parts.producer, parts.outbox
+        self.engines = {name: client.engine for name, client in self.policies.items()}
         self.stop_event = stop_event
         self.metrics_every_s = metrics_every_s
         self.weights_timeout_s = weights_timeout_s
         self.drain_timeout_s = drain_timeout_s
-        self.counters = NodeCounters(node_id, pool)
+        self.topics = Topics(cfg.run)
+        self.counters = NodeCounters(node_id, pool.name)
         self.inflight: InFlightTasks[Any] = InFlightTasks()
         self._finished: list[Any] = []
         """Task records whose every task is done, committed with the next poll (one commit for all)."""
+        self._consumer: LogConsumer | None = None
+        """The task consumer, once the node has joined its pool's group."""
+
+    @classmethod
+    def from_config(cls, cfg: ClusterConfig, recipe: Recipe, pool: str, node_id: str,
+                    stop_event: threading.Event, **options: Any) -> RaasNode:
+        """A node of ``pool`` with the parts the recipe names; the run's topics exist when it returns."""
+        from astraflow.log import ensure_topics
+        from astraflow.raas.outbox import TrajectoryOutbox
+        from astraflow.raas.setup import build_policy_clients, build_recipe_workflow
+        from astraflow.raas.weights import WeightFollower
+
+        spec, topics = recipe.pool(pool), Topics(cfg.run)
+        # A node started on its own (not by `astraflow run`) may be the first: the run's topics as the
+        # launcher would create them, this pool at its configured size.
+        run_topics = topics.partitions({spec.name: spec.nodes}, [p.name for p in recipe.policies])
+        ensure_topics(cfg, {t: n for t, n in run_topics.items() if t != topics.dead_letters})
+        policies = build_policy_clients(recipe, spec, node_id)
+        producer = LogProducer(cfg, f"{cfg.run}.raas.{node_id}")
+        parts = NodeParts(workflow=build_recipe_workflow(recipe), policies=policies,
+                          follower=WeightFollower(cfg, {n: c.engine for n, c in policies.items()}, node_id),
+                          producer=producer, outbox=TrajectoryOutbox(producer, topics.trajectories))
+        return cls(cfg, spec, node_id, parts, stop_event, **options)
 
     def run(self) -> NodeCounters:
         """Serve until ``stop_event`` is set; returns the final counters."""
         return asyncio.run(self._run())
 
     async def _run(self) -> NodeCounters:
-        from astraflow.log import ConsumerGroups, LogConsumer, LogProducer, Topics, ensure_topics
-        from astraflow.raas.outbox import TrajectoryOutbox
-        from astraflow.raas.setup import build_policy_clients, build_recipe_workflow
-        from astraflow.raas.weights import WeightFollower
         from astraflow.records import task as task_rec
 
-        topics = Topics(self.cfg.run)
-        policies = [p.name for p in self.recipe.policies]
-        # A node started on its own (not by `astraflow run`) may be the first: the run's topics as the
-        # launcher would create them, this pool at its configured size.
-        run_topics = topics.partitions({self.pool.name: self.pool.nodes}, policies)
-        ensure_topics(self.cfg, {t: n for t, n in run_topics.items() if t != topics.dead_letters})
-        self.workflow = build_recipe_workflow(self.recipe)
-        self.policies = build_policy_clients(self.recipe, self.pool, self.node_id)
-        self.engines = {name: client.engine for name, client in self.policies.items()}
+        topics = self.topics
         loop = asyncio.get_running_loop()
-        self.follower = WeightFollower(self.cfg, self.engines, self.node_id)
         self._weights_served = asyncio.Event()
         self.follower.on_served(functools.partial(loop.call_soon_threadsafe, self._weights_served.set))
-        self.producer = LogProducer(self.cfg, f"{self.cfg.run}.raas.{self.node_id}")
-        self.outbox = TrajectoryOutbox(self.producer, topics.trajectories)
         self._consumer_thread = ThreadPoolExecutor(1, thread_name_prefix=f"tasks-{self.node_id}")
         consumer = None
         try:
@@ -251,23 +284,17 @@ class RaasNode:
 
     def _policy_counters(self) -> dict[str, int]:
         """The policy clients' counters as ``<policy>.<counter>`` (``<policy>.regenerated``, ...); the
-        metrics record puts them beside the workflow's."""
-        return {f"{name}.{k}": v for name, client in getattr(self, "policies", {}).items()
-                for k, v in client.counters.items()}
+        status record puts them beside the workflow's."""
+        return {f"{name}.{k}": v for name, client in self.policies.items() for k, v in client.counters.items()}
 
     def _status(self) -> NodeStatus:
-        follower = getattr(self, "follower", None)
-        workflow = getattr(self, "workflow", None)
+        follower = self.follower
+        handoff = {**(self._consumer.handoff.drain() if self._consumer is not None else {}),
+                   **follower.serving.drain()}
         return self.counters.record(
-            self.pool.concurrency,
-            follower.versions if follower else {},
-            follower.refresh_s if follower else 0.0,
-            self.inflight.tasks,
-            {**(workflow.counters if workflow else {}), **self._policy_counters()},
-            follower.counters if follower else {},
-            {**(self._consumer.handoff.drain() if getattr(self, "_consumer", None) else {}),
-             **(follower.serving.drain() if follower else {})},
-            follower.region_record() if follower else None,
+            self.pool.concurrency, follower.versions, follower.refresh_s, self.inflight.tasks,
+            {**self.workflow.counters, **self._policy_counters()}, follower.counters, handoff,
+            follower.region_record(),
         )
 
 
@@ -284,4 +311,4 @@ def _commit_then_poll(consumer: Any, finished: list[Any], **poll: Any) -> list[A
 def run_raas_node(cfg: ClusterConfig, recipe: Recipe, pool: str, node_id: str,
                   stop_event: threading.Event, **options: Any) -> NodeCounters:
     """Run one RaaS node of ``pool`` until ``stop_event`` is set (see the module docstring)."""
-    return RaasNode(cfg, recipe, pool, node_id, stop_event, **options).run()
+    return RaasNode.from_config(cfg, recipe, pool, node_id, stop_event, **options).run()

@@ -33,14 +33,15 @@ def build_policy_clients(recipe: Recipe, pool: PoolSpec, node_id: str,
     replaced later from the weight plane. Each node samples with its own seed, so a task re-run
     elsewhere draws new samples."""
     from astraflow.engines import build_engine
+    from astraflow.models import load_policy_model, load_policy_tokenizer
     from astraflow.workflows.policy import policy_client
 
     seed = pool.engine.seed + zlib.crc32(node_id.encode()) % 100_000
     engine_cfg = pool.engine.model_copy(update={"seed": seed})
     out = {}
     for name in policies or [p.name for p in recipe.policies]:
-        model = recipe.build_policy_model(name)
-        tokenizer = recipe.build_policy_tokenizer(name)
+        model = load_policy_model(recipe, name)
+        tokenizer = load_policy_tokenizer(recipe, name)
         out[name] = policy_client(name, build_engine(engine_cfg, model, version=0), tokenizer,
                                   recipe.sampling_for(name), getattr(model.config, "max_position_embeddings", None),
                                   end_of_turn_ids(model))

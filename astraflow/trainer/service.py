@@ -190,6 +190,7 @@ class TrainerService:
         Its figures on rank 0, None on the others."""
         import torch
 
+        from astraflow.models import load_policy_model, load_policy_tokenizer
         from astraflow.sft import warm_start
 
         in_place = self.spec.backend.type == "torch" and not self.group.distributed
@@ -199,8 +200,8 @@ class TrainerService:
             log.info("trainer %s: fresh model, running the recipe's SFT warm start before publishing v0",
                      self.policy)
             torch.manual_seed(self.recipe.seed)
-            tokenizer = self.recipe.build_policy_tokenizer(self.policy)
-            model = self.backend.model if in_place else self.recipe.build_policy_model(self.policy)
+            tokenizer = load_policy_tokenizer(self.recipe, self.policy)
+            model = self.backend.model if in_place else load_policy_model(self.recipe, self.policy)
             figures = warm_start(model, tokenizer, self.recipe, self.policy, progress=False)
             log.info("trainer %s: SFT warm start done: %d steps in %.1fs, final loss %.3f", self.policy,
                      figures["sft_steps"], figures["sft_seconds"], figures["sft_final_loss"])
@@ -268,6 +269,7 @@ class TrainerService:
         from astraflow.delta import WeightPublisher, WeightSubscriber
         from astraflow.log import ConsumerGroups, LogConsumer, LogProducer, Topics, ensure_topics
         from astraflow.log.identity import topic_ids
+        from astraflow.models import load_policy_model
         from astraflow.objstore import ObjectStore
         from astraflow.records import batch as batch_rec
         from astraflow.trainer.backend import build_backend
@@ -284,7 +286,7 @@ class TrainerService:
                                            keep_checkpoints=self.tspec.keep_checkpoints)
         self.checkpoint_writer: CheckpointWriter[list[Any]] = CheckpointWriter(
             self._save_checkpoint, f"checkpoint-{self.policy}")
-        self.backend = build_backend(self.recipe.build_policy_model(self.policy), self.spec.backend)
+        self.backend = build_backend(load_policy_model(self.recipe, self.policy), self.spec.backend)
         if self.group.distributed and not self.backend.runs_as_rank_group:
             raise RuntimeError(f"trainer {self.policy}: backend {self.spec.backend.type!r} does not run as a group of "
                                f"ranks (trainer.ranks = {self.group.world_size}); run it with trainer.ranks: 1")
