@@ -252,3 +252,55 @@ def test_trainer_bootstrapped_from_the_store_publishes_v1_as_a_delta(test_cluste
     node.close(unregister=False)
     assert version == 1 and all(t.dtype == torch.bfloat16 for t in state.values())
     assert m1.bytes < store.manifest(0).bytes
+
+
+def _trainer_rank(cfg, recipe) -> dict:
+    """One rank of a trainer group (started by torch's elastic agent): the component itself."""
+    import threading
+
+    from astraflow.trainer.service import run_trainer
+
+    return run_trainer(cfg, recipe, "policy", threading.Event(), poll_timeout_s=0.2)
+
+
+@pytest.mark.slow
+def test_a_two_rank_trainer_reads_each_batch_once_and_resumes_on_one_rank(test_cluster):
+    """Rank 0 alone is the batch topic's consumer: each batch (a re-sent copy skipped) is trained once
+    by the group, the group's offsets are committed through its last record, one record stream comes
+    out, and its sharded checkpoint resumes on a single-rank trainer, which trains only what follows."""
+    from test_raas_support import make_recipe
+    from test_trainer_ranks import _launch
+
+    from astraflow.log import ConsumerGroups, Topics
+    from astraflow.log.lag import committed_offsets
+    from astraflow.objstore import ObjectStore
+    from astraflow.trainer.checkpoint import CheckpointStore
+
+    cfg = test_cluster
+    topic = Topics(cfg.run).batches("policy")
+    _send_batches(cfg, ["b0", "b1", "b1", "b2", "b3"])  # b1 twice: a restarted dataflow re-sent it
+    metrics = TopicReader(cfg, Topics(cfg.run).metrics)
+    try:
+        group = _launch(_trainer_rank, 2, cfg, make_recipe(cfg.run, trainer={"steps": 4, "checkpoint_every": 2}))
+        assert [(r["rank"], r["ranks"], r["step"], r["finished"]) for _, r in sorted(group.items())] == [
+            (0, 2, 4, True), (1, 2, 4, True)]
+        assert group[0]["life"] == group[1]["life"] and group[0]["skipped"]["duplicate"] == 1
+        assert committed_offsets(cfg, ConsumerGroups(cfg.run).trainer("policy")) == {(topic, 0): 5}
+        checkpoints = CheckpointStore(ObjectStore.from_config(cfg), cfg.run, "policy")
+        pointer = checkpoints.store.get_json(checkpoints._key("latest.json"))
+        assert (pointer["format"], pointer["world_size"], pointer["step"]) == (3, 2, 4)
+        _send_batches(cfg, ["b4", "b5"])
+        one = _run_trainer_in_process(cfg, make_recipe(cfg.run, trainer={"steps": 6, "checkpoint_every": 2}),
+                                      stop_first=False)
+        assert (one["step"], one["ranks"]) == (6, 1)
+        metrics.until(lambda items: sum(r.get("event") == "done" for r in _trainer_records(metrics)) == 2, 60,
+                      "both lives done")
+    finally:
+        metrics.close()
+    records = _trainer_records(metrics)
+    starts = [r for r in records if r.get("event") == "start"]
+    assert [s["life"] for s in starts] == [group[0]["life"], one["life"]]  # one start record per life
+    assert starts[1]["origin"] == "checkpoint step 4 (version 4)"
+    steps = [(r["life"], r["step"], r["batch_id"]) for r in records if "batch_id" in r and not r.get("event")]
+    assert steps == [(group[0]["life"], i + 1, f"b{i}") for i in range(4)] + [(one["life"], 5, "b4"), (one["life"], 6, "b5")]
+    assert [r["batch_id"] for r in records if r.get("event") == "skipped"] == ["b1"]
