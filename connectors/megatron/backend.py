@@ -22,12 +22,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.distributed as dist
 
-from astraflow.trainer.base import TrainerBackend
+from astraflow.trainer.base import ShardedState, TrainerBackend
 from astraflow.trainer.distributed import current_group
 from astraflow.trainer.loss import group_advantages, policy_loss
 from connectors.megatron.batch import MicroBatch, micro_batch, replica_rows
@@ -55,6 +55,8 @@ class MegatronBackend(TrainerBackend):
     """GRPO/PPO with AdamW on a Megatron-core ``GPTModel`` (fp32 master weights), on one rank or split
     ``tensor_parallel`` x ``pipeline_parallel`` x data parallel over a rank group."""
 
+    runs_as_rank_group: ClassVar[bool] = True
+
     def __init__(self, model: PreTrainedModel, config: MegatronBackendConfig | dict[str, Any] | None = None) -> None:
         if not isinstance(config, MegatronBackendConfig):
             config = MegatronBackendConfig.model_validate(config or {})
@@ -66,8 +68,6 @@ class MegatronBackend(TrainerBackend):
         group = current_group()
         self.device = torch.device(group.device(config.device))
         use_megatron = config.distributed_optimizer
-        if use_megatron is None:
-            use_megatron = self.device.type == "cuda" and group.world_size > 1
         if self.shape.tied and self.layout.pp > 1 and not use_megatron:
             # The first and last stages each hold the embedding; Megatron's DDP sums their gradients over
             # its embedding group (and its model build copies one to the other on the GPU).
@@ -95,6 +95,9 @@ class MegatronBackend(TrainerBackend):
 
             self.training = TorchTraining(self.model, config, forward)
         self.steps = 0
+        self._entries: Any = None
+        """The DCP view of this stage (:class:`~connectors.megatron.dcp_state.ShardedEntries`), made at the
+        first checkpoint: its device mesh is created once, collectively."""
         log.info("megatron backend: Megatron-core GPTModel (%s, %d layers, %d/%d heads, %.1f M parameters on this "
                  "rank) on %s, tp=%d pp=%d dp=%d, %s", self.shape.arch, self.shape.layers, self.shape.heads,
                  self.shape.groups, sum(p.numel() for p in self.model.parameters()) / 1e6, self.device,
@@ -237,3 +240,28 @@ class MegatronBackend(TrainerBackend):
         self.training.reload_params()
         if optimizer_state is not None:
             self.training.load_optimizer_state_dict(optimizer_state)
+
+    def sharded_state(self) -> ShardedState:
+        """Weights and AdamW moments as DTensor shards of the whole Megatron tensors (views of the live
+        ones), for DCP (:mod:`~connectors.megatron.dcp_state`). Collective the first time."""
+        from connectors.megatron.dcp_state import ShardedEntries, adam_entries
+        from connectors.megatron.torch_training import TorchTraining
+
+        if not isinstance(self.training, TorchTraining):
+            raise NotImplementedError("megatron connector: checkpointing megatron-core's distributed optimizer "
+                                      "state is not implemented; train with distributed_optimizer: false")
+        if self._entries is None:
+            self._entries = ShardedEntries(self.model, self.ranks, self.shape, self.vocab, self.device)
+        model = self._entries.entries({name: p.detach() for name, p in self.model.named_parameters()})
+        optimizer, adam_step = adam_entries(self.training.optimizer, self._entries)
+        return ShardedState(tensors={"model": model, "optimizer": optimizer},
+                            extras={"adam_step": adam_step, "names": "megatron-whole-model"})
+
+    def load_sharded_state(self, state: ShardedState) -> None:
+        """DCP has written into the live weights and moments; the step count comes from the extras."""
+        from connectors.megatron.dcp_state import set_adam_step
+
+        if state.extras.get("names") != "megatron-whole-model":
+            raise ValueError("megatron connector: this checkpoint was not written by the Megatron backend")
+        set_adam_step(self.training.optimizer, int(state.extras["adam_step"]))
+        self.training.reload_params()

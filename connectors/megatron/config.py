@@ -42,11 +42,13 @@ class MegatronBackendConfig(TorchBackendConfig):
     pipeline_parallel: int = Field(default=1, ge=1)
     """Pipeline stages the layers are split into (Megatron's pipeline model parallel size); it must
     divide the layers."""
-    distributed_optimizer: bool | None = None
-    """Megatron-core's own training machinery: its DistributedDataParallel, its distributed optimizer
-    (AdamW state sharded over the data-parallel ranks) and its pipeline schedules. They need CUDA.
-    None: on CUDA with more than one rank. False: torch AdamW on each rank's shard, replicated over
-    data-parallel ranks (the CPU path). True on a CPU device is refused."""
+    distributed_optimizer: bool = False
+    """Train with megatron-core's own machinery: its DistributedDataParallel, its distributed optimizer
+    (AdamW state sharded over the data-parallel ranks) and its pipeline schedules. They need CUDA, and
+    this connector cannot checkpoint the distributed optimizer's state yet (a run with it fails at its
+    first checkpoint). False: torch collectives and torch AdamW on each rank's shard, replicated over
+    the data-parallel ranks, checkpointed through DCP (the path CPU runs take). Needed for a model with
+    tied embeddings split into pipeline stages."""
 
     @model_validator(mode="after")
     def _megatron_installed(self) -> MegatronBackendConfig:

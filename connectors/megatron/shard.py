@@ -91,6 +91,17 @@ def placement(key: str, shape: DecoderShape, layout: Layout) -> list[tuple[int, 
     raise KeyError(f"megatron connector: no pipeline placement for {key!r}")
 
 
+def whole_name(local: str, stage: int, shape: DecoderShape, layout: Layout) -> str | None:
+    """The whole-model name of stage ``stage``'s tensor ``local`` (None: the last stage's copy of a
+    tied embedding, which is the first stage's tensor)."""
+    if local.startswith(_LAYER):
+        layer, rest = local[len(_LAYER):].split(".", 1)
+        return f"{_LAYER}{stage * (shape.layers // layout.pp) + int(layer)}.{rest}"
+    if local == "output_layer.weight" and shape.tied:
+        return None
+    return local
+
+
 def _pad_vocab(t: torch.Tensor, rows: int) -> torch.Tensor:
     if t.shape[0] == rows:
         return t
@@ -141,17 +152,11 @@ def unshard(stages: list[list[Mapping[str, torch.Tensor]]], shape: DecoderShape,
     """The whole-model state dict from ``stages[s][r]``, the state of tensor-parallel rank ``r`` on
     stage ``s`` (the inverse of :func:`shard`; the last stage's tied copy is left out)."""
     out: dict[str, torch.Tensor] = {}
-    per_stage = shape.layers // layout.pp
     for s, ranks in enumerate(stages):
         for local in ranks[0]:
-            if local.endswith("_extra_state"):
+            key = whole_name(local, s, shape, layout)
+            if key is None or local.endswith("_extra_state"):
                 continue
-            key = local
-            if local.startswith(_LAYER):
-                layer, rest = local[len(_LAYER):].split(".", 1)
-                key = f"{_LAYER}{s * per_stage + int(layer)}.{rest}"
-            elif local == "output_layer.weight" and shape.tied:
-                continue  # the last stage's copy of the embedding
             whole = tp_join([r[local] for r in ranks], tp_split(local))
             out[key] = whole[:vocab] if key in VOCAB_KEYS else whole
     return out
