@@ -201,8 +201,6 @@ class ClusterConfig(_Section):
                 f"no {' and no '.join(missing)} is configured, and no embedded stack runs under "
                 f"{self.state_dir} (no {STACK_FILE}): run `astraflow up`, or configure the endpoint"
             )
-        from astraflow.embedded.ports import LOOPBACK
-
         stack = json.loads(stack_file.read_text())
         kafka_update: dict[str, Any] = {"bootstrap": self.kafka.bootstrap or stack["kafka_bootstrap"]}
         if self.kafka.bootstrap is None:
@@ -218,7 +216,7 @@ class ClusterConfig(_Section):
                 "access_key": stack["s3_access_key"],
                 "secret_key": stack["s3_secret_key"],
                 "bucket": stack.get("s3_bucket", self.s3.bucket),
-                "embedded_master": f"http://{LOOPBACK}:{stack['ports']['master']}" if "ports" in stack else None,
+                "embedded_master": stack.get("s3_master"),
             }
         return self.model_copy(update={"kafka": kafka, "s3": self.s3.model_copy(update=s3_update)})
 

@@ -106,7 +106,7 @@ def warm_start_and_publish(recipe: Recipe, cfg: ClusterConfig, dataset, console,
 def run_one(path: Path, cfg: ClusterConfig, opts: DemoOptions, console) -> dict[str, Any]:
     from astraflow.launcher import RunOptions, launch
     from astraflow.launcher.runner import default_run_id
-    from astraflow.tasks.recipe_data import recipe_dataset, task_of
+    from astraflow.recipe.data import recipe_dataset, task_of
 
     t0 = time.monotonic()
     recipe = Recipe.load(path)
@@ -115,7 +115,7 @@ def run_one(path: Path, cfg: ClusterConfig, opts: DemoOptions, console) -> dict[
     run_id = default_run_id(recipe)
     run_cfg = cfg.model_copy(update={"run": run_id})
     console.rule(f"[bold]{recipe.run}[/bold]: {', '.join(p.name for p in recipe.policies)} — run {run_id}")
-    # The same seeded dataset the dataflow emits its tasks from (astraflow.tasks.recipe_data).
+    # The same seeded dataset the dataflow emits its tasks from (astraflow.recipe.data).
     dataset = recipe_dataset(recipe)
     heldout = [task_of(p, recipe) for p in dataset.problems("heldout", n_eval)]
 

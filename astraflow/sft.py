@@ -111,17 +111,13 @@ def _terminal() -> bool:
 
 
 def warm_start(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, recipe: Recipe, policy: str, *,
-               dataset: Dataset | None = None, progress: bool = True) -> dict[str, Any]:
+               dataset: Dataset, progress: bool = True) -> dict[str, Any]:
     """The recipe's warm start of ``policy``, on ``model`` in place: its ``sft`` config (defaults
-    when it has none) on the workflow's examples for that policy, from the recipe's dataset (train
-    split, seeded). Used by ``astraflow demo`` and by a trainer that bootstraps a fresh model, so
-    both start RL from the same kind of weights."""
+    when it has none) on the workflow's examples for that policy, from ``dataset`` (the recipe's:
+    :func:`astraflow.recipe.data.recipe_dataset`; train split, seeded). Used by ``astraflow demo`` and
+    by a trainer that bootstraps a fresh model, so both start RL from the same kind of weights."""
     from astraflow.workflows import build_workflow
 
-    if dataset is None:
-        from astraflow.tasks.recipe_data import recipe_dataset
-
-        dataset = recipe_dataset(recipe)
     cfg = recipe.policy(policy).sft or SFTConfig()
     problems = dataset.problems("train", cfg.examples, seed=cfg.seed)
     examples = build_workflow(recipe.workflow).warm_start_examples(policy, problems, tokenizer, seed=cfg.seed)

@@ -17,7 +17,7 @@ def test_dataflow_node_and_trainer_close_the_loop(test_cluster):
     from astraflow.dataflow.service import run_dataflow
     from astraflow.log import Topics
     from astraflow.raas import run_raas_node
-    from astraflow.tasks.recipe_data import recipe_tasks
+    from astraflow.recipe.data import recipe_tasks
     from astraflow.trainer.service import run_trainer
 
     torch.set_num_threads(1)

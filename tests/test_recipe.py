@@ -210,7 +210,7 @@ def test_recipe_tasks_name_the_problem_they_were_drawn_from() -> None:
     from itertools import islice
 
     from astraflow.dataflow.plugins.selectors import source_id
-    from astraflow.tasks.recipe_data import recipe_tasks
+    from astraflow.recipe.data import recipe_tasks
 
     recipe = Recipe.load(Path(__file__).parent.parent / "examples" / "recipes" / "math.yaml")
     tasks = list(islice(recipe_tasks(recipe), 300))

@@ -119,7 +119,7 @@ def cmd_trainer(args: argparse.Namespace) -> int:
 
 def cmd_dataflow(args: argparse.Namespace) -> int:
     from astraflow.dataflow.service import run_dataflow
-    from astraflow.tasks.recipe_data import recipe_tasks
+    from astraflow.recipe.data import recipe_tasks
 
     cfg, recipe, stop = _setup(args)
     counters = run_dataflow(cfg, recipe.dataflow, stop, dataset=recipe_tasks(recipe),

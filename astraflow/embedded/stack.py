@@ -163,6 +163,7 @@ class EmbeddedStack:
         endpoints = {
             "kafka_bootstrap": bootstrap,
             "s3_endpoint": s3_endpoint,
+            "s3_master": f"http://{LOOPBACK}:{self.ports.master}",
             "s3_access_key": access,
             "s3_secret_key": secret,
             "s3_bucket": DATA_BUCKET,
