@@ -21,6 +21,7 @@ from kubernetes_validate.utils import all_versions, latest_version
 from astraflow.cli.main import build_parser, main
 from astraflow.config import ClusterConfig, ConfigError
 from astraflow.deploy.k8s import HEADER, K8sOptions, kafka_trigger, render
+from astraflow.deploy.trainer_group import RENDEZVOUS_PORT, TORCHRUN
 from astraflow.launcher.plan import component_specs, run_topics
 from astraflow.log import ConsumerGroups, LogConsumer, Topics
 from astraflow.recipe import PoolAutoscale, Recipe
@@ -45,6 +46,14 @@ def _autoscaled(recipe: Recipe) -> Recipe:
     return recipe.model_copy(update={"pools": pools})
 
 
+def _ranked(recipe: Recipe, ranks: int, device: str) -> Recipe:
+    """``recipe`` with a ``ranks``-rank trainer whose backend trains on ``device``."""
+    policies = [p.model_copy(update={"backend": p.backend.model_copy(update={"device": device})})
+                for p in recipe.policies]
+    return recipe.model_copy(update={"trainer": recipe.trainer.model_copy(update={"ranks": ranks}),
+                                     "policies": policies})
+
+
 def _variants() -> dict[str, tuple[Recipe, ClusterConfig]]:
     math = Recipe.load(ROOT / "examples" / "recipes" / "math.yaml")
     hetero = Recipe.load(ROOT / "examples" / "recipes" / "sim_hetero.yaml")
@@ -53,16 +62,19 @@ def _variants() -> dict[str, tuple[Recipe, ClusterConfig]]:
     return {
         "math": (math, _cluster().model_copy(update={"run": "math"})),
         "hetero-autoscaled-sasl": (_autoscaled(hetero), sasl.model_copy(update={"run": "Sim_Hetero.2"})),
+        "math-4-ranks-cuda": (_ranked(math, 4, "cuda"), _cluster().model_copy(update={"run": "math-4"})),
     }
 
 
 VARIANTS = _variants()
+OPTIONS = {"math-4-ranks-cuda": {"trainer_ranks_per_pod": 2}}
+"""K8sOptions of a variant beyond the recipe path and namespace."""
 
 
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
 def rendered(request) -> tuple[Recipe, ClusterConfig, dict[str, list[dict]]]:
     recipe, cfg = VARIANTS[request.param]
-    opts = K8sOptions(recipe_path="examples/recipes/x.yaml", namespace="rl")
+    opts = K8sOptions(recipe_path="examples/recipes/x.yaml", namespace="rl", **OPTIONS.get(request.param, {}))
     return recipe.model_copy(update={"run": cfg.run}), cfg, render(recipe, cfg, opts)
 
 
@@ -104,9 +116,10 @@ def _validate_builtin(doc: dict) -> None:
 # -- validity --------------------------------------------------------------------------------------
 
 def test_builtin_objects_validate_against_the_kubernetes_api(rendered):
-    _recipe, _cfg, files = rendered
+    recipe, _cfg, files = rendered
     builtin = [d for d in _docs(files) if not d["apiVersion"].startswith("keda.sh/")]
-    assert {d["kind"] for d in builtin} == {"ConfigMap", "Secret", "Deployment", "Job"}
+    group = {"Service"} if recipe.trainer.ranks > 1 else set()  # the trainer ranks' headless Service
+    assert {d["kind"] for d in builtin} == {"ConfigMap", "Secret", "Deployment", "Job"} | group
     for doc in builtin:
         _validate_builtin(doc)
         assert doc["metadata"]["namespace"] == "rl"
@@ -211,7 +224,10 @@ def test_sasl_kafka_authenticates_the_trigger_from_the_secret():
 # -- the pods run the launcher's components with the same cluster config ----------------------------
 
 def _component(argv: list[str]) -> tuple[str, str | None]:
-    """(command, pool or policy) of an ``astraflow`` command line."""
+    """(command, pool or policy) of an ``astraflow`` command line, or of the workers of a
+    torch.distributed.run command line (``... --module astraflow.cli.main ARGS``)."""
+    if "--module" in argv:
+        argv = argv[argv.index("--module") + 2:]
     args = build_parser().parse_args(argv)
     return args.command, getattr(args, "pool", None) or getattr(args, "policy", None)
 
@@ -226,10 +242,12 @@ def test_pods_run_the_components_the_launcher_starts(rendered, tmp_path):
         (init,), (main_container,) = pod["initContainers"], pod["containers"]
         assert init["args"][:2] == ["deploy", "topics"] and _component(init["args"])[0] == "deploy"
         for c in (init, main_container):
-            assert c["command"] == ["astraflow"]
+            assert c["command"] == (TORCHRUN if c is main_container and recipe.trainer.ranks > 1
+                                    and doc["kind"] == "Job" else ["astraflow"])
             assert {"name": "ASTRAFLOW_CONFIG", "value": "/etc/astraflow/cluster.yaml"} in c["env"]
         deployed.add(_component(main_container["args"]))
-        expect_restart = "OnFailure" if doc["kind"] == "Job" else "Always"
+        # A rank group's pod is never restarted in place: its group restarts together (below).
+        expect_restart = ("Never" if recipe.trainer.ranks > 1 else "OnFailure") if doc["kind"] == "Job" else "Always"
         assert pod["restartPolicy"] == expect_restart
     assert deployed == launched
     # Labelled with the launcher's names (its nodes raas-<pool>-<i> are one Deployment per pool).
@@ -302,3 +320,67 @@ def test_deploy_topics_creates_the_topics_with_the_launchers_partitions(test_clu
     finally:
         admin.close()
     assert described == expected
+
+
+# -- a multi-rank trainer: an Indexed Job of torch.distributed.run agents and its headless Service -----
+
+def _trainer_group(ranks: int = 4, per_pod: int = 2, device: str = "cpu") -> tuple[dict, dict, Recipe, ClusterConfig]:
+    recipe, cfg = VARIANTS["math"]
+    recipe = _ranked(recipe, ranks, device)
+    files = render(recipe, cfg, K8sOptions(recipe_path="examples/recipes/math.yaml", trainer_ranks_per_pod=per_pod))
+    (service, job) = files["trainer-policy.yaml"]
+    assert (service["kind"], job["kind"]) == ("Service", "Job")
+    return service, job, recipe, cfg
+
+
+def test_a_multi_rank_trainer_is_an_indexed_job_whose_agents_meet_at_pod_0():
+    from astraflow.launcher.restarts import RestartPolicy
+    from astraflow.trainer.launch import rank_group_argv
+
+    service, job, recipe, cfg = _trainer_group(ranks=4, per_pod=2)
+    for doc in (service, job):
+        _validate_builtin(doc)
+    spec, pod = job["spec"], job["spec"]["template"]["spec"]
+    assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == ("Indexed", 2, 2)
+    # Every failed pod counts: a group restart fails both pods.
+    assert spec["backoffLimit"] == RestartPolicy().max_restarts * 2 and pod["restartPolicy"] == "Never"
+    # Pod i of an Indexed Job is <job>-<i>; as the Service's subdomain it is <job>-<i>.<service>.
+    assert service["spec"]["clusterIP"] == "None" and pod["subdomain"] == service["metadata"]["name"]
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["selector"] == job["spec"]["template"]["metadata"]["labels"]
+    (container,) = pod["containers"]
+    argv = container["command"] + container["args"]
+    endpoint = f"{job['metadata']['name']}-0.{service['metadata']['name']}:{RENDEZVOUS_PORT}"
+    assert [p["port"] for p in service["spec"]["ports"]] == [RENDEZVOUS_PORT]
+    # The launcher's own torch.distributed.run command, with the rendezvous of 2 agents of 2 workers.
+    worker = ["trainer", "--recipe", "examples/recipes/math.yaml", "--policy", "policy"]
+    assert argv == rank_group_argv(worker, 2, nnodes=2, rdzv_endpoint=endpoint, rdzv_id=f"{cfg.run}-policy",
+                                   python="python")
+    assert argv[argv.index("--max-restarts") + 1] == "0" and argv[argv.index("--rdzv-backend") + 1] == "c10d"
+    assert _component(container["args"]) == ("trainer", "policy")
+    assert "resources" not in container  # a CPU backend asks for no GPU
+    assert {"name": "shm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+
+
+def test_a_cuda_trainer_asks_for_its_ranks_gpus_and_one_pod_per_machine():
+    _service, job, _recipe, _cfg = _trainer_group(ranks=8, per_pod=4, device="cuda")
+    _validate_builtin(job)
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["resources"] == {"limits": {"nvidia.com/gpu": 4}}
+    assert job["spec"]["completions"] == 2
+    argv = container["args"]
+    assert argv[argv.index("--nproc-per-node") + 1] == "4" and argv[argv.index("--nnodes") + 1] == "2"
+
+
+def test_the_trainer_group_refuses_a_misspelt_field_and_an_uneven_split():
+    service, job, _recipe, _cfg = _trainer_group()
+    with pytest.raises(kubernetes_validate.ValidationError, match="completionMod"):
+        _validate_builtin({**job, "spec": {**job["spec"], "completionMod": "Indexed"}})
+    with pytest.raises(kubernetes_validate.ValidationError, match="clusterIp"):
+        _validate_builtin({**service, "spec": {**service["spec"], "clusterIp": "None"}})
+    template = job["spec"]["template"]
+    bad_pod = {**template, "spec": {**template["spec"], "subDomain": "x"}}
+    with pytest.raises(kubernetes_validate.ValidationError, match="subDomain"):
+        _validate_builtin({**job, "spec": {**job["spec"], "template": bad_pod}})
+    with pytest.raises(ConfigError, match="not a multiple of 3 ranks per pod"):
+        _trainer_group(ranks=4, per_pod=3)

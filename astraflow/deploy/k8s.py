@@ -6,7 +6,9 @@ its credentials, which a Secret passes as the ``ASTRAFLOW_*`` variables the conf
 
 * dataflow, archiver: a Deployment of one replica each (``Recreate``: never two at once);
 * one trainer per policy: a Job (it exits 0 once its steps are done, which a Deployment would
-  restart for ever; a Job restarts it only when it fails, and it resumes from its checkpoint);
+  restart for ever; a Job restarts it only when it fails, and it resumes from its checkpoint); with
+  ``trainer.ranks`` > 1 an Indexed Job of torch.distributed.run agents and a headless Service for
+  their rendezvous (:mod:`astraflow.deploy.trainer_group`);
 * one Deployment per RaaS pool, scaled by a KEDA ``ScaledObject`` on the consumer-group lag of the
   pool's task topic; topic and group names come from :class:`Topics` / :class:`ConsumerGroups`,
   the code the nodes join with. On SIGTERM a node drains (``drain_timeout_s``), so its pod's grace
@@ -29,6 +31,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from astraflow.config import ClusterConfig, ConfigError
+from astraflow.deploy.trainer_group import trainer_group
 from astraflow.launcher.plan import run_topics
 from astraflow.launcher.restarts import RestartPolicy
 from astraflow.launcher.runner import RunOptions
@@ -61,6 +64,9 @@ class K8sOptions(BaseModel):
     """Deploy the archiver (Parquet of the run's log under ``<run>/archive/``), as ``astraflow run`` does."""
     stop_grace_s: float = Field(default=RunOptions.grace_s, ge=0)
     """Seconds between SIGTERM and SIGKILL beyond a node's drain time (the launcher's ``--grace``)."""
+    trainer_ranks_per_pod: int = Field(default=1, ge=1)
+    """Ranks of a multi-rank trainer (``trainer.ranks`` > 1) per pod: one torch.distributed.run agent
+    per pod starts this many workers (a machine's GPUs); ``trainer.ranks`` must be a multiple."""
 
 
 def k8s_name(*parts: str) -> str:
@@ -88,7 +94,8 @@ def render(recipe: Recipe, cfg: ClusterConfig, opts: K8sOptions) -> dict[str, li
         "dataflow.yaml": [k.singleton("dataflow", ["dataflow", "--recipe", opts.recipe_path])],
     }
     for p in recipe.policies:
-        files[f"trainer-{p.name}.yaml"] = [k.trainer(p.name)]
+        files[f"trainer-{p.name}.yaml"] = (trainer_group(k, recipe, p, opts.trainer_ranks_per_pod)
+                                           if recipe.trainer.ranks > 1 else [k.trainer(p.name)])
     partitions = run_topics(recipe, run)
     for pool in recipe.pools:
         task_partitions = partitions[Topics(run).tasks(pool.name)]
@@ -208,10 +215,14 @@ class _Kit:
                         {"secretTargetRef": refs})
 
     def pod(self, component: str, args: list[str], *, restart: str = "Always", grace_s: float | None = None,
-            env: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        def container(name: str, argv: list[str], extra: list[dict[str, Any]]) -> dict[str, Any]:
+            env: list[dict[str, Any]] | None = None, command: list[str] | None = None,
+            resources: dict[str, Any] | None = None, shm: bool = False) -> dict[str, Any]:
+        """``command`` (default ``astraflow``) and ``resources`` are the main container's; ``shm``: a
+        memory-backed ``/dev/shm`` for it (the container runtime's default is 64 MiB)."""
+        def container(name: str, argv: list[str], extra: list[dict[str, Any]],
+                      cmd: list[str] | None = None) -> dict[str, Any]:
             return {"name": name, "image": self.opts.image, "imagePullPolicy": "IfNotPresent",
-                    "command": ["astraflow"], "args": argv,
+                    "command": cmd or ["astraflow"], "args": argv,
                     "env": [{"name": "ASTRAFLOW_CONFIG", "value": f"{CONFIG_DIR}/cluster.yaml"},
                             {"name": "ASTRAFLOW_MODEL_CACHE", "value": MODEL_CACHE}, *extra],
                     "envFrom": [{"secretRef": {"name": self.name("credentials")}}],
@@ -220,13 +231,20 @@ class _Kit:
                     "securityContext": {"allowPrivilegeEscalation": False}}
 
         topics = ["deploy", "topics", "--recipe", self.opts.recipe_path]
+        main = container(component.split("-")[0], args, env or [], command)
+        volumes = [{"name": "cluster-config", "configMap": {"name": self.name("cluster")}},
+                   {"name": "model-cache", "emptyDir": {}}]
+        if resources:
+            main["resources"] = resources
+        if shm:
+            main["volumeMounts"].append({"name": "shm", "mountPath": "/dev/shm"})
+            volumes.append({"name": "shm", "emptyDir": {"medium": "Memory"}})
         spec: dict[str, Any] = {
             "restartPolicy": restart,
             "securityContext": {"runAsNonRoot": True, "runAsUser": 10001},  # infra/Dockerfile's user
             "initContainers": [container("topics", topics, [])],
-            "containers": [container(component.split("-")[0], args, env or [])],
-            "volumes": [{"name": "cluster-config", "configMap": {"name": self.name("cluster")}},
-                        {"name": "model-cache", "emptyDir": {}}],
+            "containers": [main],
+            "volumes": volumes,
             "terminationGracePeriodSeconds": math.ceil(self.opts.stop_grace_s if grace_s is None
                                                        else grace_s),
         }
