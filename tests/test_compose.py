@@ -254,7 +254,8 @@ FIRST_STEPS = 30
 """Trainer steps of the first `up` (a checkpoint every 10); the resumed `up` asks for 10 more."""
 RESUMED_STEPS = FIRST_STEPS + 10
 RUN_TIMEOUT_S = 420
-"""Ample for a phase on 2 shared cores (measured: about 90 s to the trainer's exit)."""
+"""Ample for a phase on 2 shared cores (measured: 61-101 s from `up` to the first checkpoint, 26-53 s
+from there, or from the second `up`, to the trainer's exit)."""
 
 live = pytest.mark.skipif(not LIVE, reason="the live compose run needs a Docker engine: `make test-compose` "
                           "(ASTRAFLOW_COMPOSE_LIVE=1) starts one")
@@ -347,9 +348,11 @@ class Stack:
 
     def stop_components(self) -> dict[str, int]:
         """SIGTERM to the components (broker and bucket stay up): exit status per container."""
+        t0 = time.monotonic()
         self("stop", *sorted(COMPONENT_SERVICES), timeout=180)
-        return {c["Name"].lstrip("/"): c["State"]["ExitCode"] for s in sorted(COMPONENT_SERVICES)
-                for c in self.containers(s)}
+        _say(f"components stopped in {time.monotonic() - t0:.0f} s")
+        return {c["Name"].lstrip("/").removeprefix(f"{self.project}-"): c["State"]["ExitCode"]
+                for s in sorted(COMPONENT_SERVICES) for c in self.containers(s)}
 
 
 def _docker(*args: str) -> subprocess.CompletedProcess:
