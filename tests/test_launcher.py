@@ -27,6 +27,7 @@ from control_records_factory import (
     trainer_step,
 )
 from process_helpers import pid_alive
+from waiting import wait_until
 
 from astraflow.launcher.restarts import NO_RESTART, RestartBook, RestartPolicy
 from astraflow.launcher.supervisor import ChildExited, ChildSpec, ProcessGroup
@@ -48,13 +49,20 @@ def _spec(tmp_path: Path, name: str, code: str, *args: str, may_exit: bool = Fal
 
 
 def _pids_from_log(path: Path, timeout_s: float = 20.0) -> list[int]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def pids() -> list[int] | None:
         for line in path.read_text().splitlines() if path.exists() else []:
             if line.startswith("pids "):
                 return [int(x) for x in line.split()[1:]]
-        time.sleep(0.05)
-    raise AssertionError(f"child never wrote its pids to {path}")
+        return None
+
+    return wait_until(pids, timeout_s, f"the child to write its pids to {path}")
+
+
+def _until_child_exited(group: ProcessGroup, timeout_s: float) -> ChildExited:
+    """``group.check()`` each turn (restarts included) until it raises ChildExited."""
+    with pytest.raises(ChildExited) as exc:
+        wait_until(lambda: group.check() and False, timeout_s, "group.check() to raise ChildExited")
+    return exc.value
 
 
 def test_stop_terminates_children_and_their_helpers(tmp_path: Path) -> None:
@@ -86,12 +94,7 @@ def test_dead_child_is_named_with_its_log(tmp_path: Path) -> None:
     group = ProcessGroup(grace_s=2)
     group.start(_spec(tmp_path, "dataflow", SLEEPER))
     group.start(_spec(tmp_path, "raas-default-0", "import sys; print('cannot reach the broker'); sys.exit(3)"))
-    deadline = time.monotonic() + 20
-    with pytest.raises(ChildExited) as exc:
-        while time.monotonic() < deadline:
-            group.check()
-            time.sleep(0.05)
-    err = exc.value
+    err = _until_child_exited(group, 20)
     assert err.name == "raas-default-0" and err.returncode == 3
     assert err.log_path == tmp_path / "logs" / "raas-default-0.log"
     msg = str(err)
@@ -105,11 +108,14 @@ def test_finished_trainer_is_not_a_failure(tmp_path: Path) -> None:
     """Status 0 of a component that may finish (a trainer after "done") is not restarted."""
     group = ProcessGroup(grace_s=2, restart=RestartPolicy(backoff_initial_s=0.0))
     group.start(_spec(tmp_path, "trainer-policy", "print('done')", may_exit=True))
-    deadline = time.monotonic() + 20
-    while group.finished() != ["trainer-policy"]:
+
+    def finished() -> bool:
+        if group.finished() == ["trainer-policy"]:
+            return True
         assert group.check() == [], "a finished trainer was restarted"
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+        return False
+
+    wait_until(finished, 20, "the trainer to be reported finished")
     assert group.check() == [] and group.restarts() == {}
     group.stop()
 
@@ -132,13 +138,7 @@ def test_restart_policy_backoff_and_budget() -> None:
 
 
 def _wait_restart(group: ProcessGroup, timeout_s: float = 20.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        events = group.check()
-        if events:
-            return events
-        time.sleep(0.05)
-    raise AssertionError("no restart")
+    return wait_until(group.check, timeout_s, "a restart (group.check() returned no event)")
 
 
 def test_dead_child_is_restarted_until_its_budget_is_spent(tmp_path: Path) -> None:
@@ -152,10 +152,8 @@ def test_dead_child_is_restarted_until_its_budget_is_spent(tmp_path: Path) -> No
     assert time.monotonic() - t0 >= 0.2, "restarted before its backoff"
     assert (event.name, event.returncode, event.restarts, event.backoff_s) == ("raas-a", -signal.SIGKILL, 1, 0.2)
     assert event.record().to_json()["kind"] == "supervisor" and event.record().event == "restart"
-    deadline = time.monotonic() + 10
-    while pid_alive(helper) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not pid_alive(helper), "the dead child's helper was left running beside its replacement"
+    wait_until(lambda: not pid_alive(helper), 10,
+               "the dead child's helper to stop (it was left running beside its replacement)")
     text = log.read_text()
     assert "supervisor: raas-a was killed by signal 9 (SIGKILL); restart 1 in 0.2 s" in text
     assert text.count(" start: ") == 2  # same log file, a start line per run
@@ -166,13 +164,9 @@ def test_dead_child_is_restarted_until_its_budget_is_spent(tmp_path: Path) -> No
     (event,) = _wait_restart(group)
     assert event.restarts == 2 and event.backoff_s == 0.4 and group.restarts() == {"raas-a": 2}
     os.kill(event.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 20
-    with pytest.raises(ChildExited) as exc:
-        while time.monotonic() < deadline:
-            group.check()
-            time.sleep(0.05)
-    assert exc.value.name == "raas-a" and exc.value.restarts == 2
-    msg = str(exc.value)
+    exited = _until_child_exited(group, 20)
+    assert exited.name == "raas-a" and exited.restarts == 2
+    msg = str(exited)
     assert "'raas-a' was killed by signal 9 (SIGKILL) unexpectedly after 2 restarts" in msg
     assert "restart budget exhausted (2 restarts within 600 s)" in msg and str(log) in msg
     group.stop()
@@ -196,10 +190,7 @@ def test_children_die_with_a_killed_launcher(tmp_path: Path) -> None:
     assert pid_alive(child)
     proc.kill()
     proc.wait()
-    deadline = time.monotonic() + 10
-    while pid_alive(child) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not pid_alive(child), "child outlived its SIGKILLed launcher"
+    wait_until(lambda: not pid_alive(child), 10, "the child to stop (it outlived its SIGKILLed launcher)")
 
 
 # -- report ----------------------------------------------------------------------------------
@@ -359,12 +350,13 @@ def test_second_sigterm_during_the_stop_is_ignored(tmp_path: Path, test_cluster,
     sent = []
 
     def terminate_twice() -> None:
+        # Both components started: each sleeper prints its pids after installing its SIGTERM handler.
         _pids_from_log(run_dir / "logs/dataflow.log")
-        time.sleep(0.5)  # the sleeper installs its SIGTERM handler right after printing its pids
+        _pids_from_log(run_dir / "logs/raas-default-0.log")
         for _ in range(2):
             os.kill(os.getpid(), signal.SIGTERM)
             sent.append(time.monotonic())
-            time.sleep(1.0)
+            time.sleep(1.0)  # deliberate: the second SIGTERM comes 1 s into the stop, not at once
 
     opts = RunOptions(run_id=test_cluster.run, runs_dir=tmp_path, grace_s=3, live=False, timeout_s=60)
     thread = threading.Thread(target=terminate_twice, daemon=True)
@@ -392,19 +384,15 @@ def test_stack_watch_restarts_a_dead_server_then_gives_up(tmp_path: Path) -> Non
                            on_broker_restart=lambda: broker_restarts.append(1))
         assert watch.check() == []
         stack.kafka.kill()
-        deadline = time.monotonic() + 30
-        while not (events := watch.check()):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        (event,) = events
+        deadline = time.monotonic() + 30  # for both waits together
+        (event,) = wait_until(watch.check, 30, "the stack watch to restart the killed broker")
         assert (event.name, event.returncode, event.restarts) == ("tansu", None, 1) and event.pid == stack.kafka.pid()
         assert kafka_answers(up.endpoints["kafka_bootstrap"]) and broker_restarts == [1] and stack.s3.alive()
         assert "supervisor: tansu died; restart 1 in 0.1 s" in stack.kafka.log_file.read_text()
         stack.kafka.kill()
         with pytest.raises(ChildExited) as exc:
-            while time.monotonic() < deadline:
-                watch.check()
-                time.sleep(0.05)
+            wait_until(lambda: watch.check() and False, max(0.0, deadline - time.monotonic()),
+                       "watch.check() to raise ChildExited")
         assert "'tansu' died unexpectedly after 1 restarts" in str(exc.value)
         assert str(stack.kafka.log_file) in str(exc.value) and watch.restarts() == {"tansu": 1}
     finally:
