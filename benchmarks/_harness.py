@@ -1,7 +1,7 @@
-"""Shared by the scheduling benchmarks (async_vs_sync, heterogeneous_pools) and their tests: start a
-private embedded stack, run a recipe through the real launcher (separate component processes), then
-measure the run from what it left on the log — metrics records, batches and trajectories — never
-from inside a component.
+"""Figures shared by the scheduling benchmarks (async_vs_sync, heterogeneous_pools, cross_region,
+pipeline_overhead): a run is started and read back with :mod:`astraflow.testing.runs` (private
+embedded stack, the real launcher, separate component processes); this module measures it from what
+it left on the log — metrics records, batches and trajectories — never from inside a component.
 
 Definitions (all over a measurement window [first measured step, last step] of each trainer):
 * iteration time: seconds between consecutive trainer steps (one step per policy = one iteration);
@@ -17,161 +17,18 @@ Definitions (all over a measurement window [first measured step, last step] of e
 
 from __future__ import annotations
 
-import contextlib
-import io
 import statistics
-import sys
-import tempfile
 import time
-import uuid
 from collections import Counter, defaultdict
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from astraflow.testing.runs import RunRecords, batch_index, trainer_steps
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@contextlib.contextmanager
-def private_cluster(state_dir: Path | None = None) -> Iterator[Any]:
-    """A resolved ClusterConfig on an embedded Tansu + SeaweedFS stack of our own (free loopback
-    ports, in-memory log), stopped on exit."""
-    from astraflow.config import ClusterConfig
-    from astraflow.embedded import EmbeddedStack
-
-    with contextlib.ExitStack() as stack_ctx:
-        if state_dir is None:
-            state_dir = Path(stack_ctx.enter_context(tempfile.TemporaryDirectory(prefix="af-bench-")))
-        stack, _ = EmbeddedStack.start_private(state_dir)
-        try:
-            yield ClusterConfig(state_dir=state_dir).resolve()
-        finally:
-            stack.down()
-
-
-def load_recipe(path: str | Path, **updates: Any):
-    """A recipe file with nested ``updates`` (``{"dataflow": {"mode": "sync"}}``) merged in."""
-    import yaml
-
-    from astraflow.recipe import Recipe
-
-    path = Path(path)
-    data = yaml.safe_load(path.read_text())
-    _merge(data, updates)
-    recipe = Recipe.model_validate(data)
-    recipe.source = path.resolve()
-    return recipe
-
-
-def _merge(base: dict, upd: dict) -> None:
-    for k, v in upd.items():
-        if isinstance(v, dict) and isinstance(base.get(k), dict):
-            _merge(base[k], v)
-        else:
-            base[k] = v
-
-
-@dataclass
-class RunRecords:
-    """Everything a finished run left on the log, read back by the benchmark."""
-
-    run_id: str
-    wall_s: float
-    returncode: int
-    reason: str
-    metrics: list[dict[str, Any]]
-    batches: dict[str, list[Any]]
-    """Per policy, the Batch records in order."""
-    trajectories: list[Any]
-    """Every trajectory the nodes produced (trained or not)."""
-    announced: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
-    """Per policy, (version, announcement record timestamp)."""
-
-
-def run_recipe(recipe: Any, cfg: Any, *, runs_dir: Path, label: str, timeout_s: float = 300.0,
-               threads: int | None = None, run_id: str | None = None) -> RunRecords:
-    """Launch ``recipe`` (``astraflow run``'s code path: every component a separate process) and read
-    back its records. ``run_id``: default ``<label>-<random>``; ``threads``: torch threads per
-    component, default ``astraflow run``'s (the cores divided among the trainers and nodes)."""
-    from rich.console import Console
-
-    from astraflow.launcher import RunOptions, launch
-
-    run_id = run_id or f"{label}-{uuid.uuid4().hex[:6]}"
-    console = Console(file=io.StringIO() if not sys.stderr.isatty() else sys.stderr, width=160)
-    res = launch(recipe, cfg, RunOptions(run_id=run_id, runs_dir=runs_dir, live=False, timeout_s=timeout_s,
-                                         grace_s=10.0, threads=threads), console=console)
-    from astraflow.report import load_metrics
-
-    metrics = load_metrics(res.metrics_path)
-    run_cfg = cfg.model_copy(update={"run": run_id})
-    policies = [p.name for p in recipe.policies]
-    batches, trajs, announced = read_log(run_cfg, policies)
-    if res.returncode != 0 and isinstance(console.file, io.StringIO):
-        sys.stderr.write(console.file.getvalue()[-4000:])
-    return RunRecords(run_id, res.wall_s, res.returncode, res.reason, metrics, batches, trajs, announced)
-
-
-def read_log(cfg: Any, policies: list[str], *, idle_polls: int = 4) -> tuple[dict, list, dict]:
-    """Batches per policy, all trajectories and weight announcements of a run, read with a group of
-    our own from the beginning (counting records, not trusting watermarks)."""
-    from astraflow.log import LogConsumer, Topics
-    from astraflow.records import batch as batch_rec
-    from astraflow.records import trajectory as traj_rec
-
-    topics = Topics(cfg.run)
-    names = [topics.trajectories, *(topics.batches(p) for p in policies), *(topics.weights(p) for p in policies)]
-    consumer = LogConsumer(cfg, names, group_id=f"{cfg.run}.bench.{uuid.uuid4().hex[:6]}",
-                           auto_offset_reset="earliest")
-    batches: dict[str, list] = {p: [] for p in policies}
-    trajs: list = []
-    announced: dict[str, list] = {p: [] for p in policies}
-    by_batch_topic = {topics.batches(p): p for p in policies}
-    by_weight_topic = {topics.weights(p): p for p in policies}
-    empty = 0
-    deadline = time.monotonic() + 120
-    try:
-        while empty < idle_polls and time.monotonic() < deadline:
-            msgs = consumer.poll(timeout_s=1.0, max_records=1000)
-            # Idle polls count once the group gave us the partitions: a join can take seconds on a
-            # loaded machine, and polls before it return nothing although the topics are full.
-            empty = 0 if msgs or not consumer.assignment else empty + 1
-            for m in msgs:
-                if m.topic == topics.trajectories and m.table is not None:
-                    trajs += traj_rec.from_table(m.table)
-                elif m.topic in by_batch_topic and m.table is not None:
-                    batches[by_batch_topic[m.topic]].append(batch_rec.from_table(m.table))
-                elif m.topic in by_weight_topic and isinstance(m.obj, dict):
-                    ts = m.obj.get("time") or m.obj.get("published_at") or (m.timestamp_ms / 1000.0
-                                                                           if getattr(m, "timestamp_ms", None) else None)
-                    announced[by_weight_topic[m.topic]].append((int(m.obj.get("version", m.key)), ts))
-    finally:
-        consumer.close()
-    for p in policies:  # a redelivered batch (same id) counts once, in order
-        seen, uniq = set(), []
-        for b in sorted(batches[p], key=lambda b: b.batch_id):
-            if b.batch_id not in seen:
-                seen.add(b.batch_id)
-                uniq.append(b)
-        batches[p] = uniq
-    return batches, trajs, announced
-
-
 # -- measurements ----------------------------------------------------------------------------------
-def trainer_steps(metrics: list[dict], policy: str) -> list[dict]:
-    """The trainer's per-step records (last life wins for a step), ordered by step."""
-    steps = {}
-    for r in metrics:
-        if r.get("component") == "trainer" and r.get("policy") == policy and "step_s" in r:
-            steps[r["step"]] = r
-    return [steps[k] for k in sorted(steps)]
-
-
-def batch_index(batch_id: str) -> int:
-    return int(batch_id.rsplit("-", 1)[1])
-
-
 def staleness_histogram(batches: dict[str, list], trained: dict[str, int] | None = None) -> Counter:
     """Staleness of every trained trajectory (the first ``trained[policy]`` batches), all policies."""
     h: Counter = Counter()

@@ -103,7 +103,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
 
-    from _harness import private_cluster
+    from astraflow.testing.runs import private_cluster
 
     with private_cluster() as cluster:
         cfg = cluster.model_copy(update={"run": f"bench-archive-{uuid.uuid4().hex[:6]}"})

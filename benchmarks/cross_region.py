@@ -42,8 +42,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import yaml
-from _harness import ROOT, private_cluster, quantiles, run_recipe, summarize, trainer_steps
+from _harness import ROOT, quantiles, summarize
 from _wan import SITE_DIR, WanLink
+
+from astraflow.testing.runs import private_cluster, run_recipe, trainer_steps
 
 RECIPE = ROOT / "examples" / "recipes" / "sim_hetero.yaml"
 REGION_A_POOLS = ("fast",)

@@ -21,7 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import ROOT, load_recipe, private_cluster, run_recipe, summarize, trainer_steps
+from _harness import ROOT, summarize
+
+from astraflow.testing.runs import load_recipe, private_cluster, run_recipe, trainer_steps
 
 RECIPE = ROOT / "examples" / "recipes" / "sim_hetero.yaml"
 

@@ -42,7 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 from _cpu import ProcessCpu
-from _harness import ROOT, episode_spans, load_recipe, quantiles, run_recipe, summarize
+from _harness import ROOT, episode_spans, quantiles, summarize
+
+from astraflow.testing.runs import load_recipe, run_recipe
 
 RECIPE = ROOT / "examples" / "recipes" / "math.yaml"
 HANDOFFS = ("task_to_node", "trajectory_to_dataflow", "batch_to_trainer", "announcement_to_serving",

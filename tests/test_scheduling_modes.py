@@ -9,15 +9,13 @@ and RaaS node as separate processes via the launcher), with the simulated engine
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from astraflow.testing.runs import batch_index, load_recipe, run_recipe, trainer_steps
 
-from _harness import batch_index, load_recipe, run_recipe, trainer_steps
+ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
