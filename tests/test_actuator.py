@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from control_records_factory import actuator_event, node_status
 from process_helpers import pid_alive
+from waiting import wait_until
 
 from astraflow.dataflow.autoscaler import AutoscaleConfig, autoscale_report
 from astraflow.launcher.actuator import Actuator, PoolScaler
@@ -153,18 +154,18 @@ def _drainer(tmp_path: Path, ignore_term: bool = False):
 
 
 def _wait_ready(path: Path, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while "READY" not in (path.read_text() if path.exists() else ""):
-        assert time.monotonic() < deadline, f"{path} never got ready"
-        time.sleep(0.05)
+    wait_until(lambda: "READY" in (path.read_text() if path.exists() else ""), timeout_s, f"{path} to get ready")
 
 
 def _wait_retired(group: ProcessGroup, actuator: Actuator, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while group.retiring:
-        assert time.monotonic() < deadline, f"still retiring: {list(group.retiring)}"
+    def retired() -> bool:
+        if not group.retiring:
+            return True
         actuator.check()
-        time.sleep(0.05)
+        return False
+
+    wait_until(retired, timeout_s, "the retiring nodes to stop",
+               on_timeout=lambda: f"still retiring: {list(group.retiring)}")
 
 
 def _autoscale(pool: str, nodes: int, target: int, reason: str, age_s: float = 0.0) -> AutoscaleReport:

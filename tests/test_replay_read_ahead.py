@@ -4,10 +4,10 @@ thread gone soon after the consumer stops early."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
+from waiting import wait_until
 
 from astraflow.archive.replay import read_ahead
 
@@ -29,7 +29,5 @@ def test_thread_stops_when_the_consumer_does():
     items = read_ahead(iter(range(10_000)), 1)
     assert next(items) == 0
     items.close()
-    deadline = time.monotonic() + 5
-    while any(t.name == "archive-read-ahead" for t in threading.enumerate()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not any(t.name == "archive-read-ahead" for t in threading.enumerate())
+    wait_until(lambda: not any(t.name == "archive-read-ahead" for t in threading.enumerate()), 5,
+               "the archive-read-ahead thread to end after its consumer closed")
