@@ -31,22 +31,27 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow,
 STEPS = 3
 
 
-def _megatron_recipe(tmp_path: Path) -> Path:
+def _megatron_recipe(tmp_path: Path, ranks: int = 1, **backend) -> Path:
     path = tiny_recipe(tmp_path, steps=STEPS)
     data = yaml.safe_load(path.read_text())
     data["dataset"]["samples"] = 8
     data["dataflow"]["groups_per_batch"] = 3
     data["policies"][0]["sft"]["steps"] = 60  # some prompts solved, some not: non-zero advantages
-    data["policies"][0]["backend"] = {**data["policies"][0].get("backend", {}), "type": "megatron"}
+    data["policies"][0]["backend"] = {**data["policies"][0].get("backend", {}), "type": "megatron", **backend}
     data["trainer"]["checkpoint_every"] = STEPS
+    data["trainer"]["ranks"] = ranks
     path.write_text(yaml.safe_dump(data))
     return path
 
 
-def test_a_megatron_trainer_trains_a_run_served_by_the_hf_engine(tmp_path: Path, test_cluster) -> None:
+@pytest.mark.parametrize("ranks,backend", [(1, {}), (2, {"tensor_parallel": 2})], ids=["one-rank", "tp2"])
+def test_a_megatron_trainer_trains_a_run_served_by_the_hf_engine(tmp_path: Path, test_cluster, ranks, backend) -> None:
+    """tp2: the trainer is a group of 2 ranks (torch.distributed.run) splitting each layer in two; rank 0
+    gathers the pieces and publishes HF-named weights, which the node serves; the run checkpoints
+    through DCP at its last step."""
     cluster_file = write_cluster_file(test_cluster, tmp_path / "cluster.yaml")
     run_dir = tmp_path / "runs" / test_cluster.run
-    cmd = [sys.executable, "-m", "astraflow.cli.main", "run", str(_megatron_recipe(tmp_path)), "--run-id",
+    cmd = [sys.executable, "-m", "astraflow.cli.main", "run", str(_megatron_recipe(tmp_path, ranks, **backend)), "--run-id",
            test_cluster.run, "--runs-dir", str(tmp_path / "runs"), "--no-live", "--no-archive", "--timeout", "180",
            "--grace", "5"]
     proc = subprocess.run(cmd, env=_env(cluster_file), capture_output=True, text=True, timeout=210, cwd=tmp_path,
@@ -55,6 +60,9 @@ def test_a_megatron_trainer_trains_a_run_served_by_the_hf_engine(tmp_path: Path,
     trainer_log = trainer_log.read_text() if trainer_log.exists() else "(no trainer log)"
     assert proc.returncode == 0, f"{(proc.stdout + proc.stderr)[-3000:]}\n--- trainer ---\n{trainer_log[-3000:]}"
     assert "Megatron-core GPTModel (qwen2, 2 layers" in trainer_log, trainer_log[-3000:]
+    layout = f"tp={backend.get('tensor_parallel', 1)} pp=1 dp={ranks // backend.get('tensor_parallel', 1)}"
+    assert trainer_log.count(layout) == ranks, trainer_log[-3000:]  # every rank built its piece
+    assert f"checkpoint at step {STEPS} / v{STEPS} saved" in trainer_log, trainer_log[-3000:]  # DCP on 2 ranks
 
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.endswith("}")]
     steps = [r for r in records if r.get("component") == "trainer" and not r.get("event") and "step" in r]
