@@ -186,6 +186,8 @@ def test_a_two_rank_checkpoint_resumes_on_one_rank_and_a_one_rank_checkpoint_on_
 
 
 def _load_full_state_then_step(model_state, optimizer_state):
+    import torch
+
     from astraflow.trainer.distributed import current_group
     from astraflow.trainer.torch_backend import TorchBackend
 
@@ -193,6 +195,8 @@ def _load_full_state_then_step(model_state, optimizer_state):
     group.start("cpu")
     backend = TorchBackend(load_tiny_model(), {"lr": 1e-2})
     backend.load_state(model_state if group.leader else {}, optimizer_state if group.leader else None)
+    # the caller's state is left as it was (the weight store's copy is the publisher's delta base)
+    assert all(type(t) is torch.Tensor for t in model_state.values())
     loaded = backend.state_dict()
     backend.step(_batch([[0.0, 1.0], [1.0, 0.0]], "y"))
     after = backend.state_dict()

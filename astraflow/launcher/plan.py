@@ -120,6 +120,9 @@ def unavailable_devices(recipe: Recipe) -> list[str]:
             out.append(f"{field} is {device!r}, but torch {torch.__version__} on this machine sees no CUDA device")
         elif d.index is not None and d.index >= torch.cuda.device_count():
             out.append(f"{field} is {device!r}, but this machine has {torch.cuda.device_count()} CUDA device(s)")
+        elif field.startswith("policies.") and recipe.trainer.ranks > torch.cuda.device_count():
+            out.append(f"{field} is {device!r} with trainer.ranks {recipe.trainer.ranks} (a device per rank), but "
+                       f"this machine has {torch.cuda.device_count()} CUDA device(s)")
     return out
 
 

@@ -262,7 +262,9 @@ class TorchBackend(TrainerBackend):
         )
 
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-        set_model_state_dict(self.model, model_state if self.group.leader else {}, options=options)
+        # copies of the mappings: torch puts the shards it makes into the dict it is given, and the
+        # caller's may be the publisher's base version (weights pulled from the store)
+        set_model_state_dict(self.model, dict(model_state) if self.group.leader else {}, options=options)
         with_optimizer = self.group.broadcast_bytes(b"1" if optimizer_state is not None else b"") == b"1"
         if with_optimizer:
             named = _by_name(self.model, optimizer_state) if self.group.leader and optimizer_state else {}
@@ -325,6 +327,6 @@ def _by_name(model: Any, optimizer_state: dict[str, Any]) -> dict[str, Any]:
     """A single-rank AdamW state dict (parameters by index, in ``model.parameters()`` order) keyed by
     parameter name, as torch.distributed.checkpoint's full optimizer state is."""
     names = [name for name, _ in model.named_parameters()]
-    state = {names[i]: v for i, v in optimizer_state["state"].items()}
+    state = {names[i]: dict(v) for i, v in optimizer_state["state"].items()}
     groups = [dict(g, params=[names[i] for i in g["params"]]) for g in optimizer_state["param_groups"]]
     return {"state": state, "param_groups": groups}
