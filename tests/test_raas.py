@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 
 import pytest
 from test_raas_support import (
@@ -17,6 +16,7 @@ from test_raas_support import (
     stop,
     write_files,
 )
+from waiting import wait_until
 
 from astraflow.raas.inflight import InFlightTasks
 
@@ -102,10 +102,8 @@ def test_trajectories_carry_per_token_versions_and_follow_a_new_version(test_clu
                 p.add_(torch.randn_like(p) * 0.01)
         pub.publish(model.state_dict(), 1)
         pub.flush()
-        deadline = time.monotonic() + 30
-        while node.follower.versions.get("policy") != 1:
-            assert time.monotonic() < deadline, "node did not pick up v1"
-            time.sleep(0.2)
+        wait_until(lambda: node.follower.versions.get("policy") == 1, 30, "the node to pick up v1", interval_s=0.2,
+                   on_timeout=lambda: f"follower versions: {node.follower.versions}")
         second = send_tasks(cfg, 3, "second")
         reader.until(lambda items: {t.task_id for t in items} >= set(second), 90, "second tasks")
         later = [t for t in reader.items if t.task_id in set(second)]
@@ -117,10 +115,9 @@ def test_trajectories_carry_per_token_versions_and_follow_a_new_version(test_clu
 
         trigger = kafka_trigger(cfg, recipe.pool("default"))["metadata"]
         group = trigger["consumerGroup"]
-        deadline = time.monotonic() + 10
-        while sum(committed_offsets(cfg, group).values()) < 6:
-            assert time.monotonic() < deadline, committed_offsets(cfg, group)
-            time.sleep(0.3)
+        wait_until(lambda: sum(committed_offsets(cfg, group).values()) >= 6, 10,
+                   f"6 task records committed by group {group}", interval_s=0.3,
+                   on_timeout=lambda: committed_offsets(cfg, group))
         assert {topic for topic, _partition in committed_offsets(cfg, group)} == {trigger["topic"]}
     finally:
         stop_event.set()
