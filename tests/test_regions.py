@@ -16,6 +16,7 @@ import time
 import pytest
 import torch
 from test_raas_support import TopicReader, make_recipe, send_tasks
+from waiting import wait_until
 
 from astraflow.config import ClusterConfig, RegionSettings, S3Settings
 
@@ -72,13 +73,6 @@ def _bit_exact(served: dict, state: dict) -> bool:
         torch.equal(served[k].view(torch.int16), state[k].view(torch.int16)) for k in state)
 
 
-def _until(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s:g} s waiting for {what}"
-        time.sleep(0.1)
-
-
 # -- unit: the config section --------------------------------------------------------------------
 def test_region_section_from_yaml_and_environment(tmp_path):
     path = tmp_path / "cluster.yaml"
@@ -126,7 +120,7 @@ def test_node_serves_from_the_replica_and_waits_out_paused_replication(test_clus
         _step(state, 1)
         pub.publish(state, 1)
         pub.flush()
-        _until(lambda: engine.weight_version == 1, 30, "v1 through running replication")
+        wait_until(lambda: engine.weight_version == 1, 30, "v1 through running replication")
         assert _bit_exact(engine.state_dict(), state)
 
         replica.pause()
@@ -134,11 +128,11 @@ def test_node_serves_from_the_replica_and_waits_out_paused_replication(test_clus
         pub.publish(state, 2)  # announced on the shared log; its objects stay on the origin
         pub.flush()
         stats = node.follower.objects.stats
-        _until(lambda: stats.misses >= 1, 30, "the node to look for v2 in the replica")
-        time.sleep(1.5)
+        wait_until(lambda: stats.misses >= 1, 30, "the node to look for v2 in the replica")
+        time.sleep(1.5)  # deliberate: time for a wrong refresh to show; v2 must stay unserved meanwhile
         assert engine.weight_version == 1, "v2 was served although the replica could not have it"
         replica.resume()
-        _until(lambda: engine.weight_version == 2, 30, "v2 after replication resumed")
+        wait_until(lambda: engine.weight_version == 2, 30, "v2 after replication resumed")
         assert _bit_exact(engine.state_dict(), state)
 
         assert stats.origin_bytes == 0 and stats.fallbacks == 0 and stats.timeouts == 0
