@@ -337,7 +337,7 @@ def test_a_multi_rank_trainer_is_an_indexed_job_whose_agents_meet_at_pod_0():
     from astraflow.launcher.restarts import RestartPolicy
     from astraflow.trainer.launch import rank_group_argv
 
-    service, job, recipe, cfg = _trainer_group(ranks=4, per_pod=2)
+    service, job, _recipe, cfg = _trainer_group(ranks=4, per_pod=2)
     for doc in (service, job):
         _validate_builtin(doc)
     spec, pod = job["spec"], job["spec"]["template"]["spec"]

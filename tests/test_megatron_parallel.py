@@ -228,6 +228,10 @@ def _check_group(tmp_path: Path, reports: list[dict], make: str, world: int) -> 
         for key in ("loss", "grad_norm", "clip_frac", "behav_kl", "trained_trajectories"):
             assert r["metrics"][key] == pytest.approx(ref_metrics[key], rel=1e-4, abs=1e-6), (r["rank"], key)
     assert reports[0]["reload_exact"] is True
+    # A model split over tp or pp leaves each rank a part of the parameters; dp replicas hold them all.
+    whole = sum(t.numel() for k, t in ref_before.items() if not (k == "lm_head.weight" and model.config.tie_word_embeddings))
+    split = reports[0]["dp"] < world
+    assert all((r["params"] < whole) if split else (r["params"] == whole) for r in reports), [r["params"] for r in reports]
 
 
 @needs_megatron

@@ -148,7 +148,7 @@ class MegatronBackend(TrainerBackend):
         if not trajectories:
             raise ValueError("empty batch")
         t0 = time.perf_counter()
-        cfg, r = self.config, self.ranks
+        cfg = self.config
         rewards = [float(t.reward) for t in trajectories]
         adv = group_advantages(rewards, [t.group_id for t in trajectories], eps=cfg.adv_eps)
         n = len(trajectories)

@@ -68,6 +68,8 @@ def micro_batch(trajs: Sequence[Trajectory], adv: Sequence[float], batch_tokens:
             gather_pos[i, :r] = np.arange(p - 1, p - 1 + r)
             behav[i, :r] = t.logprobs
             mask[i, :r] = 0.0 if filler else np.asarray(t.loss_mask, dtype=np.float32)
-    as_t = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
+    def as_t(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(a).to(device)
+
     return MicroBatch(ids=as_t(ids), gather_pos=as_t(gather_pos), behav=as_t(behav), mask=as_t(mask),
                       adv=torch.tensor(list(adv), dtype=torch.float32, device=device), batch_tokens=batch_tokens)

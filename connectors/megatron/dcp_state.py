@@ -99,13 +99,12 @@ def adam_entries(optimizer: torch.optim.Optimizer, entries: ShardedEntries) -> t
             if not state:
                 state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
             steps.add(int(state["step"]))
-            for kind in moments:
-                moments[kind][by_param[id(p)]] = state[kind]
+            for kind, by_name in moments.items():
+                by_name[by_param[id(p)]] = state[kind]
     if len(steps) > 1:
         raise ValueError(f"megatron connector: AdamW parameters at different step counts {sorted(steps)}")
-    per_kind = {kind: entries.entries(t) for kind, t in moments.items()}
-    names = per_kind["exp_avg"].keys()
-    return {n: {kind: per_kind[kind][n] for kind in per_kind} for n in names}, steps.pop() if steps else 0
+    avg, avg_sq = entries.entries(moments["exp_avg"]), entries.entries(moments["exp_avg_sq"])
+    return {n: {"exp_avg": t, "exp_avg_sq": avg_sq[n]} for n, t in avg.items()}, steps.pop() if steps else 0
 
 
 def set_adam_step(optimizer: torch.optim.Optimizer, step: int) -> None:

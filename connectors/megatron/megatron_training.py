@@ -29,8 +29,11 @@ class MegatronTraining:
     """Megatron-core's DDP, distributed optimizer and pipeline schedule around a ``GPTModel`` stage."""
 
     def __init__(self, module: torch.nn.Module, config: MegatronBackendConfig, forward: StageForward) -> None:
-        from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
-                                               finalize_model_grads)
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
         self.module = module

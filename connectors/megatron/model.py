@@ -63,7 +63,11 @@ class _HostRotaryEmbedding(RotaryEmbedding):
         return emb[:, None, None, :]
 
 
-def transformer_config(hf_config: Any, layout: Layout = Layout(), *,
+ONE_RANK = Layout()
+"""tp = pp = 1."""
+
+
+def transformer_config(hf_config: Any, layout: Layout = ONE_RANK, *,
                        params_dtype: torch.dtype = torch.float32) -> TransformerConfig:
     """Megatron's config for the decoder described by an HF Qwen2 / Llama config, split by ``layout``."""
     heads = hf_config.num_attention_heads
@@ -88,7 +92,7 @@ def _rope_base(hf_config: Any) -> float:
     return float(params.get("rope_theta") or getattr(hf_config, "rope_theta", None) or 10_000.0)
 
 
-def build_gpt_model(hf_config: Any, device: torch.device, layout: Layout = Layout()) -> GPTModel:
+def build_gpt_model(hf_config: Any, device: torch.device, layout: Layout = ONE_RANK) -> GPTModel:
     """An (uninitialised-weights) ``GPTModel`` with the shapes of ``hf_config``'s decoder on ``device``:
     this rank's part of it under ``layout`` (Megatron's parallel state must be initialised with the
     same sizes, :func:`connectors.megatron.parallel.init_parallel`). Its logits stay split over the
