@@ -6,8 +6,12 @@ by full loads, and so does one whose bits were changed behind the follower's bac
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import pytest
 import torch
+from waiting import wait_until
 
 from astraflow.delta import WeightAnnouncement, WeightPublisher
 from astraflow.engines.simulated import SimulatedEngine
@@ -99,13 +103,31 @@ def test_an_engine_in_another_dtype_refreshes_by_full_loads(test_cluster):
         trainer.pub.close()
 
 
+def _announce_until(trainer, seen: Callable[[], bool], timeout_s: float, what: str, on_timeout=None) -> int:
+    """Publish v2, v3, ... (each given 2 s) until ``seen()``: the follower's consumer, joining its
+    group, may miss the first announcements. Returns the last version announced."""
+    version, announced_at = 1, float("-inf")
+
+    def announced_and_seen() -> bool:
+        nonlocal version, announced_at
+        if seen():
+            return True
+        if time.monotonic() - announced_at >= 2.0:
+            version += 1
+            trainer.publish(version)
+            announced_at = time.monotonic()
+        return False
+
+    wait_until(announced_and_seen, timeout_s, what, interval_s=0.01, on_timeout=on_timeout)
+    return version
+
+
 def test_an_announced_version_is_refreshed_to_and_counts_as_served_when_the_engine_serves_it(test_cluster):
     """An announcement names its version: the refresh goes there without listing the bucket, and the
     announcement -> serving latency is taken by the refreshing thread the moment the engine serves
     that version (before the subscriber's record is written, the refresh still under way), not by the
     follower thread after its next poll (which added up to 0.1 s to the figure)."""
     import threading
-    import time
 
     from astraflow.log import Topics
     from astraflow.log.handoff import HandoffLatency
@@ -137,21 +159,14 @@ def test_an_announced_version_is_refreshed_to_and_counts_as_served_when_the_engi
         follower.start()
         listed = sub.store.latest_version
         sub.store.latest_version = lambda: pytest.fail("an announced refresh listed the bucket")
-        deadline = time.monotonic() + 60
-        version = 1
-        while not observed:  # announced on the weights topic; the follower refreshes on its own
-            assert time.monotonic() < deadline, "no announcement -> serving observation"
-            version += 1  # again until the follower's consumer, joining its group, sees one
-            trainer.publish(version)
-            for _ in range(200):
-                if observed:
-                    break
-                time.sleep(0.01)
+        deadline = time.monotonic() + 60  # for both waits together
+        # announced on the weights topic; the follower refreshes on its own
+        _announce_until(trainer, lambda: bool(observed), 60, "an announcement -> serving observation")
         t_obs, thread, serving_version, subscriber_version = observed[0]
         assert thread.startswith("refresh-node-s"), thread
-        while not any(a is not None for a, _ in refreshes):  # the refresh goes on after the observation
-            assert time.monotonic() < deadline, f"no announced refresh ended: {refreshes}"
-            time.sleep(0.01)
+        # the refresh goes on after the observation
+        wait_until(lambda: any(a is not None for a, _ in refreshes), max(0.0, deadline - time.monotonic()),
+                   "an announced refresh to end", interval_s=0.01, on_timeout=lambda: f"refreshes: {refreshes}")
         asked, t_end = next((a, t) for a, t in refreshes if a is not None)
         assert asked >= 2 and serving_version == asked, (asked, serving_version)
         assert subscriber_version < asked and t_obs <= t_end, (subscriber_version, t_end - t_obs)
@@ -193,8 +208,6 @@ def test_served_listeners_hear_each_new_version_on_both_refresh_paths(test_clust
 def test_an_announced_refresh_takes_the_manifest_from_its_announcement(test_cluster):
     """The announcement carries its version's manifest: the follower's refresh reads only the delta
     from the bucket. A manifest that does not match its announcement is not used."""
-    import time
-
     trainer = _Trainer(test_cluster)
     engine = SimulatedEngine()
     follower = WeightFollower(test_cluster, {POLICY: engine}, "node-m", check_every_s=60)
@@ -211,19 +224,12 @@ def test_an_announced_refresh_takes_the_manifest_from_its_announcement(test_clus
         follower.catch_up(timeout_s=30)
         store.objects.get_json = logged_get_json
         follower.start()
-        deadline = time.monotonic() + 60
-        version = 1
-        while engine.weight_version < 2:  # again until the follower's consumer, joining its group, sees one
-            assert time.monotonic() < deadline, f"not served: v{engine.weight_version}"
-            version += 1
-            trainer.publish(version)
-            for _ in range(200):
-                if engine.weight_version >= version:
-                    break
-                time.sleep(0.01)
-        while engine.weight_version < version:  # the last one announced
-            assert time.monotonic() < deadline, f"v{version} not served: v{engine.weight_version}"
-            time.sleep(0.01)
+        deadline = time.monotonic() + 60  # for both waits together
+        version = _announce_until(trainer, lambda: engine.weight_version >= 2, 60, "an announced version served",
+                                  on_timeout=lambda: f"not served: v{engine.weight_version}")
+        wait_until(lambda: engine.weight_version >= version, max(0.0, deadline - time.monotonic()),  # the last one
+                   f"v{version}, the last one announced, served", interval_s=0.01,
+                   on_timeout=lambda: f"v{version} not served: v{engine.weight_version}")
         served = version
         live = _bits(engine.state_dict())
         assert all(torch.equal(live[k], trainer.truth[served][k]) for k in trainer.truth[served])

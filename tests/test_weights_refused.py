@@ -8,6 +8,7 @@ import time
 
 import pytest
 import torch
+from waiting import wait_until
 
 from astraflow.delta import NoPathError, WeightPublisher, WeightStore, WeightSubscriber
 from astraflow.raas.weights import WeightFollower
@@ -86,17 +87,14 @@ def test_corrupt_delta_and_anchor_are_refused_counted_and_routed_around(test_clu
         assert follower.counters == {"weights.refused.corrupt": 1, "weights.unreachable": 1}
         # Following on: v3 is retried on every check without fetching v2 again and without a crash.
         follower.start()
-        time.sleep(1.5)
+        time.sleep(1.5)  # deliberate: several of the follower's checks go by, each retrying v3 (and refused)
         follower.check()
         assert engine.weight_version == 1
         assert follower.counters == {"weights.refused.corrupt": 1, "weights.unreachable": 1}
         # The next anchor (v4) does not need v2: the follower takes it, bit-exact.
         publish(4)
-        deadline = time.monotonic() + 30
-        while engine.weight_version != 4:
-            follower.check()
-            assert time.monotonic() < deadline, "follower did not reach the v4 anchor"
-            time.sleep(0.1)
+        wait_until(lambda: engine.weight_version == 4 or (follower.check() and False), 30,
+                   "the follower to reach the v4 anchor", interval_s=0.1)
         assert_bits_equal(engine.state, truth[4])
         assert follower.counters == {"weights.refused.corrupt": 1, "weights.unreachable": 1}
 
@@ -113,11 +111,8 @@ def test_corrupt_delta_and_anchor_are_refused_counted_and_routed_around(test_clu
         finally:
             joiner.stop()
         # The first node, on the chain, never needed the v8 anchor.
-        deadline = time.monotonic() + 30
-        while engine.weight_version != 9:
-            follower.check()
-            assert time.monotonic() < deadline, "follower did not reach v9"
-            time.sleep(0.1)
+        wait_until(lambda: engine.weight_version == 9 or (follower.check() and False), 30,
+                   "the follower to reach v9", interval_s=0.1)
         assert_bits_equal(engine.state, truth[9])
         follower.check()
     finally:
