@@ -8,6 +8,7 @@ import time
 
 import pyarrow as pa
 import pytest
+from waiting import wait_until
 
 from astraflow.config import (
     BACKGROUND_FETCH_MAX_WAIT_MS,
@@ -363,14 +364,12 @@ def test_rebalance_redelivers_only_uncommitted_records(test_cluster: ClusterConf
         pollers = [threading.Thread(target=poll_until_stopped, args=(c,)) for c in (a, b)]
         for t in pollers:
             t.start()
-        deadline = time.monotonic() + 45
         try:
-            while time.monotonic() < deadline:
-                settled = a.assignment and b.assignment and not (a.assignment & b.assignment)
-                if settled and len(again) >= 4:
-                    time.sleep(1.0)  # anything beyond partition 1's four records would show up now
-                    break
-                time.sleep(0.2)
+            wait_until(lambda: a.assignment and b.assignment and not (a.assignment & b.assignment)
+                       and len(again) >= 4, 45, "the rebalance to settle with partition 1's four records redelivered",
+                       interval_s=0.2, on_timeout=lambda: f"assignments {a.assignment} / {b.assignment}, "
+                                                          f"{len(again)} records redelivered")
+            time.sleep(1.0)  # deliberate: anything beyond partition 1's four records would show up now
         finally:
             stop.set()
             for t in pollers:
