@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 from astraflow.config import ClusterConfig, KafkaSettings, S3Settings
 from astraflow.embedded import StackPorts
@@ -303,18 +304,24 @@ def _start_weed(argv: list[str], log: Path, endpoint: str) -> subprocess.Popen[b
         region_name="us-east-1",
         config=Config(connect_timeout=1, read_timeout=3, retries={"max_attempts": 1}),
     )
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
+
+    def answers() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"weed exited with {proc.returncode}: {log.read_text()[-2000:]}")
         try:
             probe.head_bucket(Bucket="astraflow")
             probe.put_object(Bucket="astraflow", Key="probe", Body=b"x")
-            return proc
+            return True
         except Exception:  # noqa: BLE001 - not up yet
-            time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError(f"weed did not answer on {endpoint} within 90 s: {log.read_text()[-2000:]}")
+            return False
+
+    try:
+        wait_until(answers, 90, f"weed to answer on {endpoint}", interval_s=0.5,
+                   on_timeout=lambda: log.read_text()[-2000:])
+    except AssertionError:
+        proc.kill()
+        raise
+    return proc
 
 
 @pytest.mark.slow
