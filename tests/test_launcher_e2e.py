@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from process_helpers import children, pid_alive
+from waiting import wait_until
 
 from astraflow.launcher.cluster import write_cluster_file
 
@@ -91,13 +92,12 @@ class LauncherProcess:
 
     def wait_for_step(self, step: int, timeout_s: float = 60.0) -> None:
         """Until a trainer step record >= ``step`` reached metrics.jsonl: the kill point."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def reached() -> bool:
             assert self.proc.poll() is None, f"launcher ended early:\n{self.output[-3000:]}"
-            if any(r.get("component") == "trainer" and (r.get("step") or 0) >= step for r in self.records()):
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"no step {step} within {timeout_s} s:\n{self.output[-3000:]}")
+            return any(r.get("component") == "trainer" and (r.get("step") or 0) >= step for r in self.records())
+
+        wait_until(reached, timeout_s, f"trainer step {step} in metrics.jsonl", interval_s=0.1,
+                   on_timeout=lambda: self.output[-3000:])
 
     def component_pid(self, name: str) -> int:
         """The pid of the component ``name`` (``dataflow``, ``trainer-policy``, ``raas-default-0``)."""
@@ -171,7 +171,7 @@ def test_sigterm_mid_run_stops_everything_with_130(tmp_path: Path) -> None:
     pids = set(children(launcher.proc.pid))  # dataflow, trainer, node, archiver, tansu, seaweedfs
     assert len(pids) == 6 and pids >= set(_stack_pids(state_dir)), pids
     launcher.proc.send_signal(signal.SIGTERM)
-    time.sleep(0.5)
+    time.sleep(0.5)  # deliberate: the second SIGTERM comes once the stop is under way, not with the first
     launcher.proc.send_signal(signal.SIGTERM)  # during the stop: ignored
     rc = launcher.wait(60)
     out = launcher.output
@@ -184,10 +184,12 @@ def test_sigterm_mid_run_stops_everything_with_130(tmp_path: Path) -> None:
 def test_sigterm_during_stack_start_up_leaves_nothing(tmp_path: Path) -> None:
     state_dir = tmp_path / "state"
     launcher = LauncherProcess(tmp_path, "early", _embedded_env(state_dir), 2)
-    deadline = time.monotonic() + 30
-    while not (state_dir / "seaweedfs.pid").exists():
-        assert time.monotonic() < deadline and launcher.proc.poll() is None, launcher.output
-        time.sleep(0.02)
+
+    def seaweedfs_started() -> bool:
+        assert launcher.proc.poll() is None, launcher.output
+        return (state_dir / "seaweedfs.pid").exists()
+
+    wait_until(seaweedfs_started, 30, "the stack's seaweedfs.pid", interval_s=0.02, on_timeout=lambda: launcher.output)
     pids = _stack_pids(state_dir)
     launcher.proc.send_signal(signal.SIGTERM)
     rc = launcher.wait(30)
