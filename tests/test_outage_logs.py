@@ -109,11 +109,11 @@ def test_node_waits_out_a_lost_broker_and_bucket_quietly(tmp_path: Path):
         served("before-")
         n0 = len(lines())
         stack.kafka.kill()
-        time.sleep(5)
+        time.sleep(5)  # deliberate: a 5 s broker outage, whose log lines are counted below
         broker_lines = lines()[n0:]
         n1 = len(lines())
         stack.s3.kill()
-        time.sleep(8)
+        time.sleep(8)  # deliberate: 8 s with S3 down too, whose log lines are counted below
         both_lines = lines()[n1:]
         assert node.poll() is None, "\n".join(lines()[-40:])
         stack.start_service(stack.s3.name)

@@ -93,7 +93,7 @@ def test_publisher_and_state_save_wait_out_a_restarting_s3_server(tmp_path: Path
             pub.publish({k: v + 0.01 for k, v in state.items()}, 2)
             saver = threading.Thread(target=save)
             saver.start()
-            time.sleep(3)
+            time.sleep(3)  # deliberate: a 3 s outage that the publisher and the save must wait out, logging it
             stack.start_service(stack.s3.name)
             t0 = time.monotonic()
             pub.flush()

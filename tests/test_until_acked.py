@@ -86,7 +86,7 @@ def test_a_record_refused_while_the_logs_bucket_restarts_reaches_the_log_once(tm
             plain = producer.send_json(topic, "trainer", {"step": "plain"})
             records.send_json(topic, "trainer", {"step": 1})
             refusal = plain.exception(60)
-            time.sleep(1.0)
+            time.sleep(1.0)  # deliberate: the bucket stays down a while, so the outage refuses more than one send
             records.resend_refused()  # refused meanwhile: sent again, and refused again while the bucket is down
             stack.start_service(stack.s3.name)
             assert records.settle(60) is True

@@ -50,7 +50,7 @@ class _ReadLog:
 
         def slow_get_json(key: str, *args, **kwargs):
             self._log("start", key)
-            time.sleep(manifest_delay_s)
+            time.sleep(manifest_delay_s)  # deliberate: a slow manifest read, so that a delta read beside it shows
             try:
                 return get_json(key, *args, **kwargs)
             finally:
