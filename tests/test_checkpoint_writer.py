@@ -63,6 +63,9 @@ class _Backend:
     def optimizer_state_dict(self) -> dict:
         return {}
 
+    def sharded_state(self) -> None:  # no DCP state: the trainer writes a format-2 checkpoint
+        return None
+
 
 class _Consumer:
     def __init__(self) -> None:

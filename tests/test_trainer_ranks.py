@@ -4,6 +4,7 @@ torch.distributed.checkpoint into the real bucket resume at another world size (
 
 from __future__ import annotations
 
+import signal
 import uuid
 
 import pytest
@@ -21,7 +22,15 @@ def _launch(fn, ranks: int, *args):
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=ranks, run_id=uuid.uuid4().hex[:8],
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, start_method="spawn",
                           monitor_interval=0.1)
-    return elastic_launch(config, fn)(*args)
+    # the agent installs its own SIGTERM/SIGINT/SIGHUP/SIGQUIT handlers in this (pytest's) process and
+    # leaves them: put back what was there, or later tests of signal handling see torch's
+    signals = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT]
+    before = {sig: signal.getsignal(sig) for sig in signals}
+    try:
+        return elastic_launch(config, fn)(*args)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def _batch(rewards: list[list[float]], tag: str = "b"):

@@ -216,10 +216,18 @@ class TrainerService:
         """Rank 0: something is not in a checkpoint yet (steps, or skipped records to commit)."""
         return self.step != self._last_ckpt_step or bool(self._uncommitted)
 
-    def _checkpoint(self, consumer: Any) -> None:
-        """Snapshot the state and save it off the loop (:mod:`astraflow.trainer.checkpoint_writer`).
-        Collective on a rank group: the backend's sharded state is written by DCP to local disk here,
-        each rank uploads its own files on its writer thread, rank 0 writes the pointer."""
+    def _checkpoint(self, consumer: Any, *, wait: bool = False, due: bool | None = None) -> None:
+        """Snapshot the state and save it off the loop (:mod:`astraflow.trainer.checkpoint_writer`);
+        ``wait``: until it is durable and its batches are committed (a clean stop, the end). ``due``:
+        whether to snapshot (default :meth:`_checkpoint_due`; on a rank group rank 0's decision, which
+        every rank follows). Collective on a rank group: the backend's sharded state is written by DCP
+        to local disk here, each rank uploads its own files on its writer thread, rank 0 writes the
+        pointer."""
+        if self._checkpoint_due() if due is None else due:
+            self._snapshot(consumer)
+        self._commit_saved(consumer, wait=wait)
+
+    def _snapshot(self, consumer: Any) -> None:
         from astraflow.trainer.sharded_checkpoint import write_local
 
         self._commit_saved(consumer, wait=True)  # one save at a time, commits in order
@@ -320,7 +328,7 @@ class TrainerService:
                 if command is Command.STOP:
                     break
                 if command is Command.CHECKPOINT:
-                    self._checkpoint(consumer)
+                    self._checkpoint(consumer, due=True)
                 elif command is Command.TRAIN:
                     self._train(msg, batch, time.perf_counter() - wait_from)
                     wait_from = time.perf_counter()
