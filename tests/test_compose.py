@@ -422,8 +422,9 @@ def first_up(stack):
     stack("up", "--detach", "--scale", "raas=2", timeout=300)
     _say(f"{stack.project}: up --scale raas=2 in {time.monotonic() - t0:.0f} s (run {stack.run_id}, "
          f"{FIRST_STEPS} steps)")
-    trainer_log = lambda: stack("logs", "--no-color", "trainer").stdout  # noqa: E731
-    stack.wait("the trainer's first checkpoint", lambda: f"checkpoint at step {CHECKPOINT_EVERY} " in trainer_log())
+    first_checkpoint = f"checkpoint at step {CHECKPOINT_EVERY} "
+    stack.wait("the trainer's first checkpoint",
+               lambda: first_checkpoint in stack("logs", "--no-color", "trainer").stdout)
     # A death, not a stop: `docker kill` is a stop to Docker (restart policies ignore it), so the
     # container's init is killed from the host, as a crash or the OOM killer would.
     pid = stack.containers("trainer")[0]["State"]["Pid"]
