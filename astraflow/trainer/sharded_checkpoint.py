@@ -208,7 +208,7 @@ def restore(checkpoints: CheckpointStore, ckpt: TrainerCheckpoint, backend: Trai
             with _one_process_is_intended():
                 dcp.load(state.tensors, storage_reader=HuggingFaceStorageReader(str(directory)),
                          no_dist=not group.distributed)
-        except Exception as exc:  # noqa: BLE001 - DCP wraps readers' errors (CheckpointException)
+        except Exception as exc:
             raise CheckpointError(f"trainer checkpoint step {ckpt.step}: torch.distributed.checkpoint could not "
                                   f"load its shards: {exc}") from exc
     finally:
