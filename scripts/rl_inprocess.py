@@ -47,8 +47,8 @@ def run_recipe(path: str, overrides: dict, seed: int, quiet: bool) -> dict:
     from astraflow.engines import build_engine
     from astraflow.models import load_policy_model, load_policy_tokenizer
     from astraflow.raas.setup import build_recipe_workflow, end_of_turn_ids
-    from astraflow.sft import warm_start
     from astraflow.recipe.data import recipe_dataset, task_of
+    from astraflow.sft import warm_start
     from astraflow.trainer.torch_backend import TorchBackend
     from astraflow.workflows.policy import policy_client
 

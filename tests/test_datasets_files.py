@@ -15,10 +15,10 @@ import yaml
 
 from astraflow.config import ClusterConfig, ConfigError
 from astraflow.recipe import Recipe
+from astraflow.recipe.data import recipe_dataset, task_of
 from astraflow.tasks import build_dataset
 from astraflow.tasks.base import DATASETS, ListedDataset, problem_key, split_of
 from astraflow.tasks.files import FileDatasetConfig, read_problems
-from astraflow.recipe.data import recipe_dataset, task_of
 from astraflow.workflows.rewards import extract_hash_answer
 
 ROOT = Path(__file__).parent.parent
