@@ -13,7 +13,8 @@ from update_agreement import update_disagreement
 from astraflow.config import ConfigError
 from astraflow.models import load_model
 from astraflow.records import Trajectory
-from astraflow.trainer.backend import SimulatedBackendConfig, TorchBackendConfig, build_backend, parse_backend
+from astraflow.trainer.backend import build_backend
+from astraflow.trainer.config import SimulatedBackendConfig, TorchBackendConfig, parse_backend
 from astraflow.trainer.loss import group_advantages, policy_loss
 from astraflow.trainer.torch_backend import TorchBackend
 
@@ -162,7 +163,7 @@ def test_a_recipe_without_backend_type_gets_torch_options():
 
 
 def test_validating_a_backend_section_imports_no_backend_runtime():
-    code = ("import importlib.util, sys; from astraflow.trainer.backend import parse_backend; "
+    code = ("import importlib.util, sys; from astraflow.trainer.config import parse_backend; "
             "parse_backend({'type': 'simulated'}); parse_backend({'lr': 1e-3}); "
             "parse_backend({'type': 'megatron'}) if importlib.util.find_spec('megatron') else None; "
             "print(sorted(m for m in ('torch', 'megatron', 'astraflow.trainer.simulated') if m in sys.modules))")

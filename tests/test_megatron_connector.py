@@ -187,7 +187,7 @@ def test_load_state_restores_published_weights_and_optimizer():
 
 def test_a_recipe_naming_megatron_without_megatron_core_names_the_package(monkeypatch):
     import connectors.megatron.config as megatron_config
-    from astraflow.trainer.backend import parse_backend
+    from astraflow.trainer.config import parse_backend
 
     monkeypatch.setattr(megatron_config, "megatron_available", lambda: False)
     with pytest.raises(ValueError, match=r"pip install 'astraflow\[megatron\]'"):

@@ -91,7 +91,7 @@ def test_builder_entries_with_a_default_and_a_connector(tmp_path, monkeypatch):
 def test_engines_and_backends_share_the_registry():
     from astraflow.engines import ENGINES, HFEngineConfig, parse_engine
     from astraflow.registry import Builder
-    from astraflow.trainer.backend import BACKENDS, TorchBackendConfig, parse_backend
+    from astraflow.trainer.config import BACKENDS, TorchBackendConfig, parse_backend
 
     assert isinstance(ENGINES.get("hf"), Builder) and isinstance(BACKENDS.get("torch"), Builder)
     assert parse_engine({"seed": 3}) == HFEngineConfig(seed=3) and parse_backend(None) == TorchBackendConfig()

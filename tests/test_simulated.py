@@ -14,7 +14,8 @@ import yaml
 from astraflow.config import ConfigError
 from astraflow.engines import SamplingParams, SimulatedEngineConfig, build_engine
 from astraflow.recipe import Recipe
-from astraflow.trainer.backend import SimulatedBackendConfig, build_backend
+from astraflow.trainer.backend import build_backend
+from astraflow.trainer.config import SimulatedBackendConfig
 
 SIM_RECIPES = ["sim_single", "sim_hetero", "sim_solver_verifier"]
 

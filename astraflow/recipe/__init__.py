@@ -23,7 +23,7 @@ from astraflow.dataflow.config import DataflowConfig
 from astraflow.engines import EngineConfig, HFEngineConfig
 from astraflow.sft import SFTConfig
 from astraflow.tasks import DatasetField
-from astraflow.trainer.backend import BackendConfig, TorchBackendConfig
+from astraflow.trainer.config import BackendConfig, TorchBackendConfig
 from astraflow.workflows import SamplingConfig, WorkflowField
 
 

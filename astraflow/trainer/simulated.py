@@ -14,8 +14,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from astraflow.trainer.backend import SimulatedBackendConfig
 from astraflow.trainer.base import TrainerBackend
+from astraflow.trainer.config import SimulatedBackendConfig
 
 if TYPE_CHECKING:
     from astraflow.records import Trajectory

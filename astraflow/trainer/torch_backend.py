@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from astraflow.devices import describe as describe_device
-from astraflow.trainer.backend import TorchBackendConfig
 from astraflow.trainer.base import ShardedState, TrainerBackend
+from astraflow.trainer.config import TorchBackendConfig
 from astraflow.trainer.distributed import RankGroup, current_group
 from astraflow.trainer.loss import group_advantages, policy_loss
 

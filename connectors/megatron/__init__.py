@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from astraflow.trainer.backend import register_backend
+from astraflow.trainer.config import register_backend
 from connectors.megatron.config import MegatronBackendConfig
 
 

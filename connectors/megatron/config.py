@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from astraflow.trainer.backend import TorchBackendConfig
+from astraflow.trainer.config import TorchBackendConfig
 
 INSTALL_HINT = ("the 'megatron' trainer backend needs megatron-core, which this Python does not have: "
                 "install it with `pip install 'astraflow[megatron]'` (or `pip install megatron-core`)")
