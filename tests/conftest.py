@@ -1,16 +1,17 @@
 """Shared fixtures: a real Kafka broker and a real S3 bucket for the whole test session.
 
-Where the cluster comes from, first match wins:
+Where the cluster comes from is chosen, never guessed from what happens to run on the machine:
 
-1. ``ASTRAFLOW_KAFKA_BOOTSTRAP`` and ``ASTRAFLOW_S3_ENDPOINT`` set: those external endpoints (with
-   the other ``ASTRAFLOW_*`` variables: keys, bucket, SASL/TLS).
-2. A Docker engine answers ``docker info``: Apache Kafka-compatible (testcontainers' Kafka) and
-   MinIO containers.
-3. Otherwise: the embedded stack (Tansu + SeaweedFS) in a temporary state dir on free loopback
-   ports, with Tansu's in-memory log for speed (``ASTRAFLOW_TEST_LOG_STORAGE=s3`` for the durable
-   one). It is stopped at session end, and dies with pytest even if pytest is killed.
+1. ``ASTRAFLOW_TEST_STACK=external``, or ``ASTRAFLOW_KAFKA_BOOTSTRAP`` / ``ASTRAFLOW_S3_ENDPOINT`` set:
+   those external endpoints (with the other ``ASTRAFLOW_*`` variables: keys, bucket, SASL/TLS).
+2. ``ASTRAFLOW_TEST_STACK=docker``: Apache Kafka-compatible (testcontainers' Kafka) and MinIO
+   containers, on the Docker engine the environment names (their images must be pullable).
+3. Otherwise (the default): the embedded stack (Tansu + SeaweedFS) in a temporary state dir on free
+   loopback ports, with Tansu's in-memory log for speed (``ASTRAFLOW_TEST_LOG_STORAGE=s3`` for the
+   durable one). It is stopped at session end, and dies with pytest even if pytest is killed.
 
-``ASTRAFLOW_TEST_STACK=external|docker|embedded`` forces a choice.
+A Docker engine that merely answers does not switch the suite to containers: one that cannot pull
+images (a registry out of reach) made the suite error when it did.
 
 Each test gets its own run id through ``test_cluster`` (topics ``<run>.*``, bucket prefix
 ``<run>/``), so tests never see each other's records.
@@ -20,8 +21,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -34,20 +33,6 @@ TEST_BUCKET = "astraflow"
 
 
 # -- where the cluster comes from ------------------------------------------------------------
-def _docker_engine_answers() -> bool:
-    """True only when a Docker engine (not just the client) answers, within a few seconds."""
-    docker = shutil.which("docker")
-    if not docker:
-        return False
-    try:
-        probe = subprocess.run(
-            [docker, "info", "--format", "{{.ServerVersion}}"], capture_output=True, timeout=5, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return probe.returncode == 0
-
-
 def _choose_stack() -> str:
     forced = os.environ.get("ASTRAFLOW_TEST_STACK")
     if forced:
@@ -56,8 +41,6 @@ def _choose_stack() -> str:
         return forced
     if os.environ.get("ASTRAFLOW_KAFKA_BOOTSTRAP") or os.environ.get("ASTRAFLOW_S3_ENDPOINT"):
         return "external"
-    if _docker_engine_answers():
-        return "docker"
     return "embedded"
 
 
