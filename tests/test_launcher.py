@@ -210,13 +210,16 @@ def _metrics(path: Path) -> list[dict]:
 
 def test_report_png_from_metrics_jsonl(tmp_path: Path) -> None:
     from astraflow.report import load_metrics, write_report
-    from astraflow.report.plot import trainer_steps
+    from astraflow.report.plot import node_throughput, trainer_steps, typed_records
 
     _metrics(tmp_path / "metrics.jsonl")
     records = load_metrics(tmp_path / "metrics.jsonl")
     assert len(records) == 16
-    steps = trainer_steps(records)
-    assert sorted(steps) == ["solver", "verifier"] and [r["step"] for r in steps["solver"]] == [1, 2, 3, 4, 5]
+    typed = typed_records([*records, {"component": "my-evaluator", "accuracy": 0.5}])  # a user's figures
+    assert len(typed) == 16
+    steps = trainer_steps(typed)
+    assert sorted(steps) == ["solver", "verifier"] and [r.step for r in steps["solver"]] == [1, 2, 3, 4, 5]
+    assert [v for _, v in node_throughput(typed)["raas-default-0"]] == [301, 302, 303, 304, 305]
     png = write_report(records, tmp_path / "report.png", title="test")
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000

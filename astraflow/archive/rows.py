@@ -17,7 +17,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from astraflow.records import batch, trajectory
-from astraflow.records.control import ControlRecordError, WeightAnnouncement, parse_control
+from astraflow.records.control import (
+    ControlRecord,
+    ControlRecordError,
+    WeightAnnouncement,
+    is_control,
+    parse_control,
+)
 from astraflow.records.schema import RecordSchemaError, conform
 
 if TYPE_CHECKING:
@@ -176,15 +182,18 @@ def weight_rows(m: Message, policy: str) -> list[Rows]:
 
 def metric_rows(m: Message) -> list[Rows]:
     obj = m.obj if m.obj is not None else (m.value or b"").decode("utf-8", "replace")
-    d = obj if isinstance(obj, dict) else {}
+    if is_control(m.schema_name, m.schema_version):  # typed: parsed at decode, a bad one never gets here
+        index = parse_control(m.schema_name, m.schema_version, obj).index_fields()
+    else:  # a user's own figures (untyped JSON): the same keys where it has them
+        index = {k: obj.get(k) for k in ControlRecord.INDEX_FIELDS} if isinstance(obj, dict) else {}
     row = {
         "key": m.key,
-        "component": _str(d.get("component")),
-        "kind": _str(d.get("kind")),
-        "event": _str(d.get("event")),
-        "policy": _str(d.get("policy")),
-        "step": _int(d.get("step")),
-        "time": _float(d.get("time")),
+        "component": _str(index.get("component")),
+        "kind": _str(index.get("kind")),
+        "event": _str(index.get("event")),
+        "policy": _str(index.get("policy")),
+        "step": _int(index.get("step")),
+        "time": _float(index.get("time")),
         "json": json.dumps(obj, sort_keys=True, default=str),
         "log_partition": m.partition, "log_offset": m.offset, "log_timestamp_ms": m.timestamp_ms,
     }

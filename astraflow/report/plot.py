@@ -1,8 +1,9 @@
 """``report.png`` of a run: reward per policy vs step, node throughput, staleness, weight bytes.
 
-Reads only the metrics contract (matplotlib Agg backend, no display needed): trainer step records
-(``component == "trainer"`` with ``step``), RaaS node records (``tokens_per_s``) and whatever else
-is there is ignored, so the report works on any run's ``metrics.jsonl``.
+Reads the typed records of ``metrics.jsonl`` (matplotlib Agg backend, no display needed): the trainers'
+step records and the nodes' status records, each line parsed with
+:func:`~astraflow.records.control.parse_metrics_json`; what does not parse (a user's own figures, a torn
+last line's neighbours) is not plotted.
 """
 
 from __future__ import annotations
@@ -12,22 +13,41 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from astraflow.records.control import (
+    ControlRecord,
+    ControlRecordError,
+    NodeStatus,
+    TrainerStep,
+    parse_metrics_json,
+)
 
-def trainer_steps(records: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Per policy, the trainer's step records ordered by step (a repeated step keeps the last)."""
-    by_policy: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
+
+def typed_records(records: Iterable[dict[str, Any]]) -> list[ControlRecord]:
+    """The lines of ``metrics.jsonl`` that are records of ours, typed."""
+    out = []
     for r in records:
-        if r.get("component") == "trainer" and "step" in r and not r.get("event"):
-            by_policy[str(r.get("policy", r.get("id", "?")))][int(r["step"])] = r
+        try:
+            out.append(parse_metrics_json(r))
+        except ControlRecordError:
+            continue
+    return out
+
+
+def trainer_steps(records: Iterable[ControlRecord]) -> dict[str, list[TrainerStep]]:
+    """Per policy, the trainer's step records ordered by step (a repeated step keeps the last)."""
+    by_policy: dict[str, dict[int, TrainerStep]] = defaultdict(dict)
+    for r in records:
+        if isinstance(r, TrainerStep):
+            by_policy[r.policy][r.step] = r
     return {p: [steps[s] for s in sorted(steps)] for p, steps in sorted(by_policy.items())}
 
 
-def node_throughput(records: Iterable[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
+def node_throughput(records: Iterable[ControlRecord]) -> dict[str, list[tuple[float, float]]]:
     """Per RaaS node, (time, tokens/s) samples."""
     out: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for r in records:
-        if r.get("component") == "raas" and "tokens_per_s" in r and "time" in r:
-            out[str(r.get("node_id", r.get("id", "?")))].append((float(r["time"]), float(r["tokens_per_s"])))
+        if isinstance(r, NodeStatus):
+            out[r.node_id].append((r.time, r.tokens_per_s))
     return dict(sorted(out.items()))
 
 
@@ -40,16 +60,16 @@ def write_report(records: list[dict[str, Any]], path: str | Path, title: str = "
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    steps = trainer_steps(records)
-    nodes = node_throughput(records)
-    t0 = min((float(r["time"]) for r in records if "time" in r), default=0.0)
+    typed = typed_records(records)
+    steps = trainer_steps(typed)
+    nodes = node_throughput(typed)
+    t0 = min((r.time for r in typed if isinstance(r, TrainerStep | NodeStatus)), default=0.0)
 
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     ax_reward, ax_tput, ax_stale, ax_bytes = axes.flat
 
     for policy, rows in steps.items():
-        xs = [r["step"] for r in rows if "reward_mean" in r]
-        ax_reward.plot(xs, [r["reward_mean"] for r in rows if "reward_mean" in r], marker=".", label=policy)
+        ax_reward.plot([r.step for r in rows], [r.reward_mean for r in rows], marker=".", label=policy)
     _finish(ax_reward, "reward per policy", "trainer step", "mean reward", bool(steps))
 
     for node, samples in nodes.items():
@@ -58,19 +78,17 @@ def write_report(records: list[dict[str, Any]], path: str | Path, title: str = "
 
     has_stale = False
     for policy, rows in steps.items():
-        xs = [r["step"] for r in rows if "staleness_mean" in r]
+        xs = [r.step for r in rows]
         if xs:
             has_stale = True
-            line = ax_stale.plot(xs, [r["staleness_mean"] for r in rows if "staleness_mean" in r],
-                                 marker=".", label=f"{policy} mean")[0]
-            xm = [r["step"] for r in rows if "staleness_max" in r]
-            ax_stale.plot(xm, [r["staleness_max"] for r in rows if "staleness_max" in r], linestyle="--",
-                          color=line.get_color(), label=f"{policy} max")
+            line = ax_stale.plot(xs, [r.staleness_mean for r in rows], marker=".", label=f"{policy} mean")[0]
+            ax_stale.plot(xs, [r.staleness_max for r in rows], linestyle="--", color=line.get_color(),
+                          label=f"{policy} max")
     _finish(ax_stale, "staleness of trained tokens", "trainer step", "versions behind", has_stale)
 
     has_bytes = False
     for policy, rows in steps.items():
-        pts = [(r.get("version", r["step"]), r["publish_bytes"]) for r in rows if r.get("publish_bytes")]
+        pts = [(r.version, r.publish_bytes) for r in rows if r.publish_bytes]
         if pts:
             has_bytes = True
             ax_bytes.plot([v for v, _ in pts], [b for _, b in pts], marker="o", linestyle="-", label=policy)

@@ -31,3 +31,11 @@ class ControlRecord(BaseModel):
         """The record's JSON document. Python mode: a NaN loss stays NaN, as the codec's ``json.dumps``
         has always written it (pydantic's JSON mode would write null)."""
         return self.model_dump()
+
+    INDEX_FIELDS: ClassVar[tuple[str, ...]] = ("component", "kind", "event", "policy", "step", "time")
+    """The fields readers index records of the metrics topic by (the archive's metric rows)."""
+
+    def index_fields(self) -> dict[str, Any]:
+        """:attr:`INDEX_FIELDS` of this record; None for each it does not have (a node has no step)."""
+        values = self.model_dump(include=set(self.INDEX_FIELDS))
+        return {name: values.get(name) for name in self.INDEX_FIELDS}
