@@ -55,6 +55,8 @@ from typing import TYPE_CHECKING, Any
 
 from astraflow.log.handoff import HandoffLatency
 from astraflow.log.until_acked import UntilAcked
+from astraflow.records import batch as batch_rec
+from astraflow.records.batch import Batch
 from astraflow.records.control import (
     TrainerDone,
     TrainerRecord,
@@ -281,7 +283,6 @@ class TrainerService:
         from astraflow.log.identity import topic_ids
         from astraflow.models import load_policy_model
         from astraflow.objstore import ObjectStore
-        from astraflow.records import batch as batch_rec
         from astraflow.trainer.backend import build_backend
 
         leader = self.group.leader
@@ -324,7 +325,7 @@ class TrainerService:
                                        max_poll_interval_ms=600_000, client_id=f"trainer-{self.policy}-{self.life}")
             wait_from = time.perf_counter()
             while True:
-                command, msg, batch = self._turn(consumer, batch_rec)
+                command, msg, batch = self._turn(consumer)
                 if command is Command.STOP:
                     break
                 if command is Command.CHECKPOINT:
@@ -354,7 +355,7 @@ class TrainerService:
         return {"step": self.step, "version": self.version, "finished": finished, "skipped": dict(self.skipped),
                 "life": self.life, "rank": self.group.rank, "ranks": self.group.world_size}
 
-    def _turn(self, consumer: Any, batch_rec: Any) -> tuple[Command, Any, Any]:
+    def _turn(self, consumer: Any) -> tuple[Command, Any, Batch | None]:
         """This loop turn's command, the same on every rank: rank 0 decides it (:meth:`_lead`) and
         broadcasts it with the batch's Arrow bytes; the others decode the batch. Returns the command,
         the batch record (rank 0) and the batch."""
@@ -362,8 +363,7 @@ class TrainerService:
 
         msg = None
         if self.group.leader:
-            command, msg = self._lead(consumer, batch_rec)
-            batch = msg.extra.pop("batch") if msg is not None else None
+            command, msg, batch = self._lead(consumer)
             if not self.group.distributed:
                 return command, msg, batch
             payload = ArrowCodec.encode_table(msg.table).tobytes() if msg is not None else b""
@@ -373,29 +373,31 @@ class TrainerService:
         batch = batch_rec.from_table(ArrowCodec.decode_table(payload)) if command is Command.TRAIN else None
         return command, None, batch
 
-    def _lead(self, consumer: Any, batch_rec: Any) -> tuple[Command, Any]:
+    def _lead(self, consumer: Any) -> tuple[Command, Any, Batch | None]:
         """Rank 0's decision for this turn: checkpoint when one falls due, stop at the step target (or
-        when asked) once the last state is in a checkpoint, else the next admitted batch record."""
+        when asked) once the last state is in a checkpoint, else the next admitted batch record and its
+        batch."""
         due = self.step % self.tspec.checkpoint_every == 0 and self.step != self._last_ckpt_step
         if self.step >= self.tspec.steps or self.stop_event.is_set():
-            return (Command.CHECKPOINT if self._checkpoint_due() else Command.STOP), None
+            return (Command.CHECKPOINT if self._checkpoint_due() else Command.STOP), None, None
         if due:
-            return Command.CHECKPOINT, None
+            return Command.CHECKPOINT, None, None
         msgs = consumer.poll(timeout_s=self.poll_timeout_s, max_records=1)
         self._emit_published()
         self.records.resend_refused()
         self._commit_saved(consumer)
-        if not msgs or not self._admit(msgs[0], batch_rec):
-            return Command.IDLE, None
-        return Command.TRAIN, msgs[0]
+        batch = self._admit(msgs[0]) if msgs else None
+        if batch is None:
+            return Command.IDLE, None, None
+        return Command.TRAIN, msgs[0], batch
 
-    def _admit(self, msg: Any, batch_rec: Any) -> bool:
-        """Decode the batch record; False (and the record marked for commit) for one not to train."""
+    def _admit(self, msg: Any) -> Batch | None:
+        """The batch of a batch record; None (and the record marked for commit) for one not to train."""
         key = _offset_key(msg.topic, msg.partition)
         if msg.offset < self.offsets.get(key, -1):
             self.skipped["already_checkpointed"] += 1
             self._uncommitted.append(msg)
-            return False
+            return None
         try:
             b = batch_rec.from_table(msg.table)
             if b.policy != self.policy:
@@ -405,14 +407,13 @@ class TrainerService:
             self.skipped["invalid"] += 1
             self._consumed(msg)
             self._report_skipped("invalid", str(msg.key))  # batch records are keyed by their id
-            return False
+            return None
         if b.batch_id in self._trained:
             self.skipped["duplicate"] += 1
             self._consumed(msg)
             self._report_skipped("duplicate", b.batch_id)
-            return False
-        msg.extra["batch"] = b
-        return True
+            return None
+        return b
 
     def _report_skipped(self, reason: str, batch_id: str) -> None:
         """The dataflow counts a batch it served as a version to come and its run's end as one batch
