@@ -2,9 +2,8 @@
 # A Docker engine for `make test-compose`, sourced by scripts/compose/test.sh.
 #
 # The engine is Debian's docker.io, started by hand (CI machines have no init system) on a socket of
-# its own under $COMPOSE_STATE, not /var/run/docker.sock: tests/conftest.py switches to
-# testcontainers when the default socket answers, and other test runs on the same machine must not
-# see this engine. An engine that already answers (DOCKER_HOST or the default socket) is used as it
+# its own under $COMPOSE_STATE, not /var/run/docker.sock: other test runs and tools on the same machine
+# must not see this engine (the test fixtures use containers only when ASTRAFLOW_TEST_STACK=docker). An engine that already answers (DOCKER_HOST or the default socket) is used as it
 # is and left running.
 
 COMPOSE_STATE=${COMPOSE_STATE:-/var/tmp/astraflow-compose}
