@@ -254,6 +254,41 @@ def test_trainer_bootstrapped_from_the_store_publishes_v1_as_a_delta(test_cluste
     assert m1.bytes < store.manifest(0).bytes
 
 
+def test_a_checkpoint_is_saved_only_once_the_steps_it_covers_have_their_records_in_the_log(test_cluster,
+                                                                                           monkeypatch):
+    """A life resumed from a checkpoint never takes its steps again, so it cannot write their records
+    again: by the time a checkpoint's save starts, the step record of every step it covers was sent (a
+    compose run whose trainer was SIGKILLed after its step-10 checkpoint lacked step 10's record). Each
+    record's log timestamp (the producer's send time) is compared with the moment the real save began."""
+    import time
+
+    from test_raas_support import make_recipe
+
+    from astraflow.log import Topics
+    from astraflow.log.range_reader import read_to_end
+    from astraflow.trainer.checkpoint import CheckpointStore
+
+    cfg = test_cluster
+    save_began: dict[int, float] = {}
+    save = CheckpointStore.save
+
+    def timed_save(self, ckpt):
+        save_began.setdefault(ckpt.step, time.time() * 1000)
+        return save(self, ckpt)
+
+    monkeypatch.setattr(CheckpointStore, "save", timed_save)
+    _send_batches(cfg, [f"b{i}" for i in range(4)])
+    recipe = make_recipe(cfg.run, trainer={"steps": 4, "checkpoint_every": 2, "max_publish_lag": 2})
+    result = _run_trainer_in_process(cfg, recipe, stop_first=False)
+    assert result["finished"] and sorted(save_began) == [2, 4]
+    written = read_to_end(cfg, {(Topics(cfg.run).metrics, 0): 0}).messages
+    sent_at = {m.obj["step"]: m.timestamp_ms for m in written if m.schema_name == "trainer-step"}
+    assert sorted(sent_at) == [1, 2, 3, 4]
+    late = {(step, ckpt): sent_at[step] - began for ckpt, began in save_began.items()
+            for step in range(1, ckpt + 1) if sent_at[step] > began}
+    assert not late, f"step records sent after the save of a checkpoint covering them began (ms late): {late}"
+
+
 def _trainer_rank(cfg, recipe) -> dict:
     """One rank of a trainer group (started by torch's elastic agent): the component itself."""
     import threading

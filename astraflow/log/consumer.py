@@ -74,6 +74,8 @@ class LogConsumer:
         self._auto_offset_reset = auto_offset_reset
         self._revoked_before: set[Any] = set()
         self._reseek: set[Any] = set()
+        self._unreachable_since = 0.0
+        """Monotonic time the first poll of a broker outage failed (0: the broker answers)."""
         self.handoff = HandoffLatency()
         """Send -> poll milliseconds per topic, for the component's metrics records."""
         kwargs = {
@@ -115,7 +117,24 @@ class LogConsumer:
     def poll(self, timeout_s: float = 1.0, max_records: int | None = None) -> list[Message]:
         """Decoded records, in order per partition. Undecodable ones are dead-lettered (and count as
         processed) instead of being returned."""
-        batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        from kafka.errors import KafkaConnectionError
+
+        try:
+            batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        except KafkaConnectionError as exc:
+            # The broker is restarting (kafka-python raises its coordinator lookup's connection error out
+            # of poll). Nothing was delivered and no position moved: the caller's loop polls again, as it
+            # would after an empty poll. A component that died here instead resumed from its last save.
+            if not self._unreachable_since:
+                self._unreachable_since = time.monotonic()
+                _log.warning("consumer %s: broker unreachable (%s: %s); polling on until it answers",
+                             self.group_id, type(exc).__name__, exc)
+            time.sleep(min(timeout_s, 1.0))
+            return []
+        if self._unreachable_since:
+            _log.warning("consumer %s: broker answers again after %.1f s", self.group_id,
+                         time.monotonic() - self._unreachable_since)
+            self._unreachable_since = 0.0
         if self._reseek:
             # A partition kept through a rebalance keeps kafka-python's fetch position, but its
             # processed-offset state was dropped on revoke: re-read it from the committed offset so

@@ -42,7 +42,9 @@ from the step's end to its version's announcement being acknowledged; the torch 
 versions and checkpoints this life deleted so far, per ``trainer.weights_gc_every`` and
 ``trainer.keep_checkpoints``); a ``TrainerSkipped`` (reason ``duplicate`` | ``invalid``) for a batch record
 whose id was trained already (a restarted dataflow re-produced it) or that does not decode (``batch_id``:
-its key), which the dataflow reads; and a ``TrainerDone`` after ``trainer.steps`` steps.
+its key), which the dataflow reads; and a ``TrainerDone`` after ``trainer.steps`` steps. A checkpoint is
+taken only once the step records of the steps it covers are acknowledged: a resumed life never takes
+those steps again, so it could not write them again.
 """
 
 from __future__ import annotations
@@ -76,6 +78,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = ["CheckpointError", "publishable", "run_trainer"]
+
+
+STEP_RECORDS_WAIT_S = 10.0
+"""How long a checkpoint waits for the step records it covers before it says so (and waits on)."""
+STEP_RECORDS_STOP_WAIT_S = 30.0
+"""On a stop (SIGTERM: a pod's grace period is 30 s by default) the wait gives up after this long."""
 
 
 def publishable(state: dict[str, Any], dtype: str) -> dict[str, Any]:
@@ -233,6 +241,8 @@ class TrainerService:
         from astraflow.trainer.sharded_checkpoint import write_local
 
         self._commit_saved(consumer, wait=True)  # one save at a time, commits in order
+        if self.group.leader:
+            self._settle_step_records()
         sharded = self.backend.sharded_state()
         common = {"step": self.step, "version": self.version, "offsets": dict(self.offsets),
                   "batch_ids": list(self.batch_ids), "topic_ids": dict(self.topic_ids)}
@@ -248,6 +258,24 @@ class TrainerService:
         self.checkpoint_writer.start(ckpt, self._uncommitted)
         self._uncommitted = []
         self._last_ckpt_step = self.step
+
+    def _settle_step_records(self) -> None:
+        """Before a checkpoint covers the steps taken so far, their step records are in the log: a life
+        that resumes from the checkpoint does not take (or report) those steps again, so a record still
+        queued or in flight when this one is killed would be lost for good. Waits for the publisher
+        (a step's record is written once its version is announced), then for the acknowledgements;
+        a broker that stays away is waited out, said once every ``STEP_RECORDS_WAIT_S``."""
+        self.publisher.flush()
+        self._emit_published()
+        waited = 0.0
+        while not self.records.settle(STEP_RECORDS_WAIT_S):
+            waited += STEP_RECORDS_WAIT_S
+            log.warning("trainer %s: step records not acknowledged after %.0f s; the checkpoint at step %d "
+                        "waits for them", self.policy, waited, self.step)
+            if self.stop_event.is_set() and waited >= STEP_RECORDS_STOP_WAIT_S:
+                log.error("trainer %s: stopping with step records unacknowledged; a resumed run misses them",
+                          self.policy)
+                return
 
     def _save_checkpoint(self, ckpt: TrainerCheckpoint) -> None:
         """On the writer's thread. A restarting S3 server is waited out (one line per backoff step),
