@@ -54,10 +54,11 @@ def evaluate(recipe: Recipe, policy: str, state: dict, version: int, tasks: list
     balanced verdict accuracy, or whole tool-using episodes: the workflow decides)."""
     import asyncio
 
+    from astraflow.engines import FullState
     from astraflow.raas.setup import build_policy_clients, build_recipe_workflow
 
     client = build_policy_clients(recipe, recipe.pool(recipe.dataset.pool), "demo-eval", [policy])[policy]
-    client.engine.load_weights(state, version)
+    client.engine.update_weights(FullState(state, version))
     return asyncio.run(build_recipe_workflow(recipe).evaluate(policy, client, tasks))
 
 

@@ -1,6 +1,6 @@
 """Engines side by side: the built-in ``hf`` engine and the vLLM connector on the same checkpoint and
 prompts, in one run — tokens/s at batch 1 and at batch ``--batch``, and the time each is paused by a
-weight refresh (``load_weights`` of the full state: no step runs meanwhile).
+weight refresh (``update_weights`` of the full state: no step runs meanwhile).
 
 Runs where vLLM is installed (``make venv-vllm``; the main venv has no vllm):
 
@@ -39,11 +39,13 @@ def tokens_per_s(engine, prompts: list[list[int]], tokens: int, batch: int, reps
 
 
 def refresh_pause_s(engine, state: dict, reps: int) -> float:
-    """Median seconds ``load_weights`` holds the engine (the full state, a new version each time)."""
+    """Median seconds ``update_weights`` holds the engine (the full state, a new version each time)."""
+    from astraflow.engines import FullState
+
     seconds = []
     for v in range(reps):
         t0 = time.perf_counter()
-        engine.load_weights(state, engine.weight_version + 1 + v)
+        engine.update_weights(FullState(state, engine.weight_version + 1 + v))
         seconds.append(time.perf_counter() - t0)
     return statistics.median(seconds)
 

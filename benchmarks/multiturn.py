@@ -36,6 +36,7 @@ import torch
 
 from astraflow.engines.base import Engine, Generation, SamplingParams
 from astraflow.engines.hf import HFEngine
+from astraflow.engines.weight_update import WeightUpdate
 from astraflow.models import load_model, load_tokenizer, resolve_checkpoint
 from astraflow.records import Task
 from astraflow.tools.base import Tool, ToolConfig, register_tool
@@ -68,6 +69,7 @@ class ForcedEngine(Engine):
 
     def __init__(self, inner: HFEngine, turns: list[list[int]], eos: int) -> None:
         self.inner, self.turns, self.eos = inner, turns, eos
+        self.accepted_updates = inner.accepted_updates
         self.seconds = 0.0
         self.calls = 0
 
@@ -82,8 +84,8 @@ class ForcedEngine(Engine):
             out.append(Generation(turn, gen.logprobs, gen.versions, "stop"))
         return out
 
-    def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        self.inner.load_weights(state_dict, version)
+    def update_weights(self, update: WeightUpdate) -> None:
+        self.inner.update_weights(update)
 
     @property
     def weight_version(self) -> int:

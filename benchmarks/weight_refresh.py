@@ -219,7 +219,7 @@ def bench_model(cfg, name: str, changed: float, device: torch.device) -> dict:
         prepare_s = time.perf_counter() - t0
         synchronize(device)
         t0 = time.perf_counter()
-        patch.write(serving)  # an engine runs this between two decoding steps (HFEngine.patch_weights)
+        patch.write(serving)  # an engine runs this between two decoding steps (HFEngine.update_weights with an InPlacePatch)
         synchronize(device)
         paused_s = time.perf_counter() - t0
         announce_to_serving_s = time.time() - announced_ms / 1000.0

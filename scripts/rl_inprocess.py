@@ -44,7 +44,7 @@ def load_recipe(path: str, overrides: dict):
 def run_recipe(path: str, overrides: dict, seed: int, quiet: bool) -> dict:
     import torch
 
-    from astraflow.engines import build_engine
+    from astraflow.engines import FullState, build_engine
     from astraflow.models import load_policy_model, load_policy_tokenizer
     from astraflow.raas.setup import build_recipe_workflow, end_of_turn_ids
     from astraflow.recipe.data import recipe_dataset, task_of
@@ -88,7 +88,7 @@ def run_recipe(path: str, overrides: dict, seed: int, quiet: bool) -> dict:
         for name, client in clients.items():  # serve version (trainer version - staleness)
             v = max(0, len(history[name]) - 1 - staleness)
             if client.engine.weight_version != v:
-                client.engine.load_weights(history[name][v], v)
+                client.engine.update_weights(FullState(history[name][v], v))
         tasks = [task_of(p, recipe, f"{p.prompt_id}#{step}")
                  for p in (next(stream) for _ in range(rl["prompts_per_step"]))]
 
@@ -112,7 +112,7 @@ def run_recipe(path: str, overrides: dict, seed: int, quiet: bool) -> dict:
     rl_seconds = time.perf_counter() - t_rl
     rl_cpu_seconds = time.process_time() - cpu_rl  # every thread of this process
     for name, client in clients.items():  # evaluate the final trainer weights
-        client.engine.load_weights(history[name][-1], len(history[name]) - 1)
+        client.engine.update_weights(FullState(history[name][-1], len(history[name]) - 1))
     evaluate("post_rl")
     result.update(rl_seconds=round(rl_seconds, 1), rl_cpu_seconds=round(rl_cpu_seconds, 2), wall_seconds=round(time.perf_counter() - t_start, 1),
                   rl=rl, reward_first5={k: v for k, v in curve[0].items()} if curve else {},

@@ -9,6 +9,7 @@ from typing import Any
 
 from astraflow.engines.base import Engine, Generation, SamplingParams
 from astraflow.engines.batching import RequestBatcher
+from astraflow.engines.weight_update import FullState, InPlacePatch, UpdateRefusedError, WeightUpdate
 from astraflow.records import Trajectory, episode_id_for, group_id_for
 
 Reply = Generation | tuple[list[int], list[int]]
@@ -29,12 +30,20 @@ class FakeEngine(Engine):
     ``max_new_tokens``, finished "stop" when its last token is ``stop`` (else "length"), the
     log-prob of its k-th token ``-(k+1)/10``. ``batch=True`` merges concurrent ``agenerate``
     requests with astraflow's :class:`RequestBatcher`, as the HF engine does, so concurrent
-    episodes show up in :attr:`batches`. Weights are fixed at ``version``; loading any raises.
+    episodes show up in :attr:`batches`. Weights start at ``version``; the engine accepts the weight
+    update kinds in ``accepts`` (none by default: the weights stay fixed), records each update in
+    :attr:`updates` and takes its version; a full state is kept (copied) and served by ``state_dict``,
+    which an in-place patch writes; a published version is taken as fetched.
     """
 
-    def __init__(self, reply: Callable[[list[int], int], Reply], *, version: int = 0, stop: int | None = None,
-                 batch: bool = False) -> None:
+    def __init__(self, reply: Callable[[list[int], int], Reply] = lambda prompt, k: ([], []), *, version: int = 0,
+                 stop: int | None = None, batch: bool = False, accepts: frozenset[type[WeightUpdate]] = frozenset()
+                 ) -> None:
         self.reply, self.version, self.stop = reply, version, stop
+        self.accepted_updates = frozenset(accepts)
+        self.updates: list[WeightUpdate] = []
+        """Every weight update applied, in order."""
+        self._state: dict[str, Any] = {}
         self.prompts: list[list[int]] = []
         """Every prompt answered, in order."""
         self.params: list[SamplingParams] = []
@@ -70,15 +79,23 @@ class FakeEngine(Engine):
         finish = "stop" if ids and ids[-1] == self.stop else "length"
         return Generation(ids, [-(k + 1) / 10 for k in range(len(ids))], versions, finish)
 
-    def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        raise NotImplementedError
+    def update_weights(self, update: WeightUpdate) -> None:
+        if type(update) not in self.accepted_updates:
+            raise UpdateRefusedError(self, type(update))
+        if isinstance(update, FullState):
+            # copies, as a real engine loads into tensors of its own
+            self._state = {k: v.clone() if hasattr(v, "clone") else v for k, v in update.state_dict.items()}
+        elif isinstance(update, InPlacePatch):
+            update.write(self._state)
+        self.updates.append(update)
+        self.version = update.version
 
     @property
     def weight_version(self) -> int:
         return self.version
 
     def state_dict(self) -> dict[str, Any]:
-        return {}
+        return self._state
 
 
 def make_trajectory(task: str = "p1", policy: str = "policy", i: int = 0, *, n: int = 4,

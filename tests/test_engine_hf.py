@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from astraflow.engines import SamplingParams, build_engine
+from astraflow.engines import FullState, InPlacePatch, SamplingParams, build_engine
 from astraflow.models import load_model
 
 TEXTS = ["max 3 7 1 9 =", "min 4 2 =", "max 1 2 3 4 5 6 ="]
@@ -94,13 +94,13 @@ def test_greedy_is_argmax_and_stops_at_eos(tiny_model, tiny_tokenizer, prompts):
         assert tok.eos_token_id not in g.token_ids[:-1]
 
 
-def test_version_tags_change_after_load_weights(tiny_model, tiny_checkpoint, prompts):
+def test_version_tags_change_after_a_full_state_update(tiny_model, tiny_checkpoint, prompts):
     eng = build_engine({}, tiny_model, version=0)
     params = SamplingParams(max_new_tokens=3, stop_token_ids=(-1,))
     assert all(v == 0 for g in eng.generate(prompts, params) for v in g.versions)
     new = load_model(tiny_checkpoint)  # same shapes, perturbed and loaded as version 7
     sd = {k: v + 0.01 for k, v in new.state_dict().items()}
-    eng.load_weights(sd, 7)
+    eng.update_weights(FullState(sd, 7))
     assert eng.weight_version == 7
     assert torch.equal(eng.state_dict()["model.norm.weight"], sd["model.norm.weight"])
     assert all(v == 7 for g in eng.generate(prompts, params) for v in g.versions)
@@ -116,7 +116,7 @@ def test_weights_swapped_mid_generation_tag_later_tokens(tiny_model, prompts):
     def forward(*a, **kw):  # after the 2nd decoding step, another thread swaps the weights
         calls["n"] += 1
         if calls["n"] == 3:
-            t = threading.Thread(target=eng.load_weights, args=(sd, 2))
+            t = threading.Thread(target=eng.update_weights, args=(FullState(sd, 2),))
             t.start()
             # the swap must wait for this step (the engine holds its lock during a forward)
             t.join(timeout=0.2)
@@ -209,7 +209,7 @@ def test_an_engine_without_batching_gets_a_threaded_agenerate():
         def generate(self, prompts, params):
             return [Generation(list(p), [0.0] * len(p), [0] * len(p), "stop") for p in prompts]
 
-        def load_weights(self, state_dict, version):
+        def update_weights(self, update):
             pass
 
         @property
@@ -265,8 +265,8 @@ def test_a_connector_registers_its_own_engine_type_and_recipes_validate_it():
             return [Generation(p * self.config.repeat, [0.0] * len(p) * self.config.repeat,
                                [self._version] * len(p) * self.config.repeat, "stop") for p in prompts]
 
-        def load_weights(self, state_dict, version):
-            self._version = version
+        def update_weights(self, update):
+            self._version = update.version
 
         @property
         def weight_version(self):
@@ -357,17 +357,17 @@ def test_a_delta_chain_patches_a_bf16_cuda_engine_bit_exact(tiny_checkpoint, pro
     from astraflow.delta.patch import prepare_patch
 
     engine = build_engine({"device": "cuda"}, load_model(tiny_checkpoint).to(torch.bfloat16), version=0)
-    v0 = {k: v.cpu().clone() for k, v in engine.live_weights().items()}
+    v0 = {k: v.cpu().clone() for k, v in engine.state_dict().items()}
     v1 = _nudged(v0, 37)
     v2 = _nudged(v1, 53)
     deltas = [(1, encode(v0, v1, base_version=0, target_version=1)),
               (2, encode(v1, v2, base_version=1, target_version=2))]
-    live = engine.live_weights()
+    live = engine.state_dict()
     patch = prepare_patch(live, deltas, base_version=0)
     assert patch.changed and all(c.new_bits is None for c in patch.changes)  # XOR on the device
-    engine.patch_weights(patch.write, patch.version)
+    engine.update_weights(InPlacePatch(patch.write, patch.version))
     assert engine.weight_version == 2 and patch.verify(live) == []
-    for name, t in engine.live_weights().items():
+    for name, t in engine.state_dict().items():
         assert t.is_cuda and torch.equal(t.cpu().view(torch.int16), v2[name].view(torch.int16)), name
     gens = engine.generate(prompts, SamplingParams(max_new_tokens=3, stop_token_ids=(-1,)))
     assert all(v == 2 for g in gens for v in g.versions)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from astraflow.config import ConfigError
-from astraflow.engines import SamplingParams, SimulatedEngineConfig, build_engine
+from astraflow.engines import FullState, SamplingParams, SimulatedEngineConfig, build_engine
 from astraflow.recipe import Recipe
 from astraflow.trainer.backend import build_backend
 from astraflow.trainer.config import SimulatedBackendConfig
@@ -36,7 +36,7 @@ def test_continuous_batching_time_follows_the_longest_sequence_and_versions_chan
 
     async def run():
         t0 = time.monotonic()
-        swap = threading.Timer(0.25, lambda: eng.load_weights({"w": 1}, 7))
+        swap = threading.Timer(0.25, lambda: eng.update_weights(FullState({"w": 1}, 7)))
         swap.start()
         outs = await asyncio.gather(*[eng.agenerate([[1]] * 4, params) for _ in range(8)])
         return time.monotonic() - t0, [g for o in outs for g in o]
@@ -51,9 +51,9 @@ def test_cap_and_strict_weight_names():
     eng = build_engine({"type": "simulated", "tokens_per_s": 5000, "median_tokens": 50}, None)
     (g,) = eng.generate([[1]], SamplingParams(max_new_tokens=3))
     assert len(g.token_ids) <= 3
-    eng.load_weights({"a": 1}, 1)
+    eng.update_weights(FullState({"a": 1}, 1))
     try:
-        eng.load_weights({"b": 1}, 2)
+        eng.update_weights(FullState({"b": 1}, 2))
     except ValueError as exc:
         assert "tensor names changed" in str(exc)
     else:

@@ -83,10 +83,10 @@ def test_concurrent_agenerate_calls_share_the_batch(engines):
     assert not vllm._requests  # nothing left in the shared batch
 
 
-def test_after_load_weights_vllm_follows_the_new_weights_and_tags_the_new_version(engines):
+def test_after_a_full_state_update_vllm_follows_the_new_weights_and_tags_the_new_version(engines):
     import torch
 
-    from astraflow.engines import SamplingParams
+    from astraflow.engines import FullState, SamplingParams
 
     vllm, hf = engines
     greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
@@ -94,8 +94,8 @@ def test_after_load_weights_vllm_follows_the_new_weights_and_tags_the_new_versio
     g = torch.Generator().manual_seed(0)
     state = {k: v + 0.05 * v.float().std() * torch.randn(v.shape, generator=g) if v.is_floating_point() else v
              for k, v in hf.model.state_dict().items()}
-    vllm.load_weights(state, 5)
-    hf.load_weights(state, 5)
+    vllm.update_weights(FullState(state, 5))
+    hf.update_weights(FullState(state, 5))
     assert vllm.weight_version == 5 and vllm.state_dict() is state
     after_v, after_h = vllm.generate(PROMPTS, greedy), hf.generate(PROMPTS, greedy)
     for b, v, h in zip(before, after_v, after_h, strict=True):
@@ -107,7 +107,7 @@ def test_after_load_weights_vllm_follows_the_new_weights_and_tags_the_new_versio
 
 
 def test_a_weight_swap_lands_between_decoding_steps(engines):
-    from astraflow.engines import SamplingParams
+    from astraflow.engines import FullState, SamplingParams
 
     vllm, hf = engines
     state = hf.model.state_dict()
@@ -119,7 +119,7 @@ def test_a_weight_swap_lands_between_decoding_steps(engines):
     while not any(q.tokens for q in list(vllm._requests.values())) and time.monotonic() < deadline:
         time.sleep(0.005)
     old = vllm.weight_version
-    vllm.load_weights(state, old + 1)  # waits for the step in flight
+    vllm.update_weights(FullState(state, old + 1))  # waits for the step in flight
     gen.join(timeout=120)
     (g,) = out["g"]
     assert len(g.token_ids) == 40 and g.versions == sorted(g.versions)

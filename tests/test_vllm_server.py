@@ -94,13 +94,13 @@ def test_the_follower_refreshes_the_server_from_the_bucket(served, test_cluster)
     import torch
 
     from astraflow.delta import WeightPublisher, WeightStore
-    from astraflow.engines import SamplingParams
+    from astraflow.engines import FullState, SamplingParams
     from astraflow.raas.weights import WeightFollower
 
     engine, hf = served
     greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
     before = engine.generate(PROMPTS, greedy)
-    base = _perturbed(hf.model.state_dict(), 0, names=set())  # a copy (hf.load_weights writes the model's tensors)
+    base = _perturbed(hf.model.state_dict(), 0, names=set())  # a copy (a full-state update writes the model's tensors)
     # published in bf16 (half the bytes of this test's anchor; the server casts to its float32, as the
     # hf model does), so the bf16-valued weights are the reference of both
     v1 = _perturbed(base, 1, dtype=torch.bfloat16)
@@ -114,7 +114,7 @@ def test_the_follower_refreshes_the_server_from_the_bucket(served, test_cluster)
             publisher.flush()
             assert follower.refresh(POLICY)
             assert engine.weight_version == version
-            hf.load_weights(state, version)
+            hf.update_weights(FullState(state, version))
             after, ref = engine.generate(PROMPTS, greedy), hf.generate(PROMPTS, greedy)
             for v, h in zip(after, ref, strict=True):
                 assert v.token_ids == h.token_ids and v.versions == [version] * 6
@@ -131,7 +131,7 @@ def test_the_follower_refreshes_the_server_from_the_bucket(served, test_cluster)
     finally:
         publisher.close()
         follower.stop()
-        hf.load_weights(base, 0)
+        hf.update_weights(FullState(base, 0))
 
 
 def _generated_tokens(url: str) -> float:

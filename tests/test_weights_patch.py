@@ -55,17 +55,17 @@ def test_refreshes_after_the_first_patch_the_engine_in_place(test_cluster):
     try:
         trainer.publish(1)
         assert follower.catch_up(timeout_s=30) == {POLICY: 1}  # the first load is a full one
-        tensors = engine.live_weights()
+        tensors = engine.state_dict()
         trainer.publish(4)
         assert follower.refresh(POLICY) is True
         assert engine.weight_version == 4 and engine.stats.get("patches") == 1
         assert all(torch.equal(_bits(engine.state_dict())[k], trainer.truth[4][k]) for k in trainer.truth[4])
         # Patched in place: the same tensor objects, and no second copy held by the subscriber.
-        assert all(engine.live_weights()[k] is t for k, t in tensors.items())
+        assert all(engine.state_dict()[k] is t for k, t in tensors.items())
         assert follower.subscribers[POLICY]._state is None and follower.subscribers[POLICY].version == 4
         # Bits changed behind the follower's back: verify catches it and the version is reloaded in full.
         with torch.no_grad():
-            engine.live_weights()["1.weight"].view(torch.int16)[0, 0] ^= 1
+            engine.state_dict()["1.weight"].view(torch.int16)[0, 0] ^= 1
         trainer.publish(5)
         assert follower.refresh(POLICY) is True and engine.weight_version == 5
         assert all(torch.equal(_bits(engine.state_dict())[k], trainer.truth[5][k]) for k in trainer.truth[5])

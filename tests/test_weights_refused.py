@@ -8,31 +8,15 @@ import time
 
 import pytest
 import torch
+from fakes import FakeEngine
 from waiting import wait_until
 
 from astraflow.delta import NoPathError, WeightPublisher, WeightStore, WeightSubscriber
+from astraflow.engines import FullState
 from astraflow.raas.weights import WeightFollower
 
 pytestmark = [pytest.mark.integration]
 POLICY = "pi"
-
-
-class FakeEngine:
-    """What the follower needs of an engine: the version it serves and ``load_weights``."""
-
-    def __init__(self) -> None:
-        self.weight_version = 0
-        self.state: dict[str, torch.Tensor] = {}
-
-    def load_weights(self, state, version: int) -> None:
-        self.state = {k: v.clone() for k, v in state.items()}
-        self.weight_version = version
-
-    def live_weights(self) -> None:
-        return None  # refreshes by full loads only (test_weights_patch.py covers in-place patches)
-
-    def load_published(self, cfg, policy: str, version: int, *, subscriber_id: str) -> bool:
-        return False  # fetches nothing itself: the follower pulls (test_vllm_server.py covers an engine that does)
 
 
 def bits(sd) -> dict:
@@ -73,7 +57,7 @@ def test_corrupt_delta_and_anchor_are_refused_counted_and_routed_around(test_clu
             pub.publish(model.state_dict(), v)
         pub.flush()
 
-    engine = FakeEngine()
+    engine = FakeEngine(accepts=frozenset({FullState}))  # full loads only: test_weights_patch.py covers patches
     follower = WeightFollower(test_cluster, {POLICY: engine}, "node-a", check_every_s=0.3)
     try:
         publish(1)
@@ -83,7 +67,7 @@ def test_corrupt_delta_and_anchor_are_refused_counted_and_routed_around(test_clu
         flip(store, store.manifest(2).delta.key, keep_metadata=False)
         assert follower.refresh(POLICY) is False  # refused, not raised
         assert engine.weight_version == 1
-        assert_bits_equal(engine.state, truth[1])
+        assert_bits_equal(engine.state_dict(), truth[1])
         assert follower.counters == {"weights.refused.corrupt": 1, "weights.unreachable": 1}
         # Following on: v3 is retried on every check without fetching v2 again and without a crash.
         follower.start()
@@ -95,25 +79,25 @@ def test_corrupt_delta_and_anchor_are_refused_counted_and_routed_around(test_clu
         publish(4)
         wait_until(lambda: engine.weight_version == 4 or (follower.check() and False), 30,
                    "the follower to reach the v4 anchor", interval_s=0.1)
-        assert_bits_equal(engine.state, truth[4])
+        assert_bits_equal(engine.state_dict(), truth[4])
         assert follower.counters == {"weights.refused.corrupt": 1, "weights.unreachable": 1}
 
         # A corrupt anchor (v8: the bytes no longer match the sha256 stored with them). A node that
         # joins now falls back to the v4 anchor + deltas 5..9 in the same pull.
         publish(9)
         flip(store, store.manifest(8).anchor.key, keep_metadata=True)
-        late = FakeEngine()
+        late = FakeEngine(accepts=frozenset({FullState}))
         joiner = WeightFollower(test_cluster, {POLICY: late}, "node-b")
         try:
             assert joiner.catch_up(timeout_s=30) == {POLICY: 9}
-            assert_bits_equal(late.state, truth[9])
+            assert_bits_equal(late.state_dict(), truth[9])
             assert joiner.counters == {"weights.refused.checksum": 1}
         finally:
             joiner.stop()
         # The first node, on the chain, never needed the v8 anchor.
         wait_until(lambda: engine.weight_version == 9 or (follower.check() and False), 30,
                    "the follower to reach v9", interval_s=0.1)
-        assert_bits_equal(engine.state, truth[9])
+        assert_bits_equal(engine.state_dict(), truth[9])
         follower.check()
     finally:
         follower.stop()

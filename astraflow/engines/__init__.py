@@ -15,6 +15,13 @@ from astraflow.engines.config import (
     parse_engine,
     register_engine,
 )
+from astraflow.engines.weight_update import (
+    FullState,
+    InPlacePatch,
+    PublishedVersion,
+    UpdateRefusedError,
+    WeightUpdate,
+)
 
 
 @register_engine("hf", HFEngineConfig)
@@ -41,5 +48,6 @@ def build_engine(config: BaseEngineConfig | dict[str, Any] | str | None, model: 
     return ENGINES.get(parsed.type)(parsed, model, version=version)
 
 
-__all__ = ["ENGINES", "BaseEngineConfig", "Engine", "EngineConfig", "Generation", "HFEngineConfig",
-           "SamplingParams", "SimulatedEngineConfig", "build_engine", "parse_engine", "register_engine"]
+__all__ = ["ENGINES", "BaseEngineConfig", "Engine", "EngineConfig", "FullState", "Generation", "HFEngineConfig",
+           "InPlacePatch", "PublishedVersion", "SamplingParams", "SimulatedEngineConfig", "UpdateRefusedError",
+           "WeightUpdate", "build_engine", "parse_engine", "register_engine"]

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-if TYPE_CHECKING:
-    from astraflow.config import ClusterConfig
+from astraflow.engines.weight_update import FullState, WeightUpdate
 
 
 @dataclass(frozen=True)
@@ -50,12 +48,19 @@ class Engine(ABC):
 
     @abstractmethod
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        """Continuations of ``prompts`` (token ids), in order. Thread-safe against load_weights."""
+        """Continuations of ``prompts`` (token ids), in order. Thread-safe against update_weights."""
+
+    accepted_updates: frozenset[type[WeightUpdate]] = frozenset({FullState})
+    """The weight update kinds :meth:`update_weights` takes; the weight plane builds the cheapest of
+    them (:mod:`astraflow.engines.weight_update`). :class:`InPlacePatch` needs :meth:`state_dict` to
+    return the tensors the engine serves from, not copies. This default: whole state dicts only (set per
+    class; per instance by an engine that wraps another)."""
 
     @abstractmethod
-    def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        """Replace the weights; tokens generated after this returns carry ``version``. May be called
-        from another thread while ``generate`` runs: the swap lands between two decoding steps."""
+    def update_weights(self, update: WeightUpdate) -> None:
+        """Apply ``update`` (one of :attr:`accepted_updates`, else :class:`UpdateRefusedError`); tokens
+        generated after this returns carry ``update.version``. May be called from another thread while
+        ``generate`` runs: the swap lands between two decoding steps."""
 
     @property
     @abstractmethod
@@ -64,26 +69,8 @@ class Engine(ABC):
 
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
-        """The current weights (for delta application and checks)."""
-
-    def load_published(self, cfg: ClusterConfig, policy: str, version: int, *, subscriber_id: str) -> bool:
-        """Bring the engine to ``version`` of ``policy`` as published in ``cfg``'s bucket by fetching
-        it itself (an engine in another process, e.g. a vLLM server whose workers read the bucket,
-        registered there as ``subscriber_id``); tokens generated after this returns carry
-        ``version``. Raises :class:`~astraflow.delta.NoPathError` when the version cannot be reached.
-        False (this default): the engine fetches nothing; the node pulls and calls :meth:`load_weights`."""
-        return False
-
-    def live_weights(self) -> dict[str, Any] | None:
-        """The tensors the engine serves from, by their published names, when the weight plane may
-        patch them in place (:meth:`patch_weights`); None (this default): every refresh is a
-        :meth:`load_weights` of a whole state dict."""
-        return None
-
-    def patch_weights(self, write: Callable[[dict[str, Any]], None], version: int) -> None:
-        """Run ``write(live_weights())`` between two decoding steps (the only time the engine
-        pauses for a delta refresh); tokens generated after this returns carry ``version``."""
-        raise NotImplementedError(f"{type(self).__name__} does not patch its weights in place")
+        """The current weights by their published names (for checks; for an engine that accepts
+        :class:`InPlacePatch`, the very tensors it serves from, which the patch writes)."""
 
     async def agenerate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """``generate`` without blocking the event loop (Kafka I/O, other episodes keep running).

@@ -7,7 +7,7 @@ trainer recomputes (it divides its logits by the same temperature), so with ``to
 importance ratio is exactly 1 for a fresh token. With ``temperature = 0`` (greedy) log-probs are
 reported under the untempered softmax.
 
-Versions: weights may be swapped by another thread (``load_weights``) while a batch is being
+Versions: weights may be swapped by another thread (``update_weights``) while a batch is being
 decoded; the swap waits for the current decoding step and every later token is tagged with the new
 version. The KV cache of the earlier tokens is kept (as in interruptible generation), so a
 sequence's tokens can carry several versions, which is exactly what the per-token tags record.
@@ -16,13 +16,13 @@ sequence's tokens can carry several versions, which is exactly what the per-toke
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from astraflow.devices import describe as describe_device
 from astraflow.engines.base import Engine, Generation, SamplingParams
 from astraflow.engines.batching import RequestBatcher
 from astraflow.engines.swap_gate import SwapGate
+from astraflow.engines.weight_update import FullState, InPlacePatch, UpdateRefusedError, WeightUpdate
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 class HFEngine(Engine):
     """The built-in engine (``type: hf``, options :class:`~astraflow.engines.config.HFEngineConfig`)."""
+
+    accepted_updates = frozenset({FullState, InPlacePatch})
 
     def __init__(self, model: PreTrainedModel, *, eos_token_id: int | None = None, pad_token_id: int | None = None,
                  device: str = "cpu", version: int = 0, seed: int = 0, max_batch_size: int = 256) -> None:
@@ -61,27 +63,24 @@ class HFEngine(Engine):
         return self._version
 
     def state_dict(self) -> dict[str, Any]:
+        """The model's own parameters and buffers (views of the tensors it serves from)."""
         return self.model.state_dict()
 
-    def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
+    def update_weights(self, update: WeightUpdate) -> None:
+        """A full load (strict: a delta chain that misses a tensor must fail loudly, not serve stale
+        weights) or an in-place patch of the model's own parameters and buffers (the weight plane
+        patches only a model in the published dtype, e.g. a bf16 model fed bf16 weights; otherwise it
+        loads in full); either lands between two decoding steps."""
         import torch
 
+        if type(update) not in self.accepted_updates:
+            raise UpdateRefusedError(self, type(update))
         with self._gate.swap(), torch.no_grad():
-            # strict: a delta chain that misses a tensor must fail loudly, not serve stale weights
-            self.model.load_state_dict(state_dict, strict=True)
-            self._version = version
-
-    def live_weights(self) -> dict[str, Any]:
-        """The model's own parameters and buffers (a delta patches them only if the model runs in
-        the published dtype, e.g. a bf16 model fed bf16 weights; otherwise refreshes load in full)."""
-        return self.model.state_dict()
-
-    def patch_weights(self, write: Callable[[dict[str, Any]], None], version: int) -> None:
-        import torch
-
-        with self._gate.swap(), torch.no_grad():
-            write(self.model.state_dict())
-            self._version = version
+            if isinstance(update, FullState):
+                self.model.load_state_dict(update.state_dict, strict=True)
+            else:
+                update.write(self.model.state_dict())
+            self._version = update.version
 
     async def agenerate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """``generate``, merged with the concurrent requests of other episodes (one forward each step)."""

@@ -8,7 +8,7 @@ long tail (``median_tokens``, ``sigma``; see :meth:`SimulatedEngineConfig.quanti
 ``max_tokens`` and at the request's ``max_new_tokens``. Token ids are uniform over ``vocab_size`` and
 log-probs are plausible negatives: nothing is learnt, these runs measure scheduling.
 
-What is real: the weights. ``load_weights`` receives real tensors pulled from the weight plane (the
+What is real: the weights. ``update_weights`` receives real tensors pulled from the weight plane (the
 simulated trainer publishes small ones), and every token is tagged with the version loaded when it
 was decoded, so a swap mid-sequence shows up in the per-token versions exactly as with a real engine.
 """
@@ -20,12 +20,12 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from astraflow.engines.base import Engine, Generation, SamplingParams
 from astraflow.engines.config import SimulatedEngineConfig
+from astraflow.engines.weight_update import FullState, InPlacePatch, UpdateRefusedError, WeightUpdate
 
 
 @dataclass
@@ -41,6 +41,8 @@ class _Sequence:
 
 class SimulatedEngine(Engine):
     """Continuous-batching decode simulator; see the module docstring."""
+
+    accepted_updates = frozenset({FullState, InPlacePatch})
 
     def __init__(self, config: SimulatedEngineConfig | dict[str, Any] | None = None, *, version: int = 0) -> None:
         self.config = config if isinstance(config, SimulatedEngineConfig) else \
@@ -65,26 +67,26 @@ class SimulatedEngine(Engine):
         return self._version
 
     def state_dict(self) -> dict[str, Any]:
+        """The tensors held (the very tensor objects: an in-place patch writes them)."""
         return dict(self._weights)
 
-    def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        if self._weights and set(state_dict) != set(self._weights):
+    def update_weights(self, update: WeightUpdate) -> None:
+        """A full load (its tensor names must stay those loaded before) or an in-place patch of the
+        tensors held; either lands between two simulation ticks."""
+        if type(update) not in self.accepted_updates:
+            raise UpdateRefusedError(self, type(update))
+        if isinstance(update, FullState) and self._weights and set(update.state_dict) != set(self._weights):
             # Same rule as the HF engine's strict load: a broken chain must fail, not serve stale weights.
-            raise ValueError(f"simulated engine: tensor names changed at v{version}: "
-                             f"{sorted(set(state_dict) ^ set(self._weights))[:5]}")
+            raise ValueError(f"simulated engine: tensor names changed at v{update.version}: "
+                             f"{sorted(set(update.state_dict) ^ set(self._weights))[:5]}")
         with self._lock:  # lands between two simulation ticks
-            self._weights = dict(state_dict)
-            self._version = version
-            self.stats["loads"] += 1
-
-    def live_weights(self) -> dict[str, Any] | None:
-        return self._weights or None
-
-    def patch_weights(self, write: Callable[[dict[str, Any]], None], version: int) -> None:
-        with self._lock:  # lands between two simulation ticks
-            write(self._weights)
-            self._version = version
-            self.stats["patches"] = self.stats.get("patches", 0) + 1
+            if isinstance(update, FullState):
+                self._weights = dict(update.state_dict)
+                self.stats["loads"] += 1
+            else:
+                update.write(self._weights)
+                self.stats["patches"] = self.stats.get("patches", 0) + 1
+            self._version = update.version
 
     # -- one tick of decoding ----------------------------------------------------------------------
     def _admit(self) -> None:

@@ -3,14 +3,15 @@
 ``WeightFollower`` owns one ``WeightSubscriber`` per policy and a background thread that reads
 ``<run>.weights.<policy>``. An announcement names its version: the follower pulls it (the nearest
 anchor plus deltas, decided by the subscriber from the manifests after the version it holds, without
-listing the bucket) and swaps it into the policy's engine with ``load_weights``, which lands between
-two decoding steps. Pulling and decoding happen on this thread, so generation never waits for the bucket. An
-engine that exposes its tensors (``live_weights``: the simulated engine, an HF model in the
-published dtype) is patched in place instead: the deltas are fetched and decoded here, the engine
-pauses only while the changed entries are written, checksums are verified after, and the follower
-keeps no copy of the weights of its own (:mod:`astraflow.delta.patch`). An engine that fetches its
-weights itself (``Engine.load_published``: a vLLM server, whose workers read the bucket) is only told
-the version.
+listing the bucket) and hands it to the policy's engine with ``Engine.update_weights``, which lands
+between two decoding steps, as the cheapest update kind the engine accepts
+(:mod:`astraflow.engines.weight_update`). Pulling and decoding happen on this thread, so generation
+never waits for the bucket. An engine that fetches its weights itself (``PublishedVersion``: a vLLM
+server, whose workers read the bucket) is only told the version. One that accepts ``InPlacePatch``
+(the simulated engine, an HF model in the published dtype) is patched in place after its first load:
+the deltas are fetched and decoded here, the engine pauses only while the changed entries are
+written, checksums are verified after, and the follower keeps no copy of the weights of its own
+(:mod:`astraflow.delta.patch`). Any other gets a ``FullState``.
 A periodic check of the store covers announcements published before the follower joined.
 With a ``region`` in the cluster config the bytes come from the regional replica of the bucket
 (:mod:`astraflow.objstore.regional`): an announcement that outran replication is waited out or read
@@ -33,14 +34,18 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from astraflow.engines.weight_update import FullState, InPlacePatch, PublishedVersion, UpdateRefusedError
 from astraflow.log.handoff import HandoffLatency
 
 if TYPE_CHECKING:
     from astraflow.config import ClusterConfig
     from astraflow.delta import WeightAnnouncement
     from astraflow.engines import Engine
+    from astraflow.log import LogConsumer
+    from astraflow.outage import OutageReport
 
 log = logging.getLogger(__name__)
 
@@ -148,10 +153,7 @@ class WeightFollower:
                      self.refresh_s, self.paused_s)
             return True
         try:
-            # An engine that fetches its weights itself (a vLLM server's workers) is only told the version.
-            fetched = engine.load_published(self.cfg, policy, latest, subscriber_id=self.node_id)
-            if not fetched:  # the subscriber's own copy: load it, do not keep it; its record after serving
-                state, _, _ = sub.pull(latest, register=False)
+            fetched = self._fetch_in_full(policy, latest)
         except NoPathError as exc:  # e.g. only through a refused object: wait for a newer version
             if self._unreachable.get(policy) != latest:
                 self._unreachable[policy] = latest
@@ -159,10 +161,10 @@ class WeightFollower:
                 serving = f"v{engine.weight_version}" if policy in self._loaded else "nothing yet"
                 log.warning("node %s: %s v%d skipped (%s); serving %s", self.node_id, policy, latest, exc, serving)
             return False
-        if not fetched:
-            engine.load_weights(state, latest)
+        if fetched is not None:
+            engine.update_weights(fetched)
         self._now_serving(serving)
-        if not fetched:
+        if fetched is not None:
             sub.heartbeat()
         self.refresh_s = time.perf_counter() - t0
         self.refreshes += 1
@@ -170,15 +172,32 @@ class WeightFollower:
         log.info("node %s: %s -> v%d in %.2fs", self.node_id, policy, latest, self.refresh_s)
         return True
 
+    def _fetch_in_full(self, policy: str, latest: int) -> FullState | None:
+        """The whole of ``latest`` for the engine to load. An engine that accepts
+        :class:`PublishedVersion` (a vLLM server's workers) fetches it itself: it is brought to
+        ``latest`` here and None is returned. For any other the subscriber's own copy is pulled, to be
+        loaded but not kept (its record is written after serving). Raises
+        :class:`~astraflow.delta.NoPathError` when ``latest`` cannot be reached."""
+        engine = self.engines[policy]
+        if PublishedVersion in engine.accepted_updates:
+            engine.update_weights(PublishedVersion(self.cfg, policy, latest, self.node_id))
+            return None
+        if FullState not in engine.accepted_updates:
+            raise UpdateRefusedError(engine, FullState)
+        state, _, _ = self.subscribers[policy].pull(latest, register=False)
+        return FullState(state, latest)
+
     def _patch(self, policy: str, latest: int, serving: Callable[[], None] | None) -> bool:
-        """Bring an engine that exposes its tensors to ``latest`` by patching them in place
-        (:mod:`astraflow.delta.patch`): fetch and decode here, pause the engine only for the writes,
-        verify after. False when the engine cannot be patched or the way there needs a full load."""
+        """Bring an engine that accepts :class:`InPlacePatch` to ``latest`` by patching its tensors
+        in place (:mod:`astraflow.delta.patch`): fetch and decode here, pause the engine only for the
+        writes, verify after. False when the engine cannot be patched or the way there needs a full load."""
         from astraflow.delta import BaseMismatchError
 
         sub, engine = self.subscribers[policy], self.engines[policy]
-        live = None if policy in self._full_loads_only else engine.live_weights()
-        if live is None:
+        if InPlacePatch not in engine.accepted_updates or policy in self._full_loads_only:
+            return False
+        live = engine.state_dict()  # the tensors it serves from (the InPlacePatch contract)
+        if not live:
             return False
         try:
             patch = sub.prepare_patch(live, latest)
@@ -190,7 +209,7 @@ class WeightFollower:
         if patch is None:
             return False
         t0 = time.perf_counter()
-        engine.patch_weights(patch.write, patch.version)
+        engine.update_weights(InPlacePatch(patch.write, patch.version))
         self.paused_s = time.perf_counter() - t0
         self._now_serving(serving)
         sub.patched(patch)
@@ -240,17 +259,15 @@ class WeightFollower:
             raise RuntimeError(f"weight follower of node {self.node_id} failed: {self._error}") from self._error
 
     def _follow(self) -> None:
-        from astraflow.delta import WeightAnnouncement
-        from astraflow.log import BrokerUnavailableError, LogConsumer, Topics
-        from astraflow.log.codec import WEIGHT_ANNOUNCEMENT_SCHEMA
+        """The follower thread: poll the announcements, schedule the periodic checks, and serve what
+        is due, one refresh at a time, until stopped (errors other than outages: :meth:`check`)."""
+        from astraflow.log import BrokerUnavailableError, Topics
         from astraflow.objstore import ObjectStoreUnavailableError
         from astraflow.objstore.regional import ReplicaLagError
         from astraflow.outage import OutageReport
 
         topics = Topics(self.cfg.run)
         by_topic = {topics.weights(p): p for p in self.engines}
-        # A group of its own: every node must see every announcement (no load balancing here).
-        group = f"{self.cfg.run}.raas-weights.{self.node_id}.{uuid.uuid4().hex[:8]}"
         # The broker and the bucket may go away and come back (a restart): wait for them, one log
         # line per backoff step, instead of failing the node. Anything else is a bug or bad data.
         s3 = OutageReport(f"node {self.node_id}: S3 endpoint", str(self.cfg.s3.endpoint), log)
@@ -262,37 +279,16 @@ class WeightFollower:
         # re-join skips to the latest offset: announcements went unseen, only the periodic check
         # refreshed the node.
         pool = ThreadPoolExecutor(1, thread_name_prefix=f"refresh-{self.node_id}")
-        running: Future | None = None
-        due: set[str] = set()
-        # policy -> (its weights topic, timestamp of its first unserved announcement, newest version named)
-        announced: dict[str, tuple[str, int | None, int | None]] = {}
+        pending = _Pending(last_check=time.monotonic())
         try:
-            last_check = time.monotonic()
             while not self._stop.is_set():
                 try:
                     if consumer is None:
-                        consumer = LogConsumer(self.cfg, list(by_topic), group, auto_offset_reset="latest",
-                                               expected_schemas=dict.fromkeys(by_topic, WEIGHT_ANNOUNCEMENT_SCHEMA))
+                        consumer = self._subscribe(list(by_topic))
                         broker.ok()
-                    for msg in consumer.poll(timeout_s=0.5 if running is None else 0.1):
-                        if msg.topic in by_topic:
-                            policy = by_topic[msg.topic]
-                            due.add(policy)
-                            topic, first_ms, newest = announced.get(policy, (msg.topic, msg.timestamp_ms, None))
-                            announcement = WeightAnnouncement.of(msg.obj)
-                            announced[policy] = (topic, first_ms, _newest(newest, announcement))
-                            if announcement is not None:
-                                self._remember_manifest(policy, announcement)
-                    if s3.down or time.monotonic() - last_check > self.check_every_s:
-                        due.update(self.engines)
-                        last_check = time.monotonic()
-                    if running is not None and running.done():
-                        finished, running = running, None
-                        finished.result()  # its store errors are handled below, as if raised here
-                        s3.ok()
-                    if running is None and due:
-                        running = pool.submit(self._refresh_all, sorted(due), announced)
-                        due, announced = set(), {}
+                    self._poll_announcements(consumer, by_topic, pending)
+                    self._schedule_check(pending, s3.down)
+                    self._serve(pool, pending, s3)
                 except ReplicaLagError as exc:  # the origin answers: not an outage; the next check retries
                     log.warning("node %s: %s; serving %s meanwhile", self.node_id, exc, self.versions)
                 except ObjectStoreUnavailableError as exc:
@@ -310,6 +306,48 @@ class WeightFollower:
                     consumer.close()
                 except Exception:
                     log.debug("closing the announcement consumer failed", exc_info=True)
+
+    def _subscribe(self, topics: list[str]) -> LogConsumer:
+        """A consumer of the weights ``topics`` from their latest offsets, in a group of its own:
+        every node must see every announcement (no load balancing here)."""
+        from astraflow.log import LogConsumer
+        from astraflow.log.codec import WEIGHT_ANNOUNCEMENT_SCHEMA
+
+        group = f"{self.cfg.run}.raas-weights.{self.node_id}.{uuid.uuid4().hex[:8]}"
+        return LogConsumer(self.cfg, topics, group, auto_offset_reset="latest",
+                           expected_schemas=dict.fromkeys(topics, WEIGHT_ANNOUNCEMENT_SCHEMA))
+
+    def _poll_announcements(self, consumer: LogConsumer, by_topic: dict[str, str], pending: _Pending) -> None:
+        """Read the announcements that arrived (briefly while a refresh runs, so that its end is seen
+        soon): each makes its policy due, at the newest version named, and prefetches its manifest."""
+        from astraflow.delta import WeightAnnouncement
+
+        for msg in consumer.poll(timeout_s=0.5 if pending.running is None else 0.1):
+            if msg.topic not in by_topic:
+                continue
+            policy = by_topic[msg.topic]
+            announcement = WeightAnnouncement.of(msg.obj)
+            pending.announce(policy, msg.topic, msg.timestamp_ms, announcement)
+            if announcement is not None:
+                self._remember_manifest(policy, announcement)
+
+    def _schedule_check(self, pending: _Pending, s3_down: bool) -> None:
+        """Make every policy due (its latest version listed in the bucket) every ``check_every_s``, or
+        at once while the bucket is down: covers announcements missed or published before joining."""
+        if s3_down or time.monotonic() - pending.last_check > self.check_every_s:
+            pending.due.update(self.engines)
+            pending.last_check = time.monotonic()
+
+    def _serve(self, pool: ThreadPoolExecutor, pending: _Pending, s3: OutageReport) -> None:
+        """Collect the refresh that finished (its store errors are raised here, as if from this
+        thread) and hand what is due to the next one."""
+        if pending.running is not None and pending.running.done():
+            finished, pending.running = pending.running, None
+            finished.result()
+            s3.ok()
+        if pending.running is None and pending.due:
+            pending.running = pool.submit(self._refresh_all, sorted(pending.due), pending.announced)
+            pending.due, pending.announced = set(), {}
 
     def _remember_manifest(self, policy: str, announcement: WeightAnnouncement) -> None:
         """Give the policy's store the manifest an announcement carries, so that the refresh plans
@@ -353,6 +391,27 @@ class WeightFollower:
                 sub.close()
             except Exception:
                 log.debug("unregistering subscriber %s failed", sub.subscriber_id, exc_info=True)
+
+
+@dataclass
+class _Pending:
+    """What the follower thread has seen and not yet served, and the refresh in flight."""
+
+    last_check: float
+    """``time.monotonic()`` of the last periodic check."""
+    due: set[str] = field(default_factory=set)
+    """Policies to refresh next."""
+    announced: dict[str, tuple[str, int | None, int | None]] = field(default_factory=dict)
+    """policy -> (its weights topic, timestamp of its first unserved announcement, newest version named)."""
+    running: Future | None = None
+    """The refresh in flight (one at a time)."""
+
+    def announce(self, policy: str, topic: str, timestamp_ms: int | None,
+                 announcement: WeightAnnouncement | None) -> None:
+        """Make ``policy`` due at the newest version announced so far (its first announcement's time kept)."""
+        self.due.add(policy)
+        topic, first_ms, newest = self.announced.get(policy, (topic, timestamp_ms, None))
+        self.announced[policy] = (topic, first_ms, _newest(newest, announcement))
 
 
 def _newest(known: int | None, announcement: WeightAnnouncement | None) -> int | None:

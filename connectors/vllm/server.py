@@ -16,7 +16,7 @@ spans gets every token tagged with the version live when the request was sent: n
 truth, so staleness checks see the oldest version that can have produced a token.)
 
 Weight refresh: the server's workers fetch the version themselves (from the run's bucket, or from a
-safetensors file for :meth:`load_weights`) while the server keeps decoding; then generation is paused
+safetensors file for a full state, :meth:`update_weights`) while the server keeps decoding; then generation is paused
 in ``keep`` mode (running requests stay, with their KV cache), the fetched state is loaded, the
 label is set, and generation resumes (:mod:`connectors.vllm.worker_extension`).
 """
@@ -36,13 +36,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
 from astraflow.engines.base import Engine, Generation, SamplingParams
+from astraflow.engines.weight_update import FullState, PublishedVersion, UpdateRefusedError, WeightUpdate
 from connectors.vllm.sampling import check_request, stop_ids
 from connectors.vllm.worker_extension import PROTOCOL, ApplyRequest, BucketSource, FetchRequest, FileSource
 
 if TYPE_CHECKING:
     import httpx2
 
-    from astraflow.config import ClusterConfig
     from connectors.vllm.config import VLLMServerEngineConfig
     from connectors.vllm.launch import VLLMServer
 
@@ -58,6 +58,8 @@ class ServerError(RuntimeError):
 
 class VLLMServerEngine(Engine):
     """A vLLM server as an AstraFlow engine (options :class:`~connectors.vllm.config.VLLMServerEngineConfig`)."""
+
+    accepted_updates = frozenset({PublishedVersion, FullState})
 
     def __init__(self, url: str, config: VLLMServerEngineConfig, *, eos_token_id: int | None, version: int = 0,
                  server: VLLMServer | None = None) -> None:
@@ -121,23 +123,32 @@ class VLLMServerEngine(Engine):
         return self._version
 
     def state_dict(self) -> dict[str, Any]:
-        """The weights last given to :meth:`load_weights` (the server's own are fused and packed)."""
+        """The full state last given to :meth:`update_weights` (the server's own are fused and packed)."""
         if self._state is None:
             raise RuntimeError("no state dict: the vllm-server engine holds no weights of its own (its server's "
-                               "workers fetch them), and none were given to load_weights")
+                               "workers fetch them), and no full state was given to update_weights")
         return self._state
 
-    def load_published(self, cfg: ClusterConfig, policy: str, version: int, *, subscriber_id: str) -> bool:
-        """The server's workers pull ``version`` of ``policy`` from the run's bucket themselves (the
-        bucket's settings are sent to a server this engine started; a server given by URL reads them
-        from its own cluster config), then it is loaded between two decoding steps."""
-        bucket = cfg.model_dump(mode="json", include={"s3", "region", "state_dir"}) if self.server is not None else None
-        self._swap(BucketSource(run=cfg.run, policy=policy, subscriber=subscriber_id, bucket=bucket), version)
-        return True
+    def update_weights(self, update: WeightUpdate) -> None:
+        """The server's workers fetch the version themselves, then it is loaded between two decoding
+        steps. A :class:`PublishedVersion` is pulled from the run's bucket (the bucket's settings are
+        sent to a server this engine started; a server given by URL reads them from its own cluster
+        config); a :class:`FullState` is handed over as a safetensors file in a temporary directory,
+        which the server must be able to read (one this engine started, or one on the same machine)."""
+        if isinstance(update, PublishedVersion):
+            self._load_published(update)
+        elif isinstance(update, FullState):
+            self._load_state(update.state_dict, update.version)
+        else:
+            raise UpdateRefusedError(self, type(update))
 
-    def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        """Hand ``state_dict`` to the server as a safetensors file in a temporary directory, which the
-        server must be able to read (one this engine started, or one on the same machine)."""
+    def _load_published(self, update: PublishedVersion) -> None:
+        cfg = update.cfg
+        bucket = cfg.model_dump(mode="json", include={"s3", "region", "state_dir"}) if self.server is not None else None
+        self._swap(BucketSource(run=cfg.run, policy=update.policy, subscriber=update.subscriber_id, bucket=bucket),
+                   update.version)
+
+    def _load_state(self, state_dict: dict[str, Any], version: int) -> None:
         from safetensors.torch import save_file
 
         with tempfile.TemporaryDirectory(prefix="astraflow-vllm-weights-") as tmp:
