@@ -44,6 +44,30 @@ def test_the_run_readers_put_the_archiver_on_every_archived_topic() -> None:
                        "r.metrics": ["r.dataflow", "r.archive"]}
 
 
+def test_a_pass_while_the_broker_restarts_is_counted_apart_from_errors() -> None:
+    """A broker SIGKILLed under a run makes a pass fail to read the groups' commits: that is an outage
+    the next pass rides out (``unreachable``), not an error of retention (``errors``)."""
+    import threading
+
+    from kafka.errors import KafkaConnectionError
+
+    answers = iter([KafkaConnectionError("socket disconnected"), RuntimeError("a bug"), {}, {}])
+    stop = threading.Event()
+
+    def committed(groups):
+        answer = next(answers, None)
+        if answer is None:
+            stop.set()
+            return {}
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    retention = LogRetention({}, trimmer=None, settings=LogRetentionSettings(interval_s=0.01), committed=committed)
+    retention.run(stop)
+    assert (retention.stats.unreachable, retention.stats.errors, retention.stats.passes) == (1, 1, 3)
+
+
 @pytest.fixture(scope="module")
 def s3_log(tmp_path_factory: pytest.TempPathFactory):
     """A private embedded stack on the durable s3 log (the suite's shared one runs the memory log)."""

@@ -72,13 +72,16 @@ class RetentionStats:
     units: int = 0
     """What the broker removed: stored batches (Tansu's objects) or partitions trimmed."""
     errors: int = 0
+    """Passes that failed for another reason than the broker being unreachable."""
+    unreachable: int = 0
+    """Passes skipped because the broker did not answer (restarting): nothing is trimmed meanwhile."""
     last_pass_s: float = 0.0
     below: dict[Partition, int] = field(default_factory=dict)
     """Per partition, the log's start after the last pass that trimmed it."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"passes": self.passes, "records": self.records, "units": self.units, "errors": self.errors,
-                "last_pass_s": round(self.last_pass_s, 3),
+                "unreachable": self.unreachable, "last_pass_s": round(self.last_pass_s, 3),
                 "log_start": {f"{t}:{p}": o for (t, p), o in sorted(self.below.items())}}
 
 
@@ -136,10 +139,17 @@ class LogRetention:
     def run(self, stop: threading.Event) -> None:
         """Pass every ``interval_s`` until ``stop``; a failed pass is logged and the next one tries again
         (a broker or bucket restarting is not a reason to stop the archiver)."""
+        from kafka.errors import KafkaError
+
         while not stop.wait(self.settings.interval_s):
             try:
                 removed = self.pass_once()
             except Exception as exc:  # noqa: BLE001 - retention must never take the archiver down
+                if isinstance(exc, KafkaError) and exc.retriable:  # a lost connection: the broker restarts
+                    self.stats.unreachable += 1
+                    log.warning("log retention: broker unreachable (%s: %s); trying again in %g s",
+                                type(exc).__name__, exc, self.settings.interval_s)
+                    continue
                 self.stats.errors += 1
                 log.warning("log retention: pass failed (%s: %s); trying again in %g s",
                             type(exc).__name__, exc, self.settings.interval_s)
