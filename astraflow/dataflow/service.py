@@ -193,10 +193,9 @@ class DataflowService:
         return ends
 
     def _ensure_topics(self, pools: Iterable[str]) -> None:
-        from astraflow.log import ensure_topics
+        from astraflow.run_topics import ensure_run_topics
 
-        run_topics = self.topics.partitions({}, list(self.section.policies))
-        ensure_topics(self.cfg, {t: n for t, n in run_topics.items() if t != self.topics.dead_letters})
+        ensure_run_topics(self.cfg, {}, list(self.section.policies))
         for pool in {*pools, *self.df.in_flight_pools()}:
             self._open_pool_topic(pool)
 

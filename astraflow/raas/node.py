@@ -99,16 +99,15 @@ class RaasNode:
     def from_config(cls, cfg: ClusterConfig, recipe: Recipe, pool: str, node_id: str,
                     stop_event: threading.Event, **options: Any) -> RaasNode:
         """A node of ``pool`` with the parts the recipe names; the run's topics exist when it returns."""
-        from astraflow.log import ensure_topics
         from astraflow.raas.outbox import TrajectoryOutbox
         from astraflow.raas.setup import build_policy_clients, build_recipe_workflow
         from astraflow.raas.weights import WeightFollower
+        from astraflow.run_topics import ensure_run_topics
 
         spec, topics = recipe.pool(pool), Topics(cfg.run)
         # A node started on its own (not by `astraflow run`) may be the first: the run's topics as the
         # launcher would create them, this pool at its configured size.
-        run_topics = topics.partitions({spec.name: spec.nodes}, [p.name for p in recipe.policies])
-        ensure_topics(cfg, {t: n for t, n in run_topics.items() if t != topics.dead_letters})
+        ensure_run_topics(cfg, {spec.name: spec.nodes}, [p.name for p in recipe.policies])
         policies = build_policy_clients(recipe, spec, node_id)
         producer = LogProducer(cfg, f"{cfg.run}.raas.{node_id}")
         parts = NodeParts(workflow=build_recipe_workflow(recipe), policies=policies,
