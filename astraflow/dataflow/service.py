@@ -193,7 +193,7 @@ class DataflowService:
         return ends
 
     def _ensure_topics(self, pools: Iterable[str]) -> None:
-        from astraflow.run_topics import ensure_run_topics
+        from astraflow.log.admin import ensure_run_topics
 
         ensure_run_topics(self.cfg, {}, list(self.section.policies))
         for pool in {*pools, *self.df.in_flight_pools()}:

@@ -126,3 +126,15 @@ def _create(admin: Any, bootstrap: str, pending: dict[str, int], created: list[s
         raise LogError(f"broker {bootstrap} refused to create topics: {'; '.join(failed)}")
     if transient:
         raise TransientBrokerError(f"broker {bootstrap} could not create topics yet: {'; '.join(transient)}")
+
+
+def ensure_run_topics(cfg: ClusterConfig, pools: dict[str, int], policies: list[str]) -> None:
+    """Create the run's topics that do not exist yet with the launcher's partition counts
+    (:meth:`~astraflow.log.topics.Topics.partitions`; ``pools``: pool -> its most nodes), all but the dead
+    letters, which are left to their publisher (:mod:`astraflow.log.dead_letters`). For a component that
+    may start before the launcher made them (a RaaS node or the dataflow started on its own)."""
+    from astraflow.log.topics import Topics
+
+    topics = Topics(cfg.run)
+    run_topics = topics.partitions(pools, policies)
+    ensure_topics(cfg, {t: n for t, n in run_topics.items() if t != topics.dead_letters})

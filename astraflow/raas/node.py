@@ -102,7 +102,7 @@ class RaasNode:
         from astraflow.raas.outbox import TrajectoryOutbox
         from astraflow.raas.setup import build_policy_clients, build_recipe_workflow
         from astraflow.raas.weights import WeightFollower
-        from astraflow.run_topics import ensure_run_topics
+        from astraflow.log.admin import ensure_run_topics
 
         spec, topics = recipe.pool(pool), Topics(cfg.run)
         # A node started on its own (not by `astraflow run`) may be the first: the run's topics as the
