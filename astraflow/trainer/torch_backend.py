@@ -80,32 +80,12 @@ class TorchBackend(TrainerBackend):
 
     # -- batch preparation ------------------------------------------------------------------------
     def _tensors(self, trajs: Sequence[Trajectory]) -> tuple[torch.Tensor, ...]:
-        import numpy as np
         import torch
 
-        seqs = [list(t.prompt_ids) + list(t.response_ids) for t in trajs]
-        width = max(len(s) for s in seqs)
-        resp_w = max(max(len(t.response_ids) for t in trajs), 1)
-        n = len(trajs)
-        # Filled row by row in numpy, then handed to torch once: a small torch op per row and column
-        # cost more than the rest of the batch's preparation.
-        ids = np.zeros((n, width), dtype=np.int64)
-        attn = np.zeros((n, width), dtype=np.int64)
-        # gather index: logits at position p predict token p+1
-        gather_pos = np.zeros((n, resp_w), dtype=np.int64)
-        behav = np.zeros((n, resp_w), dtype=np.float32)
-        mask = np.zeros((n, resp_w), dtype=np.float32)
-        for i, (t, s) in enumerate(zip(trajs, seqs, strict=True)):
-            ids[i, : len(s)] = s
-            attn[i, : len(s)] = 1
-            r, p = len(t.response_ids), len(t.prompt_ids)
-            if len(t.logprobs) != r or len(t.loss_mask) != r:
-                raise ValueError(f"trajectory {getattr(t, 'episode_id', i)}: per-token lengths differ")
-            if r:
-                gather_pos[i, :r] = np.arange(p - 1, p - 1 + r)
-                behav[i, :r] = t.logprobs
-                mask[i, :r] = t.loss_mask
-        return tuple(torch.from_numpy(a).to(self.device) for a in (ids, attn, gather_pos, behav, mask))
+        from astraflow.trainer.packing import pack
+
+        b = pack(trajs)
+        return tuple(torch.from_numpy(a).to(self.device) for a in (b.ids, b.attn, b.gather_pos, b.behav, b.mask))
 
     def logits(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Next-token logits ``[B, T, V]`` of the trained model (a backend on another model class,

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from astraflow.trainer.packing import pack
+
 if TYPE_CHECKING:
     from astraflow.records import Trajectory
 
@@ -50,26 +52,14 @@ def replica_rows(rows: Sequence[int], dp_rank: int, dp: int) -> tuple[list[int],
 
 def micro_batch(trajs: Sequence[Trajectory], adv: Sequence[float], batch_tokens: float, device: torch.device, *,
                 filler: bool = False) -> MicroBatch:
-    """The tensors of ``trajs`` (advantages ``adv``), as the built-in backend lays them out."""
-    seqs = [list(t.prompt_ids) + list(t.response_ids) for t in trajs]
-    n, width = len(trajs), max(len(s) for s in seqs)
-    resp_w = max(max(len(t.response_ids) for t in trajs), 1)
-    # Filled in numpy and handed to torch once: per-row torch ops cost more than the whole batch.
-    ids = np.zeros((n, width), dtype=np.int64)
-    gather_pos = np.zeros((n, resp_w), dtype=np.int64)
-    behav = np.zeros((n, resp_w), dtype=np.float32)
-    mask = np.zeros((n, resp_w), dtype=np.float32)
-    for i, (t, s) in enumerate(zip(trajs, seqs, strict=True)):
-        ids[i, : len(s)] = s
-        r, p = len(t.response_ids), len(t.prompt_ids)
-        if len(t.logprobs) != r or len(t.loss_mask) != r:
-            raise ValueError(f"trajectory {getattr(t, 'episode_id', i)}: per-token lengths differ")
-        if r:
-            gather_pos[i, :r] = np.arange(p - 1, p - 1 + r)
-            behav[i, :r] = t.logprobs
-            mask[i, :r] = 0.0 if filler else np.asarray(t.loss_mask, dtype=np.float32)
+    """The tensors of ``trajs`` (advantages ``adv``), as the built-in backend lays them out
+    (:func:`astraflow.trainer.packing.pack`); a filler row's loss mask is all 0."""
+    b = pack(trajs)
+    if filler:
+        b.mask[:] = 0.0
+
     def as_t(a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(a).to(device)
 
-    return MicroBatch(ids=as_t(ids), gather_pos=as_t(gather_pos), behav=as_t(behav), mask=as_t(mask),
+    return MicroBatch(ids=as_t(b.ids), gather_pos=as_t(b.gather_pos), behav=as_t(b.behav), mask=as_t(b.mask),
                       adv=torch.tensor(list(adv), dtype=torch.float32, device=device), batch_tokens=batch_tokens)
