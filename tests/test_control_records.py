@@ -10,12 +10,13 @@ import time
 
 import pytest
 from control_records_factory import autoscale_report, dataflow_counters, node_status
+from fakes import make_trajectory
 
 from astraflow.dataflow import DataflowConfig
 from astraflow.dataflow.service import run_dataflow
 from astraflow.log import ConsumerGroups, LogConsumer, LogProducer, Topics, ensure_topics
 from astraflow.log.codec import WEIGHT_ANNOUNCEMENT_SCHEMA
-from astraflow.records import Task, Trajectory, batch, episode_id_for, group_id_for, trajectory
+from astraflow.records import Task, Trajectory, batch, trajectory
 from astraflow.records.control import (
     METRICS_TOPIC_SCHEMAS,
     AutoscaleReport,
@@ -112,12 +113,8 @@ def test_every_control_record_round_trips_through_the_log_under_its_own_schema(t
 
 
 def _traj(prompt_id: str, i: int, reward: float) -> Trajectory:
-    return Trajectory(
-        episode_id=episode_id_for(prompt_id, "solver", i), task_id=prompt_id,
-        group_id=group_id_for(prompt_id, "solver"), sample_index=i, policy="solver",
-        prompt_ids=[1], response_ids=[7, 8], logprobs=[-0.5, -0.25], versions=[0, 0],
-        loss_mask=[1, 1], reward=reward, node_id="node-1",
-    )
+    return make_trajectory(prompt_id, "solver", i, n=2, version=0, reward=reward, prompt_ids=[1],
+                           response_ids=[7, 8], logprobs=[-0.5, -0.25], node_id="node-1")
 
 
 def _poll_until(consumer: LogConsumer, pred, timeout_s: float = 30.0) -> list:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from fakes import make_trajectory
 
 from astraflow.dataflow import Dataflow, DataflowConfig, Group, target_nodes
 from astraflow.dataflow.autoscaler import AutoscaleConfig, autoscale_report
 from astraflow.dataflow.plugins import PluginError, build_plugin, registered
-from astraflow.records import Task, Trajectory, episode_id_for, group_id_for
+from astraflow.records import Task, Trajectory
 
 
 def dataset(n: int, samples: int = 4, policy: str = "", **meta) -> list[Task]:
@@ -18,12 +19,8 @@ def dataset(n: int, samples: int = 4, policy: str = "", **meta) -> list[Task]:
 
 
 def traj(task: Task, policy: str, i: int, reward: float, version: int = 0, n: int = 3) -> Trajectory:
-    return Trajectory(
-        episode_id=episode_id_for(task.prompt_id, policy, i), task_id=task.prompt_id,
-        group_id=group_id_for(task.prompt_id, policy), sample_index=i, policy=policy,
-        prompt_ids=[1, 2], response_ids=[5] * n, logprobs=[-1.0] * n, versions=[version] * n,
-        loss_mask=[1] * n, reward=reward, task_type=task.task_type,
-    )
+    return make_trajectory(task.prompt_id, policy, i, n=n, version=version, reward=reward, prompt_ids=[1, 2],
+                           response_ids=[5] * n, logprobs=[-1.0] * n, task_type=task.task_type)
 
 
 def rollout(task: Task, policy: str, rewards: list[float], version: int = 0) -> list[Trajectory]:

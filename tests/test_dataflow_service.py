@@ -6,22 +6,19 @@ import threading
 import time
 
 import pytest
+from fakes import make_trajectory
 
 from astraflow.dataflow import DataflowConfig
 from astraflow.dataflow.service import STATE_OBJECT, run_dataflow
-from astraflow.records import Task, Trajectory, batch, episode_id_for, group_id_for, task, trajectory
+from astraflow.records import Task, Trajectory, batch, task, trajectory
 from astraflow.records.control import WeightAnnouncement, send_control
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def traj(prompt_id: str, i: int, version: int, reward: float) -> Trajectory:
-    return Trajectory(
-        episode_id=episode_id_for(prompt_id, "solver", i), task_id=prompt_id,
-        group_id=group_id_for(prompt_id, "solver"), sample_index=i, policy="solver",
-        prompt_ids=[1], response_ids=[7, 8], logprobs=[-0.5, -0.25], versions=[version, version],
-        loss_mask=[1, 1], reward=reward, node_id="node-1",
-    )
+    return make_trajectory(prompt_id, "solver", i, n=2, version=version, reward=reward, prompt_ids=[1],
+                           response_ids=[7, 8], logprobs=[-0.5, -0.25], node_id="node-1")
 
 
 def announce_version(prod, topic: str, version: int, batch_id: str | None = None):
