@@ -75,16 +75,33 @@ class _Consumer:
         self.commits.append(list(msgs))
 
 
+class _Publisher:
+    """No version published: a checkpoint finds no step record to wait for."""
+
+    def __init__(self) -> None:
+        self.published: list = []
+
+    def flush(self) -> None:
+        pass
+
+
+class _Records:
+    def settle(self, timeout_s: float) -> bool:
+        return True  # every record acknowledged
+
+
 def _trainer(saves) -> object:
-    """The trainer service's checkpoint path with a stand-in backend and save (no broker, no bucket)."""
+    """The trainer service's checkpoint path with a stand-in backend, publisher, records and save (no
+    broker, no bucket)."""
     from test_raas_support import make_recipe
 
+    from astraflow.trainer.parts import TrainerParts
     from astraflow.trainer.service import TrainerService
 
-    svc = TrainerService(None, make_recipe("ckpt"), "policy", threading.Event())
-    svc.backend = _Backend()
-    svc.checkpoint_writer = CheckpointWriter(saves)
-    return svc
+    parts = TrainerParts(life="ckpt", topic_ids={}, checkpoints=None,
+                         checkpoint_writer=CheckpointWriter(saves), backend=_Backend(),
+                         publisher=_Publisher(), records=_Records())
+    return TrainerService(None, make_recipe("ckpt"), "policy", parts, threading.Event())
 
 
 def test_the_trainer_commits_a_checkpoints_batches_only_after_it_is_saved_and_trains_meanwhile():

@@ -52,11 +52,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from typing import TYPE_CHECKING, Any
 
 from astraflow.log.handoff import HandoffLatency
-from astraflow.log.until_acked import UntilAcked
 from astraflow.records import batch as batch_rec
 from astraflow.records.batch import Batch
 from astraflow.records.control import (
@@ -67,9 +65,9 @@ from astraflow.records.control import (
     TrainerStep,
     send_control,
 )
-from astraflow.trainer.checkpoint import CheckpointError, CheckpointStore, TrainerCheckpoint
-from astraflow.trainer.checkpoint_writer import CheckpointWriter
+from astraflow.trainer.checkpoint import CheckpointError, TrainerCheckpoint
 from astraflow.trainer.distributed import Command, RankGroup, current_group
+from astraflow.trainer.parts import TrainerParts, build_trainer_parts
 
 if TYPE_CHECKING:
     from astraflow.config import ClusterConfig
@@ -100,8 +98,9 @@ def _offset_key(topic: str, partition: int) -> str:
 
 
 class TrainerService:
-    def __init__(self, cfg: ClusterConfig, recipe: Recipe, policy: str, stop_event: threading.Event, *,
-                 poll_timeout_s: float = 0.5, group: RankGroup | None = None) -> None:
+    def __init__(self, cfg: ClusterConfig, recipe: Recipe, policy: str, parts: TrainerParts,
+                 stop_event: threading.Event, *, poll_timeout_s: float = 0.5,
+                 group: RankGroup | None = None) -> None:
         self.group = current_group() if group is None else group
         """This process's rank in the trainer's group (one rank unless launched by torch.distributed.run)."""
         self.cfg = cfg
@@ -112,8 +111,13 @@ class TrainerService:
         self.stop_event = stop_event
         self.poll_timeout_s = poll_timeout_s
         self.component_id = f"trainer.{policy}"
-        self.life = uuid.uuid4().hex[:8]
+        self.life = parts.life
         """Identifies this process in metrics (a restarted trainer has a new one)."""
+        self.checkpoints, self.checkpoint_writer, self.backend = (parts.checkpoints, parts.checkpoint_writer,
+                                                                  parts.backend)
+        # rank 0's alone (None on the other ranks): only rank 0 reads and writes the log and the weight store
+        self.subscriber, self.producer, self.records, self.publisher = (parts.subscriber, parts.producer,
+                                                                        parts.records, parts.publisher)
         self.step = 0
         self.version = 0
         self.offsets: dict[str, int] = {}
@@ -126,45 +130,67 @@ class TrainerService:
         """Version -> its step's :class:`TrainerStep` fields known at the step's end and the Unix time it
         ended, until the version is published."""
         self._seen_published = 0
-        self.topic_ids: dict[str, str | None] = {}
+        self.topic_ids: dict[str, str | None] = parts.topic_ids
         """Ids of the topics this trainer reads, as of its start (saved with each checkpoint)."""
         self.warm_start: dict[str, Any] | None = None
         """SFT figures when this trainer warm-started a fresh model (the ``start`` metrics record)."""
 
+    @classmethod
+    def from_config(cls, cfg: ClusterConfig, recipe: Recipe, policy: str, stop_event: threading.Event,
+                    group: RankGroup, **options: Any) -> TrainerService:
+        """``policy``'s trainer with the parts the recipe names (:func:`build_trainer_parts`); ``group``
+        has started. Collective on a rank group."""
+        parts = build_trainer_parts(cfg, recipe, policy, group)
+        return cls(cfg, recipe, policy, parts, stop_event, group=group, **options)
+
     # -- bootstrap ---------------------------------------------------------------------------------
     def _bootstrap(self) -> str:
         """Collective on a rank group: every rank loads the same state; rank 0 alone reads and writes
-        the weight store (what it finds is broadcast)."""
+        the weight store (what it finds is broadcast). Returns where the state came from."""
+        ckpt = self.checkpoints.load()
+        latest = self.group.broadcast_json(self.subscriber.latest_version() if self.group.leader else None)
+        if ckpt is not None:
+            return self._resume(ckpt, latest)
+        if latest is not None:
+            return self._load_published(latest)
+        return self._start_fresh()
+
+    def _resume(self, ckpt: TrainerCheckpoint, latest: int | None) -> str:
+        """Continue from checkpoint ``ckpt``; ``latest``: the newest version in the weight store."""
         from astraflow.trainer.sharded_checkpoint import restore
 
         leader = self.group.leader
-        ckpt = self.checkpoints.load()
-        latest = self.group.broadcast_json(self.subscriber.latest_version() if leader else None)
-        if ckpt is not None:
-            if ckpt.stored_shards is not None:
-                restore(self.checkpoints, ckpt, self.backend, self.group)
-            else:
-                self.backend.load_state(ckpt.model_state if leader else {}, ckpt.optimizer_state if leader else None)
-            self.step, self.version = ckpt.step, ckpt.version
-            self.offsets, self.batch_ids = dict(ckpt.offsets), list(ckpt.batch_ids)
-            if leader:
-                self._forget_offsets_of_recreated_topics(ckpt.topic_ids)
-            self._trained = set(self.batch_ids)
-            self._last_ckpt_step = ckpt.step
-            if latest is None or latest != self.version:
-                # The lost life published past the checkpoint (or the checkpoint's own version never
-                # made it): announce the checkpointed weights under a version nobody has seen.
-                self.version = max(self.version, (latest or 0) + 1)
-                self._publish_now(self._served_state(), self.version, self.batch_ids[-1] if self.batch_ids else None)
-            return f"checkpoint step {ckpt.step} (version {self.version})"
-        if latest is not None:
-            state = self.subscriber.pull(latest)[0] if leader else {}
-            self.backend.load_state(state, None)
-            self.version = latest
-            if leader:
-                # The pulled bits are the stored version's: the first step publishes a delta from them.
-                self.publisher.assume_published(state, latest)
-            return f"weight store version {latest}"
+        if ckpt.stored_shards is not None:
+            restore(self.checkpoints, ckpt, self.backend, self.group)
+        else:
+            self.backend.load_state(ckpt.model_state if leader else {}, ckpt.optimizer_state if leader else None)
+        self.step, self.version = ckpt.step, ckpt.version
+        self.offsets, self.batch_ids = dict(ckpt.offsets), list(ckpt.batch_ids)
+        if leader:
+            self._forget_offsets_of_recreated_topics(ckpt.topic_ids)
+        self._trained = set(self.batch_ids)
+        self._last_ckpt_step = ckpt.step
+        if latest is None or latest != self.version:
+            # The lost life published past the checkpoint (or the checkpoint's own version never
+            # made it): announce the checkpointed weights under a version nobody has seen.
+            self.version = max(self.version, (latest or 0) + 1)
+            self._publish_now(self._served_state(), self.version, self.batch_ids[-1] if self.batch_ids else None)
+        return f"checkpoint step {ckpt.step} (version {self.version})"
+
+    def _load_published(self, latest: int) -> str:
+        """No checkpoint: start from version ``latest`` of the weight store (pulled by rank 0)."""
+        leader = self.group.leader
+        state = self.subscriber.pull(latest)[0] if leader else {}
+        self.backend.load_state(state, None)
+        self.version = latest
+        if leader:
+            # The pulled bits are the stored version's: the first step publishes a delta from them.
+            self.publisher.assume_published(state, latest)
+        return f"weight store version {latest}"
+
+    def _start_fresh(self) -> str:
+        """Neither a checkpoint nor a published version: the seeded model (after the recipe's SFT warm
+        start, if any) is published as v0."""
         self.version = 0
         origin = "seeded model"
         if self.spec.sft is not None and self.spec.backend.type != "simulated":
@@ -277,14 +303,6 @@ class TrainerService:
                           self.policy)
                 return
 
-    def _save_checkpoint(self, ckpt: TrainerCheckpoint) -> None:
-        """On the writer's thread. A restarting S3 server is waited out (one line per backoff step),
-        not a reason to exit: the save writes the same keys again, pointer last."""
-        from astraflow.outage import OutageReport, wait_out_outage
-
-        s3 = OutageReport(f"trainer {self.policy}: checkpoint, S3 endpoint", str(self.cfg.s3.endpoint), log)
-        wait_out_outage(lambda: self.checkpoints.save(ckpt), s3)
-
     def _commit_saved(self, consumer: Any, *, wait: bool = False) -> None:
         """Only once its checkpoint is durable do the batches it covers count as consumed for the group."""
         saved = self.checkpoint_writer.collect(wait=wait)
@@ -299,89 +317,79 @@ class TrainerService:
 
     # -- main loop ---------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        self.group.start(getattr(self.spec.backend, "device", "cpu"))
-        try:
-            return self._run()
-        finally:
-            self.group.close()
-
-    def _run(self) -> dict[str, Any]:
-        from astraflow.delta import WeightPublisher, WeightSubscriber
-        from astraflow.log import ConsumerGroups, LogConsumer, LogProducer, Topics, ensure_topics
-        from astraflow.log.identity import topic_ids
-        from astraflow.models import load_policy_model
-        from astraflow.objstore import ObjectStore
-        from astraflow.trainer.backend import build_backend
-
-        leader = self.group.leader
-        # one life per group: it names the group's records and its checkpoint saves
-        self.life = self.group.broadcast_json(self.life)
-        topics = Topics(self.cfg.run)
-        if leader:
-            ensure_topics(self.cfg, {topics.batches(self.policy): 1, topics.weights(self.policy): 1,
-                                     topics.metrics: 1})
-            self.topic_ids = topic_ids(self.cfg, [topics.batches(self.policy)])
-        self.checkpoints = CheckpointStore(ObjectStore.from_config(self.cfg), self.cfg.run, self.policy,
-                                           keep_checkpoints=self.tspec.keep_checkpoints)
-        self.checkpoint_writer: CheckpointWriter[list[Any]] = CheckpointWriter(
-            self._save_checkpoint, f"checkpoint-{self.policy}")
-        self.backend = build_backend(load_policy_model(self.recipe, self.policy), self.spec.backend)
-        if self.group.distributed and not self.backend.runs_as_rank_group:
-            raise RuntimeError(f"trainer {self.policy}: backend {self.spec.backend.type!r} does not run as a group of "
-                               f"ranks (trainer.ranks = {self.group.world_size}); run it with trainer.ranks: 1")
-        if leader:
-            self.subscriber = WeightSubscriber(self.cfg, self.policy, f"trainer-{self.life}", register=False)
-            self.producer = LogProducer(self.cfg, f"{self.cfg.run}.{self.component_id}.{self.life}")
-            self.records = UntilAcked(self.producer)
-            """The step, start, skipped and done records: each is the only one of its kind, so a refused one is sent again."""
-            self.publisher = WeightPublisher(
-                self.cfg, self.policy, anchor_every=self.tspec.anchor_every,
-                max_lag_versions=self.tspec.max_publish_lag, gc_every=self.tspec.weights_gc_every,
-                producer_id=f"{self.cfg.run}.{self.component_id}.{self.life}.weights")
+        """Bootstrap, train until ``trainer.steps`` steps or ``stop_event``, and finish; rank 0's parts
+        are closed however it ends. Collective on a rank group (whose start and close are the caller's)."""
         consumer = None
         finished = False
         try:
-            origin = self._bootstrap()
-            ranks = f" on {self.group.world_size} ranks" if self.group.distributed else ""
-            log.info("trainer %s (life %s%s) starts from %s", self.policy, self.life, ranks, origin)
-            if leader:
-                self._emit(TrainerStart, step=self.step, version=self.version, origin=origin,
-                           warm_start=self.warm_start or None)
-                group = ConsumerGroups(self.cfg.run).trainer(self.policy)
-                consumer = LogConsumer(self.cfg, topics.batches(self.policy), group,
-                                       {batch_rec.SCHEMA_NAME: batch_rec.SCHEMA_VERSION},
-                                       max_poll_interval_ms=600_000, client_id=f"trainer-{self.policy}-{self.life}")
-            wait_from = time.perf_counter()
-            while True:
-                command, msg, batch = self._turn(consumer)
-                if command is Command.STOP:
-                    break
-                if command is Command.CHECKPOINT:
-                    self._checkpoint(consumer, due=True)
-                elif command is Command.TRAIN:
-                    self._train(msg, batch, time.perf_counter() - wait_from)
-                    wait_from = time.perf_counter()
-                elif not leader:
-                    self._commit_saved(consumer)  # a failed upload of this rank's shards surfaces here
-            finished = self.step >= self.tspec.steps
-            if leader:
-                self.publisher.flush()
-                self._emit_published()
-            self._commit_saved(consumer, wait=True)
-            if finished and leader:
-                self._emit(TrainerDone, step=self.step, version=self.version, skipped=self.skipped)
+            self._begin()
+            if self.group.leader:
+                consumer = self._join_batches()
+            self._loop(consumer)
+            finished = self._finish(consumer)
         finally:
-            if leader:
-                try:
-                    self.publisher.close()
-                finally:
-                    if consumer is not None:
-                        consumer.close()
-                if not self.records.settle(10):
-                    log.warning("trainer %s: some metrics records were not acknowledged before exit", self.policy)
-                self.producer.close()
+            if self.group.leader:
+                self._close(consumer)
         return {"step": self.step, "version": self.version, "finished": finished, "skipped": dict(self.skipped),
                 "life": self.life, "rank": self.group.rank, "ranks": self.group.world_size}
+
+    def _begin(self) -> None:
+        """Bootstrap (:meth:`_bootstrap`) and say where this life starts from."""
+        origin = self._bootstrap()
+        ranks = f" on {self.group.world_size} ranks" if self.group.distributed else ""
+        log.info("trainer %s (life %s%s) starts from %s", self.policy, self.life, ranks, origin)
+        if self.group.leader:
+            self._emit(TrainerStart, step=self.step, version=self.version, origin=origin,
+                       warm_start=self.warm_start or None)
+
+    def _join_batches(self) -> Any:
+        """Rank 0's consumer of the batch topic. Created only after the bootstrap: it joins the
+        trainer's group once the checkpointed offsets are known."""
+        from astraflow.log import ConsumerGroups, LogConsumer, Topics
+
+        group = ConsumerGroups(self.cfg.run).trainer(self.policy)
+        return LogConsumer(self.cfg, Topics(self.cfg.run).batches(self.policy), group,
+                           {batch_rec.SCHEMA_NAME: batch_rec.SCHEMA_VERSION},
+                           max_poll_interval_ms=600_000, client_id=f"trainer-{self.policy}-{self.life}")
+
+    def _loop(self, consumer: Any) -> None:
+        """One command a turn (:meth:`_turn`), the same on every rank, until the command to stop."""
+        wait_from = time.perf_counter()
+        while True:
+            command, msg, batch = self._turn(consumer)
+            if command is Command.STOP:
+                return
+            if command is Command.CHECKPOINT:
+                self._checkpoint(consumer, due=True)
+            elif command is Command.TRAIN:
+                self._train(msg, batch, time.perf_counter() - wait_from)
+                wait_from = time.perf_counter()
+            elif not self.group.leader:
+                self._commit_saved(consumer)  # a failed upload of this rank's shards surfaces here
+
+    def _finish(self, consumer: Any) -> bool:
+        """The last versions' step records, the last checkpoint's commit, and (at the step target) the
+        done record. Whether the step target was reached."""
+        finished = self.step >= self.tspec.steps
+        if self.group.leader:
+            self.publisher.flush()
+            self._emit_published()
+        self._commit_saved(consumer, wait=True)
+        if finished and self.group.leader:
+            self._emit(TrainerDone, step=self.step, version=self.version, skipped=self.skipped)
+        return finished
+
+    def _close(self, consumer: Any) -> None:
+        """Rank 0: close the publisher, then the consumer (if it was created), give the records in
+        flight a last chance to be acknowledged, and close the producer."""
+        try:
+            self.publisher.close()
+        finally:
+            if consumer is not None:
+                consumer.close()
+        if not self.records.settle(10):
+            log.warning("trainer %s: some metrics records were not acknowledged before exit", self.policy)
+        self.producer.close()
 
     def _turn(self, consumer: Any) -> tuple[Command, Any, Batch | None]:
         """This loop turn's command, the same on every rank: rank 0 decides it (:meth:`_lead`) and
@@ -474,6 +482,17 @@ class TrainerService:
         if msg is None:
             return
         self._consumed(msg)
+        record = self._step_record(b, m, stale, wait_s=wait_s, step_s=step_s, handoff_ms=handoff.drain())
+        self.publisher.publish(served, self.version, owned=True, batch_id=b.batch_id)
+        record["state_copy_s"] = t2 - t1  # the backend's copy + cast of the weights (the trainer waits)
+        record["publish_blocked_s"] = time.perf_counter() - t2
+        self._pending_records[self.version] = (record, step_end)
+
+    def _step_record(self, b: Batch, m: dict[str, float], stale: list[int], *, wait_s: float, step_s: float,
+                     handoff_ms: dict[str, dict]) -> dict[str, Any]:
+        """The :class:`TrainerStep` fields known at the end of the step on batch ``b`` (the backend's
+        figures ``m``; ``stale``: each trajectory's versions behind)."""
+        trajs = b.trajectories
         record = {
             "step": self.step,
             "batch_id": b.batch_id,
@@ -486,15 +505,12 @@ class TrainerService:
             "trajectories": len(trajs),
             "tokens": int(sum(sum(t.loss_mask) for t in trajs)),
             "grad_norm": float(m.get("grad_norm", 0.0)),
-            "handoff_ms": handoff.drain(),
+            "handoff_ms": handoff_ms,
         }
         # GRPO's share of trajectories without a learning signal, and how many the backend trained on
         # (fewer with skip_zero_advantage), when the backend reports them
         record.update({k: float(m[k]) for k in ("zero_adv_frac", "trained_trajectories") if k in m})
-        self.publisher.publish(served, self.version, owned=True, batch_id=b.batch_id)
-        record["state_copy_s"] = t2 - t1  # the backend's copy + cast of the weights (the trainer waits)
-        record["publish_blocked_s"] = time.perf_counter() - t2
-        self._pending_records[self.version] = (record, step_end)
+        return record
 
     def _served_state(self) -> dict[str, Any]:
         return publishable(self.backend.state_dict(), self.tspec.publish_dtype)
@@ -532,7 +548,14 @@ class TrainerService:
         send_control(self.records, Topics(self.cfg.run).metrics, self.component_id, record)
 
 
-def run_trainer(cfg: ClusterConfig, recipe: Recipe, policy: str, stop_event: threading.Event,
-                **options: Any) -> dict[str, Any]:
-    """Train ``policy`` until ``recipe.trainer.steps`` steps or ``stop_event``; see the module docstring."""
-    return TrainerService(cfg, recipe, policy, stop_event, **options).run()
+def run_trainer(cfg: ClusterConfig, recipe: Recipe, policy: str, stop_event: threading.Event, *,
+                group: RankGroup | None = None, **options: Any) -> dict[str, Any]:
+    """Train ``policy`` until ``recipe.trainer.steps`` steps or ``stop_event``; see the module docstring.
+    ``group``: this process's rank group (default: as torch.distributed.run described it)."""
+    group = current_group() if group is None else group
+    # the group first: building the parts is collective (the life id) and the backend wants its device
+    group.start(getattr(recipe.policy(policy).backend, "device", "cpu"))
+    try:
+        return TrainerService.from_config(cfg, recipe, policy, stop_event, group, **options).run()
+    finally:
+        group.close()
