@@ -108,6 +108,7 @@ def read_log(cfg: Any, policies: list[str], *, idle_polls: int = 4) -> tuple[dic
     from astraflow.log import LogConsumer, Topics
     from astraflow.records import batch as batch_rec
     from astraflow.records import trajectory as traj_rec
+    from astraflow.records.control import WeightAnnouncement
 
     topics = Topics(cfg.run)
     names = [topics.trajectories, *(topics.batches(p) for p in policies), *(topics.weights(p) for p in policies)]
@@ -131,10 +132,10 @@ def read_log(cfg: Any, policies: list[str], *, idle_polls: int = 4) -> tuple[dic
                     trajs += traj_rec.from_table(m.table)
                 elif m.topic in by_batch_topic and m.table is not None:
                     batches[by_batch_topic[m.topic]].append(batch_rec.from_table(m.table))
-                elif m.topic in by_weight_topic and isinstance(m.obj, dict):
-                    ts = m.obj.get("time") or m.obj.get("published_at") or (m.timestamp_ms / 1000.0
-                                                                           if getattr(m, "timestamp_ms", None) else None)
-                    announced[by_weight_topic[m.topic]].append((int(m.obj.get("version", m.key)), ts))
+                elif m.topic in by_weight_topic and (announcement := WeightAnnouncement.of(m.obj)) is not None:
+                    # an announcement carries no time of its own: the log's timestamp is when it was sent
+                    sent = None if m.timestamp_ms is None else m.timestamp_ms / 1000.0
+                    announced[by_weight_topic[m.topic]].append((announcement.version, sent))
     finally:
         consumer.close()
     for p in policies:  # a redelivered batch (same id) counts once, in order
