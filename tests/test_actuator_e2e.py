@@ -31,9 +31,10 @@ from astraflow.records.control import AutoscaleReport, send_control
 ROOT = Path(__file__).parent.parent
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-STEPS = 24
-"""The trainer's pace (``step_base_s``) makes the run last ~30 s after its first batch, whatever the
-nodes do: long enough for a node started mid-run to join, work, drain and exit."""
+STEPS = 40
+"""The trainer's pace (``step_base_s``) makes the run last ~50 s after its first batch, whatever the
+nodes do: long enough for a node started mid-run to join, work, drain and exit (with 24 steps, ~30 s, a
+loaded CI run finished training between the node's stop and its exit)."""
 POOL = {"name": "default", "nodes": 1, "concurrency": 4, "drain_timeout_s": 10,
         "autoscale": {"min_nodes": 1, "max_nodes": 2, "cooldown_s": 2, "confirm_reports": 2},
         "engine": {"type": "simulated", "tokens_per_s": 40, "median_tokens": 24, "sigma": 0.5, "max_tokens": 96}}
@@ -68,7 +69,7 @@ class Run:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAFLOW_")}
         env["ASTRAFLOW_CONFIG"] = str(write_cluster_file(cfg, tmp_path / "cluster.yaml"))
         cmd = [sys.executable, "-m", "astraflow.cli.main", "run", str(_recipe(tmp_path)), "--run-id", cfg.run,
-               "--runs-dir", str(tmp_path / "runs"), "--no-live", "--no-archive", "--timeout", "100", "--grace", "5"]
+               "--runs-dir", str(tmp_path / "runs"), "--no-live", "--no-archive", "--timeout", "150", "--grace", "5"]
         with open(self.out_path, "w") as out:
             self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
         self.topic = Topics(cfg.run).metrics
@@ -174,7 +175,7 @@ def _read_back(cfg) -> tuple[list[tuple[int, int, str]], set[str], dict]:
     return tasks, returned, committed_offsets(cfg, ConsumerGroups(cfg.run).raas("default"))
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)
 def test_the_actuator_scales_a_pool_up_and_down_and_loses_no_task(tmp_path: Path, test_cluster) -> None:
     cfg = AutoscaleConfig()
     starved = autoscale_report(cfg, {"default": _window(1, wait_s=5.0, consumed=8)}, 0.0)  # w = 0.5
