@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from astraflow.objstore import ChecksumError, ObjectNotFoundError, ObjectStoreError, RunLayout
 from astraflow.objstore.layout import TRAINER_POINTER_FILE
 from astraflow.trainer import sharded_checkpoint
+from astraflow.trainer.checkpoint_error import CheckpointError
 from astraflow.trainer.sharded_checkpoint import LocalShards, StoredShards
 from astraflow.trainer.state_codec import StateFormatError, decode_state, encode_state
 
@@ -57,10 +58,6 @@ log = logging.getLogger(__name__)
 FORMAT = 2
 """2: optimizer state as safetensors + JSON; 1 (refused): optimizer state pickled by torch.save;
 3: torch.distributed.checkpoint shards (:data:`astraflow.trainer.sharded_checkpoint.FORMAT`)."""
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint exists but cannot be trusted (checksum mismatch, missing part, bad pointer)."""
 
 
 @dataclass

@@ -154,7 +154,7 @@ def _wait_for_manifest(store: ObjectStore, key: str, shards: LocalShards) -> dic
 
 def parse_pointer(checkpoints: CheckpointStore, pointer: dict[str, Any]) -> StoredShards:
     """The shard list and the extras of a format-3 pointer (the extras read and checked here)."""
-    from astraflow.trainer.checkpoint import CheckpointError
+    from astraflow.trainer.checkpoint_error import CheckpointError
     from astraflow.trainer.state_codec import StateFormatError, decode_plain
 
     where, step = checkpoints._key("latest.json"), pointer.get("step")
@@ -185,7 +185,7 @@ def restore(checkpoints: CheckpointStore, ckpt: TrainerCheckpoint, backend: Trai
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import HuggingFaceStorageReader
 
-    from astraflow.trainer.checkpoint import CheckpointError
+    from astraflow.trainer.checkpoint_error import CheckpointError
 
     stored = ckpt.stored_shards
     assert stored is not None
