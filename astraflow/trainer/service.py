@@ -525,8 +525,11 @@ class TrainerService:
 
     def _emit_published(self) -> None:
         """Step records whose version is now published, with the bytes it took."""
-        published = self.publisher.published
-        for manifest in published[self._seen_published:]:
+        # The publisher's thread appends to ``published`` meanwhile: count what this call takes, not the
+        # list's length after it (a version appended between the two lost its step record for good).
+        fresh = self.publisher.published[self._seen_published:]
+        self._seen_published += len(fresh)
+        for manifest in fresh:
             announced = self.publisher.announced_at.pop(manifest.version, None)
             pending = self._pending_records.pop(manifest.version, None)
             if pending is not None:
@@ -538,7 +541,6 @@ class TrainerService:
                            # this life's bucket housekeeping so far: weight versions and checkpoints deleted
                            weights_gc_deleted=self.publisher.gc_totals["versions"],
                            checkpoints_deleted=self.checkpoints.pruned_steps)
-        self._seen_published = len(published)
 
     def _emit(self, kind: type[TrainerRecord], **fields: Any) -> None:
         """Write a ``kind`` record (its model checks the fields) with this trainer's identity."""
