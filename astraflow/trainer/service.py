@@ -521,7 +521,7 @@ class TrainerService:
         # _served_state's tensors are fresh copies
         self.publisher.publish(state, version, owned=True, batch_id=batch_id)
         self.publisher.flush()
-        self._seen_published = len(self.publisher.published)
+        self._emit_published()  # a bootstrap version has no step record: this only counts it as seen
 
     def _emit_published(self) -> None:
         """Step records whose version is now published, with the bytes it took."""
