@@ -1,5 +1,6 @@
 """The built-in engine: a Hugging Face ``transformers`` causal LM with an incremental decoding
-loop (KV cache, left-padded batches, temperature / top-p sampling) on CPU or CUDA.
+loop (KV cache, left-padded batches, temperature / top-p sampling) on CPU or CUDA. Its forwards run
+eagerly or with a static KV cache and a compiled decode step (:mod:`astraflow.engines.decoding`).
 
 Log-probs: each token's behaviour log-prob is ``log_softmax(logits / temperature)`` at the sampled
 token, i.e. under the *tempered full* distribution, before top-p truncation. That is what the
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from astraflow.devices import describe as describe_device
 from astraflow.engines.base import Engine, Generation, SamplingParams
 from astraflow.engines.batching import RequestBatcher
+from astraflow.engines.decoding import DecodeSession, EagerSession, StaticDecoder, choose_decode
 from astraflow.engines.swap_gate import SwapGate
 from astraflow.engines.weight_update import FullState, InPlacePatch, UpdateRefusedError, WeightUpdate
 
@@ -36,7 +38,9 @@ class HFEngine(Engine):
     accepted_updates = frozenset({FullState, InPlacePatch})
 
     def __init__(self, model: PreTrainedModel, *, eos_token_id: int | None = None, pad_token_id: int | None = None,
-                 device: str = "cpu", version: int = 0, seed: int = 0, max_batch_size: int = 256) -> None:
+                 device: str = "cpu", version: int = 0, seed: int = 0, max_batch_size: int = 256,
+                 decode: str = "auto", compile_backend: str = "inductor",
+                 compile_mode: str | None = "reduce-overhead") -> None:
         import torch
 
         self.device = torch.device(device)
@@ -57,6 +61,10 @@ class HFEngine(Engine):
         # Models that take it compute the lm-head at the last position only (a prompt's other
         # positions' logits are never used).
         self._last_logits_only = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.decode = choose_decode(decode, self.device, self.model)
+        """How the forwards run: "eager" or "static" (:mod:`astraflow.engines.decoding`)."""
+        self._static = (StaticDecoder(self.model, self.device, compile_backend=compile_backend,
+                                      compile_mode=compile_mode) if self.decode == "static" else None)
 
     @property
     def weight_version(self) -> int:
@@ -94,37 +102,21 @@ class HFEngine(Engine):
         if any(len(p) == 0 for p in prompts):
             raise ValueError("empty prompt: every prompt needs at least one token (e.g. BOS)")
         stops = set(params.stop_token_ids if params.stop_token_ids is not None else [self.eos_token_id])
-        n, width = len(prompts), max(len(p) for p in prompts)
-        ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((n, width), dtype=torch.long)
-        for i, p in enumerate(prompts):  # left padding: the next token is always at the right edge
-            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            mask[i, width - len(p):] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        n = len(prompts)
+        session = self._session(prompts, params.max_new_tokens)
         tokens: list[list[int]] = [[] for _ in range(n)]
         logps: list[list[float]] = [[] for _ in range(n)]
         versions: list[list[int]] = [[] for _ in range(n)]
         done = [False] * n
-        cache, step_ids = None, ids
-        first, copies = _distinct_rows(prompts)
-        keep = {"logits_to_keep": 1} if self._last_logits_only else {}
+        nxt = None
         with torch.no_grad():
             for _ in range(params.max_new_tokens):
-                # The samples of a group share their prompt: the prefill runs on each distinct prompt
-                # once, and every row then gets a copy of its KV cache and next-token logits.
-                shared = cache is None and len(first) < n
-                rows = torch.tensor(first, device=self.device) if shared else slice(None)
                 with self._gate.step():  # a weight swap happens between steps, never inside a forward
-                    out = self.model(input_ids=step_ids[rows], attention_mask=mask[rows], position_ids=positions[rows],
-                                     past_key_values=cache, use_cache=True, **keep)
-                    logits = out.logits[:, -1, :]
-                    if shared:
-                        of_row = torch.tensor(copies, device=self.device)
-                        out.past_key_values.reorder_cache(of_row)
-                        logits = logits[of_row]
+                    if nxt is None:
+                        logits = session.prefill()
+                    else:  # finished rows keep decoding padding (cheaper than re-packing the cache)
+                        logits = session.step(torch.where(torch.tensor(done, device=self.device), self.pad_token_id, nxt))
                     version = self._version
-                cache = out.past_key_values
                 logits = logits.float()
                 if params.temperature <= 0:
                     logp = torch.log_softmax(logits, dim=-1)
@@ -143,15 +135,16 @@ class HFEngine(Engine):
                     done[i] = nxt_list[i] in stops
                 if all(done):
                     break
-                # finished rows keep decoding padding (cheaper than re-packing the cache)
-                step_ids = torch.where(torch.tensor(done, device=self.device), self.pad_token_id, nxt)[:, None]
-                mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=self.device)], dim=1)
-                positions = positions[:, -1:] + 1
         return [
             Generation(token_ids=t, logprobs=lp, versions=v,
                        finish_reason="stop" if t and t[-1] in stops else "length")
             for t, lp, v in zip(tokens, logps, versions, strict=True)
         ]
+
+    def _session(self, prompts: list[list[int]], max_new_tokens: int) -> DecodeSession:
+        if self._static is not None:
+            return self._static.session(prompts, self.pad_token_id, max_new_tokens)
+        return EagerSession(self.model, prompts, self.pad_token_id, self.device, self._last_logits_only)
 
     def _sample(self, logp, top_p: float):
         """One token per row, drawn from ``exp(logp)`` (renormalised over the nucleus when ``top_p < 1``)."""
@@ -164,20 +157,6 @@ class HFEngine(Engine):
             sorted_p = sorted_p * keep
             probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
         return sample_rows(probs, self._rng)
-
-
-def _distinct_rows(prompts: list[list[int]]) -> tuple[list[int], list[int]]:
-    """The first row of each distinct prompt, and for every row the position of its prompt there."""
-    first: list[int] = []
-    seen: dict[tuple[int, ...], int] = {}
-    copies = []
-    for i, p in enumerate(prompts):
-        key = tuple(p)
-        if key not in seen:
-            seen[key] = len(first)
-            first.append(i)
-        copies.append(seen[key])
-    return first, copies
 
 
 def sample_rows(probs: Any, generator: Any) -> Any:

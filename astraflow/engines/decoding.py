@@ -1,0 +1,216 @@
+"""How the HF engine runs its forwards: a prefill, then one forward per decoding step.
+
+Two ways, behind one small interface (:class:`DecodeSession`: ``prefill()`` then ``step(tokens)``,
+each giving next-token logits for every row):
+
+* **eager** (:class:`EagerSession`): transformers' dynamic KV cache, every step through Python.
+  The attention mask and cache grow by one column per step, so no two steps have the same shapes.
+* **static** (:class:`StaticDecoder`): transformers' ``StaticCache`` of a bucketed shape (rows and
+  length rounded up, so few shapes recur) with the one-token decode forward compiled by
+  ``torch.compile`` (``mode="reduce-overhead"``: captured as a CUDA graph on a GPU). The step's
+  inputs keep one shape: a full-length attention mask updated in place. On a GPU the eager step is
+  bound by kernel launches and Python (~20 ms a step whatever the batch: gpu-playbook.md), which
+  the captured graph removes.
+
+Both prefill each distinct prompt once (the samples of a GRPO group share their prompt) and give
+every row a copy of its prompt's KV cache. The static cache is reset at every session: a batch
+never reads the keys and values of an earlier batch. Weights are the model's own tensors in both
+ways, read by reference, so an in-place patch or ``load_state_dict`` between two steps is what the
+next step computes with (the graph reads the same storage; no re-capture).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+"""Row counts a static cache is built for; a batch is padded up to the next (the padding rows
+decode a copy of the first prompt and are discarded). Finer above 32 so padding wastes < 50%."""
+LENGTH_QUANTUM = 128
+"""Static caches hold prompt + new tokens rounded up to a multiple of this."""
+
+
+class DecodeSession(ABC):
+    """One batch's forwards: ``prefill`` once, then ``step`` with each row's newest token."""
+
+    @abstractmethod
+    def prefill(self) -> torch.Tensor:
+        """Next-token logits (rows x vocab) after every row's prompt."""
+
+    @abstractmethod
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row (shape ``(rows,)``); next-token logits (rows x vocab)."""
+
+
+class _Batch:
+    """A left-padded batch (the next token is always at the right edge) and its distinct prompts."""
+
+    def __init__(self, prompts: list[list[int]], pad_token_id: int, device: torch.device) -> None:
+        import torch
+
+        self.n, self.width = len(prompts), max(len(p) for p in prompts)
+        ids = torch.full((self.n, self.width), pad_token_id, dtype=torch.long)
+        mask = torch.zeros((self.n, self.width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, self.width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[i, self.width - len(p):] = 1
+        self.ids, self.mask = ids.to(device), mask.to(device)
+        self.positions = (self.mask.cumsum(-1) - 1).clamp(min=0)
+        first: list[int] = []
+        seen: dict[tuple[int, ...], int] = {}
+        copies = []
+        for i, p in enumerate(prompts):
+            key = tuple(p)
+            if key not in seen:
+                seen[key] = len(first)
+                first.append(i)
+            copies.append(seen[key])
+        self.first = torch.tensor(first, device=device)
+        """The first row of each distinct prompt (prefilled once)."""
+        self.copies = torch.tensor(copies, device=device)
+        """For every row, its prompt's index in ``first``."""
+
+
+def cache_keyword(model: Any) -> str:
+    """The forward's name for the KV cache: ``cache`` from transformers 5.2x on (``past_key_values``
+    is deprecated there, with a warning per call), ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+class EagerSession(DecodeSession):
+    """A dynamic cache; shapes grow every step (see the module docstring)."""
+
+    def __init__(self, model: Any, prompts: list[list[int]], pad_token_id: int, device: torch.device,
+                 last_logits_only: bool) -> None:
+        self.model, self.device = model, device
+        self.batch = _Batch(prompts, pad_token_id, device)
+        self.mask, self.positions = self.batch.mask, self.batch.positions
+        self.cache: Any = None
+        self._kw = cache_keyword(model)
+        self._keep = {"logits_to_keep": 1} if last_logits_only else {}
+
+    def prefill(self) -> torch.Tensor:
+        b = self.batch
+        shared = len(b.first) < b.n
+        rows = b.first if shared else slice(None)
+        out = self.model(input_ids=b.ids[rows], attention_mask=self.mask[rows], position_ids=self.positions[rows],
+                         use_cache=True, **{self._kw: None}, **self._keep)
+        self.cache = _cache_of(out)
+        logits = out.logits[:, -1, :]
+        if shared:
+            self.cache.reorder_cache(b.copies)
+            logits = logits[b.copies]
+        return logits
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        n = self.batch.n
+        self.mask = torch.cat([self.mask, torch.ones((n, 1), dtype=self.mask.dtype, device=self.device)], dim=1)
+        self.positions = self.positions[:, -1:] + 1
+        out = self.model(input_ids=tokens[:, None], attention_mask=self.mask, position_ids=self.positions,
+                         use_cache=True, **{self._kw: self.cache}, **self._keep)
+        self.cache = _cache_of(out)
+        return out.logits[:, -1, :]
+
+
+def _cache_of(out: Any) -> Any:
+    return out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+
+
+class StaticDecoder:
+    """Static caches by bucket and the compiled decode step, kept across batches (see the module
+    docstring). One per engine; its sessions run one at a time (the engine decodes one batch at a time)."""
+
+    def __init__(self, model: Any, device: torch.device, *, compile_backend: str = "inductor",
+                 compile_mode: str | None = "reduce-overhead") -> None:
+        import torch
+
+        self.model, self.device = model, device
+        self._kw = cache_keyword(model)
+        self._caches: dict[tuple[int, int], Any] = {}
+        options = {"mode": compile_mode} if compile_backend == "inductor" and compile_mode else {}
+        # One graph per (rows, length) bucket: dynamic=False specialises on exactly those shapes,
+        # and the recompile limit must let every bucket have its own.
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 4 * len(ROW_BUCKETS))
+        self._step = torch.compile(model.forward, backend=compile_backend, fullgraph=True, dynamic=False, **options)
+        self._mark_step = getattr(torch.compiler, "cudagraph_mark_step_begin", None) if device.type == "cuda" else None
+        log.info("hf engine: static KV cache, decode step compiled (backend %s, mode %s)", compile_backend, compile_mode)
+
+    @staticmethod
+    def buckets(rows: int, length: int) -> tuple[int, int]:
+        """The (rows, cache length) a batch of ``rows`` needing ``length`` positions is decoded in."""
+        padded = next((b for b in ROW_BUCKETS if b >= rows), -(-rows // ROW_BUCKETS[-1]) * ROW_BUCKETS[-1])
+        return padded, -(-length // LENGTH_QUANTUM) * LENGTH_QUANTUM
+
+    def session(self, prompts: list[list[int]], pad_token_id: int, max_new_tokens: int) -> StaticSession:
+        from transformers import StaticCache
+
+        width = max(len(p) for p in prompts)
+        key = self.buckets(len(prompts), width + max_new_tokens)
+        cache = self._caches.get(key)
+        if cache is None:
+            cache = self._caches[key] = StaticCache(config=self.model.config, max_cache_len=key[1])
+        cache.reset()  # zeroes keys, values and the write position: nothing of an earlier batch is read
+        return StaticSession(self, prompts, pad_token_id, cache, key)
+
+    def forward_step(self, **inputs: Any) -> Any:
+        if self._mark_step is not None:
+            self._mark_step()  # a new CUDA-graph replay: the last step's outputs were consumed
+        return self._step(**inputs)
+
+
+class StaticSession(DecodeSession):
+    """One batch decoded in a bucket's static cache (rows padded with copies of the first prompt)."""
+
+    def __init__(self, decoder: StaticDecoder, prompts: list[list[int]], pad_token_id: int, cache: Any,
+                 bucket: tuple[int, int]) -> None:
+        import torch
+
+        self.decoder, self.cache = decoder, cache
+        self.batch = b = _Batch(prompts, pad_token_id, decoder.device)
+        rows, length = bucket
+        self.rows = torch.cat([b.copies, b.copies.new_zeros(rows - b.n)])
+        """Each cache row's prompt index: the batch's rows, then padding rows copying prompt 0."""
+        self.mask = torch.zeros((rows, length), dtype=torch.long, device=decoder.device)
+        self.mask[:, :b.width] = b.mask[b.first][self.rows]
+        self.positions = b.positions[b.first][self.rows][:, -1:]
+        self.tokens = torch.zeros((rows, 1), dtype=torch.long, device=decoder.device)
+        self.t = b.width
+
+    def prefill(self) -> torch.Tensor:
+        """The distinct prompts through the eager model into a dynamic cache, then copied row by
+        row into the static one (its ``update`` writes positions 0..width-1 and advances it)."""
+        b, kw = self.batch, self.decoder._kw
+        out = self.decoder.model(input_ids=b.ids[b.first], attention_mask=b.mask[b.first],
+                                 position_ids=b.positions[b.first], use_cache=True, **{kw: None})
+        for i, layer in enumerate(_cache_of(out).layers):
+            self.cache.update(layer.keys[self.rows], layer.values[self.rows], i)
+        return out.logits[:, -1, :][b.copies]
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        n = self.batch.n
+        self.tokens[:n, 0] = tokens
+        self.mask[:, self.t] = 1
+        self.t += 1
+        self.positions += 1
+        out = self.decoder.forward_step(input_ids=self.tokens, attention_mask=self.mask, position_ids=self.positions,
+                                        use_cache=True, **{self.decoder._kw: self.cache})
+        return out.logits[:n, -1, :]
+
+
+def choose_decode(decode: str, device: torch.device, model: Any) -> str:
+    """``"eager"`` or ``"static"`` for a config's ``decode`` ("auto": static on CUDA for a model
+    transformers can compile whole, eager elsewhere; see :class:`HFEngineConfig.decode`)."""
+    if decode != "auto":
+        return decode
+    compilable = getattr(model, "_can_compile_fullgraph", False)
+    return "static" if device.type == "cuda" and compilable else "eager"
