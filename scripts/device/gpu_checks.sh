@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# On the GPU machine, after receive.sh: bash scripts/device/gpu_checks.sh [--dry-run] PHASE...
+#   rollout  preflight, `pytest -k cuda` on the test files with CUDA tests, benchmarks/gpu_rollout.py
+#   recipe   the real-model recipe examples/recipes/smollm2_*_cuda.yaml (capped: $RECIPE_CAP_S, 480 s)
+#   vllm       `import vllm`, then scripts/device/vllm_checks.sh compat engine
+#   vllm-more  scripts/device/vllm_checks.sh e2e bench (its server and recipe steps: by hand)
+# Each step runs under its own timeout with its log in $OUT/<step>.log, a failed step does not stop
+# the next, and the last line printed is one JSON summary (also $OUT/summary-<phases>.json).
+# --dry-run prints the steps instead of running them; --caps PHASE prints the phase's total cap (s).
+set -uo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+scratch=${ASTRAFLOW_DEVICE_SCRATCH:-/root/astraflow-device}
+recipe_cap=${RECIPE_CAP_S:-480}
+py=${PYTHON:-python3}
+
+# name:cap(s) per phase, in the order they run: the most valuable measurement first.
+steps_of() {
+  case $1 in
+    rollout) echo "preflight:45 pytest_cuda:210 gpu_rollout:240" ;;
+    recipe) echo "recipe:$recipe_cap" ;;
+    # vllm_checks.sh's own step timeouts: compat 60 + engine 240; e2e 240 + bench 240.
+    vllm) echo "vllm_import:90 vllm_checks:330" ;;
+    vllm-more) echo "vllm_checks_more:510" ;;
+    *) echo "unknown phase: $1 (rollout, recipe, vllm, vllm-more)" >&2; return 1 ;;
+  esac
+}
+
+if [ "${1:-}" = "--caps" ]; then
+  total=0
+  for s in $(steps_of "$2"); do total=$((total + ${s#*:})); done
+  echo "$total"; exit 0
+fi
+dry=0
+if [ "${1:-}" = "--dry-run" ]; then dry=1; shift; fi
+[ $# -gt 0 ] || { sed -n 2,10p "$0"; exit 2; }
+
+out=${OUT:-$repo/.device/out}
+mkdir -p "$out"
+cd "$repo"
+# shellcheck disable=SC1091
+[ -f "$scratch/env.sh" ] && source "$scratch/env.sh"
+export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$repo" PYTHONUNBUFFERED=1
+export ASTRAFLOW_STATE_DIR=${ASTRAFLOW_STATE_DIR:-$scratch/state}
+
+cuda_test_files() { grep -l cuda tests/test_*.py | tr '\n' ' '; }
+recipe_file() { compgen -G "examples/recipes/smollm2_*_cuda.yaml" | head -1; }
+
+# The command of a step, or nothing when what it runs is not there yet ("missing").
+command_of() {
+  case $1 in
+    # Every check runs (for the log); the step fails if any did.
+    preflight) echo "f=0; nvidia-smi -L || f=1; $py -c 'import torch; print(torch.__version__, torch.cuda.is_available(), torch.cuda.get_device_name(0))' || f=1; $py -c 'import kafka, crc32c, zstandard, boto3, pydantic, yaml, bm25s, httpx2, gguf, astraflow; print(\"imports ok\")' || f=1; \"\$ASTRAFLOW_WEED_BIN\" version || f=1; \"\$ASTRAFLOW_TANSU_BIN\" --help | head -3; echo ASTRAFLOW_DEVICE_GROUPS=\$ASTRAFLOW_DEVICE_GROUPS; exit \$f" ;;
+    pytest_cuda) echo "$py -m pytest -q -rs -p no:cacheprovider --continue-on-collection-errors -k cuda $(cuda_test_files)" ;;
+    gpu_rollout) [ -f benchmarks/gpu_rollout.py ] && echo "$py benchmarks/gpu_rollout.py --device cuda" ;;
+    recipe) f=$(recipe_file); [ -n "$f" ] && echo "$py -m astraflow.cli.main run $f --runs-dir $scratch/runs --run-id device-recipe-\$(date +%H%M%S) --no-live" ;;
+    vllm_import) echo "$py -c 'import vllm, torch; print(vllm.__version__, vllm.__file__, torch.cuda.is_available())'" ;;
+    vllm_checks) [ -f scripts/device/vllm_checks.sh ] && echo "bash scripts/device/vllm_checks.sh compat engine" ;;
+    vllm_checks_more) [ -f scripts/device/vllm_checks.sh ] && echo "bash scripts/device/vllm_checks.sh e2e bench" ;;
+  esac
+}
+
+results=()
+run_step() {  # name cap
+  local name=$1 cap=$2 cmd rc status start secs sig=TERM
+  cmd=$(command_of "$name")
+  if [ -z "$cmd" ]; then
+    echo "== $name: missing (not in this tree)"; results+=("$name missing - 0"); return
+  fi
+  if [ $dry = 1 ]; then
+    echo "[dry-run] $name (cap ${cap}s, log \$OUT/$name.log): $cmd"; results+=("$name dry-run - 0"); return
+  fi
+  # The recipe is stopped like Ctrl+C, so that it still writes metrics.jsonl and report.png.
+  [ "$name" = recipe ] && sig=INT
+  echo "== $name (cap ${cap}s)"; start=$(date +%s)
+  timeout -s $sig -k 20 "$cap" bash -c "$cmd" >"$out/$name.log" 2>&1; rc=$?
+  secs=$(( $(date +%s) - start ))
+  case $rc in 0) status=ok ;; 124|137) status=timeout ;; *) status=failed ;; esac
+  # The tool brings back files of at most 16 MiB: keep a long log's end.
+  if [ "$(stat -c %s "$out/$name.log")" -gt 15000000 ]; then
+    tail -c 15000000 "$out/$name.log" >"$out/$name.log.t" && mv "$out/$name.log.t" "$out/$name.log"
+  fi
+  echo "   $status rc=$rc ${secs}s; last line: $(grep -v '^\s*$' "$out/$name.log" | tail -1 | cut -c1-300)"
+  results+=("$name $status $rc $secs")
+}
+
+for phase in "$@"; do
+  steps=$(steps_of "$phase") || exit 2
+  groups=rollout; [[ $phase = vllm* ]] && groups="rollout vllm"
+  missing_groups=""
+  for g in $groups; do [[ " ${ASTRAFLOW_DEVICE_GROUPS:-} " = *" $g "* ]] || missing_groups+=" $g"; done
+  if [ $dry = 0 ] && [ -n "$missing_groups" ]; then
+    echo "== $phase: skipped, not installed:$missing_groups (receive.sh names the chunks to resend)"
+    results+=("$phase not-installed - 0"); continue
+  fi
+  for s in $steps; do run_step "${s%%:*}" "${s#*:}"; done
+  if [ "$phase" = recipe ] && [ $dry = 0 ]; then
+    run=$(ls -td "$scratch"/runs/device-recipe-* 2>/dev/null | head -1)
+    for f in metrics.jsonl report.png; do [ -f "$run/$f" ] && cp "$run/$f" "$out/recipe-$f"; done
+  fi
+done
+
+# One JSON line last: each step's status, rc, seconds and the last line of its log.
+summary=$(printf '%s\n' "${results[@]}" | OUTDIR="$out" PHASES="$*" "$py" -c '
+import json, os, sys
+steps = []
+for line in sys.stdin.read().split("\n"):
+    if not line:
+        continue
+    name, status, rc, secs = line.split()
+    log = os.path.join(os.environ["OUTDIR"], name + ".log")
+    last = ""
+    if status not in ("missing", "dry-run", "not-installed") and os.path.exists(log):
+        lines = [l for l in open(log, errors="replace").read().splitlines() if l.strip()]
+        last = lines[-1][:500] if lines else ""
+    steps.append({"step": name, "status": status, "rc": None if rc == "-" else int(rc),
+                  "seconds": int(secs), "last": last})
+print(json.dumps({"phases": os.environ["PHASES"].split(), "build": os.environ.get("ASTRAFLOW_DEVICE_BUILD"),
+                  "steps": steps}))
+')
+echo "$summary" >"$out/summary-$(echo "$*" | tr ' ' '-').json"
+echo "$summary"

