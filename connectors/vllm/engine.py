@@ -14,10 +14,12 @@ top-k/top-p truncation (renormalised over the nucleus), which is not what the tr
 Versions and weight swaps: ``update_weights`` and the steps share one ``SwapGate``, so a swap lands between
 two decoding steps, and every token carries the version of the weights of the step that produced
 it (a sequence that spans a swap carries both, its earlier KV cache is kept: as in the ``hf``
-engine). The full state is reloaded each time (``reload_weights`` on the worker): vLLM-CPU
-pre-packs linear weights, so reloading only the tensors that changed would corrupt fused
-``qkv``/``gate_up`` projections; a tied LM head keeps its own pre-packed copy and is re-packed after
-the reload; the prefix cache is reset.
+engine). A ``FullState`` is reloaded in full (``reload_weights`` on the worker; on vLLM-CPU, which
+pre-packs linear weights, a tied LM head keeps its own packed copy and is re-packed after the
+reload). Where vLLM computes from its parameters as they are (CUDA, unquantized, one worker) the
+engine also takes an ``InPlacePatch``: the weight plane writes the changed entries straight into
+vLLM's tensors, seen under the published names (:mod:`connectors.vllm.live_weights`), as it patches
+the ``hf`` engine's. Either way the prefix cache is reset.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from astraflow.engines.base import Engine, Generation, SamplingParams
 from astraflow.engines.swap_gate import SwapGate
-from astraflow.engines.weight_update import FullState, UpdateRefusedError, WeightUpdate
+from astraflow.engines.weight_update import FullState, InPlacePatch, UpdateRefusedError, WeightUpdate
+from connectors.vllm.live_weights import NotPatchableError, match_published, worker_live_views
 from connectors.vllm.reload import reload_full_state
 from connectors.vllm.sampling import check_request, stop_ids
 
@@ -49,6 +52,10 @@ def configure_vllm_env(config: VLLMEngineConfig) -> None:
     """Environment vLLM reads when it starts: the engine core in this process (weights are swapped
     by a call on its worker, not shipped to another process), the CPU KV cache and threads."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if config.device.startswith("cuda:") and config.device != "cuda:0":
+        # In process, vLLM's one worker takes the first visible GPU (local rank 0).
+        raise ValueError(f"device {config.device!r}: the in-process vllm engine runs on the first visible GPU; "
+                         f"set CUDA_VISIBLE_DEVICES={config.device.split(':')[1]} and `device: cuda` instead")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kv_cache_gib))
     if config.cpu_threads_bind is not None:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = config.cpu_threads_bind
@@ -96,6 +103,11 @@ class VLLMEngine(Engine):
         configure_vllm_env(config)
         from vllm import LLM
 
+        from connectors.vllm import compat
+
+        self.capabilities = compat.engine_capabilities()
+        """What the installed vLLM offers (:mod:`connectors.vllm.compat`)."""
+        compat.check_device(config.device, self.capabilities)
         self.config = config
         self.eos_token_id = eos_token_id
         self._version = version
@@ -105,15 +117,23 @@ class VLLMEngine(Engine):
         self._ids = itertools.count()
         self._requests: dict[str, _Request] = {}
         self.reload_s = 0.0
-        """Seconds the last ``update_weights`` took (reload + LM head re-pack + prefix-cache reset)."""
-        self.llm = LLM(
-            model=str(model_path), skip_tokenizer_init=True, dtype=config.dtype, seed=config.seed,
+        """Seconds the last ``update_weights`` held the engine (the reload or the patch's writes, to
+        their end on the GPU, + LM head re-pack + prefix-cache reset)."""
+        # processed log-probs and synchronous scheduling (a step's outputs are that step's tokens:
+        # version tags), each checked against this vLLM's EngineArgs by compat.llm_kwargs.
+        self.llm = LLM(**compat.llm_kwargs(
+            self.capabilities, model=str(model_path), skip_tokenizer_init=True, dtype=config.dtype, seed=config.seed,
             max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
             enforce_eager=config.enforce_eager, enable_prefix_caching=config.enable_prefix_caching,
-            gpu_memory_utilization=config.gpu_memory_utilization, logprobs_mode="processed_logprobs",
-            async_scheduling=False,  # a step's outputs must be that step's tokens (version tags)
-        )
+            gpu_memory_utilization=config.gpu_memory_utilization,
+        ))
         self._engine = self.llm.llm_engine
+        self._published_shapes = {k: tuple(v.shape) for k, v in (state_dict or {}).items()}
+        self._live: dict[str, Any] | None = None
+        """vLLM's tensors under the published names, where they can be patched in place."""
+        self.patch_refusal: str | None = None
+        """Why this engine takes no ``InPlacePatch`` (None: it does)."""
+        self._find_live_tensors()
 
     @classmethod
     def from_hf_model(cls, model: Any, config: VLLMEngineConfig, *, version: int = 0) -> VLLMEngine:
@@ -130,20 +150,54 @@ class VLLMEngine(Engine):
     def weight_version(self) -> int:
         return self._version
 
+    def _find_live_tensors(self) -> None:
+        """Look up vLLM's tensors under the published names (after start and after each full reload,
+        which may re-create them); sets what the engine accepts."""
+        self._live = None
+        if not self._published_shapes:
+            self.patch_refusal = "no published state to match vLLM's tensors against (the engine was built from a path)"
+        else:
+            (views,) = self.llm.collective_rpc(worker_live_views)
+            try:
+                if isinstance(views, str):
+                    raise NotPatchableError(views)
+                self._live = match_published(views, self._published_shapes)
+                self.patch_refusal = None
+            except NotPatchableError as exc:
+                self.patch_refusal = str(exc)
+        self.accepted_updates = frozenset({FullState, InPlacePatch} if self._live is not None else {FullState})
+
     def state_dict(self) -> dict[str, Any]:
-        """The weights last loaded (transformers names; vLLM's own tensors are fused and packed)."""
+        """The tensors the engine serves from, by published name: vLLM's own (views into its fused
+        tensors) where they can be patched in place, else the state dict last loaded."""
+        if self._live is not None:
+            return self._live
         if self._state is None:
             raise RuntimeError("no state dict: the engine was built from a path and no weights were loaded since")
         return self._state
 
     def update_weights(self, update: WeightUpdate) -> None:
-        """Reload the full state between two steps (vLLM-CPU's packed weights cannot be patched)."""
-        if not isinstance(update, FullState):
+        """Between two steps: reload a full state, or write an in-place patch into vLLM's tensors
+        (only where :attr:`accepted_updates` has it: not on vLLM-CPU, whose weights are packed)."""
+        if type(update) not in self.accepted_updates:
             raise UpdateRefusedError(self, type(update))
+        if isinstance(update, InPlacePatch):
+            with self._gate.swap():
+                t0 = time.perf_counter()
+                update.write(self._live)
+                _sync(self._live)
+                self.llm.reset_prefix_cache()
+                self._version = update.version
+                self.reload_s = time.perf_counter() - t0
+            return
+        assert isinstance(update, FullState)
         weights = list(update.state_dict.items())
         with self._gate.swap():  # between two steps
             t0 = time.perf_counter()
             self.llm.collective_rpc(reload_full_state, args=(weights,))
+            if self._live is not None:
+                self._find_live_tensors()
+                _sync(self._live)
             # Cached prefixes hold KV computed by the old weights; running requests keep theirs.
             self.llm.reset_prefix_cache()
             self._version = update.version
@@ -241,3 +295,12 @@ class VLLMEngine(Engine):
                 req.logprobs.append(float(entry[tok].logprob))
                 req.versions.append(version)
             req.finished = out.finished
+
+
+def _sync(tensors: dict[str, Any]) -> None:
+    """Wait for the GPU's queued writes to ``tensors`` (so a measured pause is the whole pause)."""
+    first = next(iter(tensors.values()), None)
+    if first is not None and first.device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(first.device)

@@ -79,6 +79,8 @@ def server_env(config: VLLMServerEngineConfig) -> dict[str, str]:
         env["VLLM_CPU_OMP_THREADS_BIND"] = config.cpu_threads_bind
     if config.cpu_reserved_cores is not None:
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(config.cpu_reserved_cores)
+    if config.device.startswith("cuda:"):
+        env["CUDA_VISIBLE_DEVICES"] = config.device.split(":", 1)[1]  # the server's one GPU
     # The worker extension imports this package: make it importable whatever the interpreter.
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)

@@ -15,8 +15,10 @@ from typing import Any
 
 def reload_full_state(worker: Any, weights: Iterable[tuple[str, Any]]) -> None:
     """Runs on a vLLM worker: reload every weight (transformers names), then re-pack a tied CPU LM head."""
+    from connectors.vllm.compat import reload_weights
+
     runner = worker.model_runner
-    runner.reload_weights(weights_iterator=iter(weights))
+    reload_weights(runner, weights)
     model = runner.get_model()
     lm_head = getattr(model, "lm_head", None)
     tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)

