@@ -57,10 +57,20 @@ def configure_vllm_env(config: VLLMEngineConfig) -> None:
         raise ValueError(f"device {config.device!r}: the in-process vllm engine runs on the first visible GPU; "
                          f"set CUDA_VISIBLE_DEVICES={config.device.split(':')[1]} and `device: cuda` instead")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kv_cache_gib))
+    os.environ.update(float32_env(config))
     if config.cpu_threads_bind is not None:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = config.cpu_threads_bind
     if config.cpu_reserved_cores is not None:
         os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(config.cpu_reserved_cores)
+
+
+def float32_env(config: VLLMLaunchOptions) -> dict[str, str]:
+    """For a float32 engine: Triton's float32 dots in full precision. On NVIDIA GPUs they default to
+    TF32 (a 10-bit mantissa), which vLLM's Triton attention (its float32 backend on CUDA) would use:
+    log-probs then drift from the trainer's float32 recomputation. An explicit setting is kept."""
+    if config.dtype != "float32" or "TRITON_F32_DEFAULT" in os.environ:
+        return {}
+    return {"TRITON_F32_DEFAULT": "ieee"}
 
 
 def checkpoint_dir(model: Any) -> Path:

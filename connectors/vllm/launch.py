@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from astraflow.embedded.ports import LOOPBACK, port_is_free
 from astraflow.process.sessions import log_tail, spawn_logged, terminate_groups
+from connectors.vllm.engine import float32_env
 
 if TYPE_CHECKING:
     import subprocess
@@ -75,6 +76,7 @@ def server_env(config: VLLMServerEngineConfig) -> dict[str, str]:
         env.pop(name, None)  # no pickle on the wire; the in-process engine's setting is not the server's
     env["VLLM_SERVER_DEV_MODE"] = "1"
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kv_cache_gib))
+    env.update(float32_env(config))
     if config.cpu_threads_bind is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = config.cpu_threads_bind
     if config.cpu_reserved_cores is not None:
