@@ -58,7 +58,7 @@ $(VLLM_VENV)/.installed: pyproject.toml
 # SmolLM2-135M-Instruct, and one `astraflow run` whose node decodes with vLLM (trajectories -> trainer ->
 # weights reloaded into vLLM).
 test-vllm: venv-vllm
-	$(VLLM_PY) -m pytest -q -ra --durations=10 tests/test_vllm_engine.py tests/test_vllm_server.py tests/test_vllm_e2e.py
+	$(VLLM_PY) -m pytest -q -ra --durations=10 tests/test_vllm_compat.py tests/test_vllm_engine.py tests/test_vllm_live_weights.py tests/test_vllm_server.py tests/test_vllm_e2e.py
 
 # The compose stack for real (docs/compose.md): a Docker engine started by hand (installed with apt when
 # missing), a base image from Debian's mirror, the project's image, then a run of the math recipe in
