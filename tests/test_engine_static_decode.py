@@ -164,3 +164,21 @@ def test_a_cuda_static_engine_decodes_as_the_cpu_engine_with_cuda_graphs(tiny_ch
     for _ in range(2):  # the second call replays the captured graph
         for c, g in zip(cpu, cuda.generate(prompts, params), strict=True):
             assert g.token_ids == c.token_ids and g.logprobs == pytest.approx(c.logprobs, abs=1e-3)
+
+
+def test_every_batch_decodes_on_the_decoders_own_thread(make_engine, prompts):
+    """CUDA graphs are kept per thread: calls from several threads must not each record their own."""
+    eng = make_engine("static")
+    threads, step = set(), eng._static._step
+
+    def recording(**inputs):
+        threads.add(threading.current_thread().name)
+        return step(**inputs)
+
+    eng._static._step = recording
+    params = SamplingParams(max_new_tokens=3, temperature=0.0, stop_token_ids=FULL_LENGTH)
+    caller = threading.Thread(target=eng.generate, args=(prompts, params))
+    caller.start()
+    caller.join()
+    eng.generate(prompts, params)
+    assert len(threads) == 1 and threads.pop().startswith("hf-static-decode")

@@ -24,12 +24,15 @@ from __future__ import annotations
 import inspect
 import logging
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 """Row counts a static cache is built for; a batch is padded up to the next (the padding rows
@@ -145,7 +148,15 @@ class StaticDecoder:
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 4 * len(ROW_BUCKETS))
         self._step = torch.compile(model.forward, backend=compile_backend, fullgraph=True, **options)
         self._mark_step = getattr(torch.compiler, "cudagraph_mark_step_begin", None) if device.type == "cuda" else None
+        # torch keeps CUDA graphs per thread (cudagraph_trees' tree managers are thread-local): a node
+        # calls generate from whichever worker thread asyncio hands it, so every batch decodes on this
+        # one thread, or each thread would record (and hold memory for) graphs of its own.
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-static-decode")
         log.info("hf engine: static KV cache, decode step compiled (backend %s, mode %s)", compile_backend, compile_mode)
+
+    def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the decoder's own thread (see ``__init__``)."""
+        return self._thread.submit(fn, *args).result()
 
     @staticmethod
     def buckets(rows: int, length: int) -> tuple[int, int]:

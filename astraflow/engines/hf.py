@@ -95,6 +95,11 @@ class HFEngine(Engine):
         return await self._batcher.submit(prompts, params)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        if self._static is not None:
+            return self._static.run(self._generate, prompts, params)
+        return self._generate(prompts, params)
+
+    def _generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         import torch
 
         if not prompts:
