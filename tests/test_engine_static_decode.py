@@ -145,12 +145,40 @@ def test_a_swap_lands_between_steps_the_same_way_in_both_paths(make_engine, prom
                                                                          abs=1e-3)
 
 
-def test_decode_auto_is_eager_on_the_cpu_and_buckets_round_up(make_engine):
-    assert make_engine("auto").decode == "eager"
+def test_the_eager_path_is_the_default_and_buckets_round_up(make_engine):
+    assert make_engine(decode="eager").decode == "eager"
+    assert build_engine({}, make_engine("eager").model).decode == "eager"
     assert StaticDecoder.buckets(3, 40) == (4, 128)
     assert StaticDecoder.buckets(33, 129) == (48, 256)
     assert StaticDecoder.buckets(128, 228) == (128, 256)
     assert StaticDecoder.buckets(600, 10) == (1024, 128)
+
+
+def test_batches_of_new_widths_rows_and_lengths_compile_at_most_three_times(make_engine, prompts):
+    """Prompt widths change every batch in a run: they must not recompile the step; a new rows
+    bucket and a new length bucket each compile once, with that size symbolic from then on."""
+    from torch._dynamo.utils import counters
+
+    eng = make_engine("static", compile_backend="eager")  # the guards are dynamo's whatever the backend
+    params = SamplingParams(max_new_tokens=3, temperature=0.0, stop_token_ids=FULL_LENGTH)
+    counters.clear()
+    eng.generate(prompts, params)
+    eng.generate([p + p for p in prompts], params)  # the same buckets, wider prompts
+    assert counters["stats"]["unique_graphs"] == 1
+    for rows in ([prompts[0]] * 9, prompts * 5, [prompts[2] * 12] * 6, [prompts[1]] * 2, [prompts[2] * 12] * 40):
+        eng.generate(rows, params)
+    assert counters["stats"]["unique_graphs"] <= 3
+    assert len(eng._static._caches) <= 4  # the least recently used dropped (MAX_CACHES)
+
+
+def test_a_model_with_sliding_window_layers_is_refused_for_static_decoding():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True, sliding_window=8,
+                      max_window_layers=0, layer_types=["sliding_attention", "sliding_attention"])
+    with pytest.raises(ValueError, match="full-attention models only; Qwen2ForCausalLM has StaticSlidingWindowLayer"):
+        build_engine({"decode": "static"}, Qwen2ForCausalLM(cfg))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run by scripts/device on the GPU machine)")
@@ -159,7 +187,7 @@ def test_a_cuda_static_engine_decodes_as_the_cpu_engine_with_cuda_graphs(tiny_ch
 
     params = SamplingParams(max_new_tokens=8, temperature=0.0, stop_token_ids=FULL_LENGTH)
     cpu = build_engine({"decode": "eager"}, load_model(tiny_checkpoint)).generate(prompts, params)
-    cuda = build_engine({"device": "cuda"}, load_model(tiny_checkpoint))  # auto: static on CUDA
+    cuda = build_engine({"device": "cuda", "decode": "static"}, load_model(tiny_checkpoint))
     assert cuda.decode == "static"
     for _ in range(2):  # the second call replays the captured graph
         for c, g in zip(cpu, cuda.generate(prompts, params), strict=True):

@@ -49,12 +49,13 @@ class HFEngineConfig(BaseEngineConfig):
     """Torch device of the engine ("cpu", "cuda", "cuda:1")."""
     max_batch_size: int = Field(default=256, ge=1)
     """Most prompts decoded in one merged batch (concurrent episodes' requests are merged)."""
-    decode: Literal["auto", "eager", "static"] = "auto"
-    """How the decoding steps run. "eager": a dynamic KV cache, each step through Python (the faster
-    on a CPU: benchmarks/gpu_rollout.py). "static": a static KV cache of bucketed shape with the
-    one-token step compiled by torch.compile (captured as a CUDA graph on a GPU, where an eager step
-    is bound by kernel launches). "auto": static on CUDA for a model transformers compiles whole,
-    eager elsewhere. Log-probs, versions and weight swaps mean the same either way."""
+    decode: Literal["eager", "static"] = "eager"
+    """How the decoding steps run. "eager": a dynamic KV cache, each step through Python (on a CPU the
+    faster: benchmarks/gpu_rollout.py). "static": transformers' static KV cache of bucketed shape with
+    the one-token step compiled by torch.compile, captured as a CUDA graph on a GPU, where an eager
+    step is bound by kernel launches (full-attention models; up to three compiles of a minute or
+    more as batch shapes first change). Not yet measured on a GPU, so not the default there either.
+    Log-probs, versions and weight swaps mean the same either way."""
     compile_backend: str = "inductor"
     """torch.compile backend of the static decode step ("inductor"; "aot_eager" or "eager" trace it
     without generating code: for debugging a model that does not compile)."""

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -39,6 +41,12 @@ ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 decode a copy of the first prompt and are discarded). Finer above 32 so padding wastes < 50%."""
 LENGTH_QUANTUM = 128
 """Static caches hold prompt + new tokens rounded up to a multiple of this."""
+DECODE_THREAD = "hf-static-decode"
+"""Name (prefix) of the thread a static decoder runs every batch on."""
+MAX_CACHES = 4
+"""Static caches kept at once, the least recently used dropped first: each holds rows x length x
+layers x 2 of the model's KV (SmolLM2-135M at 128 x 256: 0.36 GB in bf16; a 7B model's at 256 x 2048:
+~64 GB), beside the trainer where both share a GPU."""
 
 
 class DecodeSession(ABC):
@@ -139,23 +147,30 @@ class StaticDecoder:
 
         self.model, self.device = model, device
         self._kw = cache_keyword(model)
-        self._caches: dict[tuple[int, int], Any] = {}
+        self.keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+        """The prefill computes the lm-head at the last position only, where the model allows it."""
+        self._caches: OrderedDict[tuple[int, int], Any] = OrderedDict()
+        _refuse_sliding_windows(model)
         options = {"mode": compile_mode} if compile_backend == "inductor" and compile_mode else {}
-        # torch's automatic dynamic shapes: the first bucket compiles for its exact shapes, the second
-        # once more with symbolic sizes, which every later bucket reuses (a compile of SmolLM2-135M's
-        # step took 78-96 s on 2 CPU cores; CUDA graphs are still recorded per bucket, in
-        # milliseconds). The limit leaves room for a compile per engine built in one process.
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 4 * len(ROW_BUCKETS))
+        # torch's automatic dynamic shapes: the first bucket compiles for its exact shapes; a change
+        # of rows bucket, then of length bucket, each compiles once more with that size symbolic, and
+        # later buckets reuse it: at most three compiles (a compile of SmolLM2-135M's step took 78-96 s
+        # on 2 CPU cores). CUDA graphs are still recorded per bucket, in milliseconds. The compiled
+        # code is transformers' forward wrapper, shared by every model in the process, so its
+        # recompile limit (process-wide) is raised to leave room for several engines' compiles.
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         self._step = torch.compile(model.forward, backend=compile_backend, fullgraph=True, **options)
         self._mark_step = getattr(torch.compiler, "cudagraph_mark_step_begin", None) if device.type == "cuda" else None
         # torch keeps CUDA graphs per thread (cudagraph_trees' tree managers are thread-local): a node
         # calls generate from whichever worker thread asyncio hands it, so every batch decodes on this
         # one thread, or each thread would record (and hold memory for) graphs of its own.
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-static-decode")
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=DECODE_THREAD)
         log.info("hf engine: static KV cache, decode step compiled (backend %s, mode %s)", compile_backend, compile_mode)
 
     def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on the decoder's own thread (see ``__init__``)."""
+        """``fn(*args)`` on the decoder's own thread (see ``__init__``); directly when already on it."""
+        if threading.current_thread().name.startswith(DECODE_THREAD):
+            return fn(*args)
         return self._thread.submit(fn, *args).result()
 
     @staticmethod
@@ -169,9 +184,12 @@ class StaticDecoder:
 
         width = max(len(p) for p in prompts)
         key = self.buckets(len(prompts), width + max_new_tokens)
-        cache = self._caches.get(key)
+        cache = self._caches.pop(key, None)
         if cache is None:
-            cache = self._caches[key] = StaticCache(config=self.model.config, max_cache_len=key[1])
+            while len(self._caches) >= MAX_CACHES:
+                self._caches.popitem(last=False)
+            cache = StaticCache(config=self.model.config, max_cache_len=key[1])
+        self._caches[key] = cache  # now the most recently used
         cache.reset()  # zeroes keys, values and the write position: nothing of an earlier batch is read
         return StaticSession(self, prompts, pad_token_id, cache, key)
 
@@ -195,7 +213,8 @@ class StaticSession(DecodeSession):
         """Each cache row's prompt index: the batch's rows, then padding rows copying prompt 0."""
         self.mask = torch.zeros((rows, length), dtype=torch.long, device=decoder.device)
         self.mask[:, :b.width] = b.mask[b.first][self.rows]
-        self.positions = b.positions[b.first][self.rows][:, -1:]
+        # contiguous: a view's row stride is the prompt width, and the compiled step guards on strides
+        self.positions = b.positions[b.first][self.rows][:, -1:].contiguous()
         self.tokens = torch.zeros((rows, 1), dtype=torch.long, device=decoder.device)
         self.t = b.width
 
@@ -204,7 +223,8 @@ class StaticSession(DecodeSession):
         row into the static one (its ``update`` writes positions 0..width-1 and advances it)."""
         b, kw = self.batch, self.decoder._kw
         out = self.decoder.model(input_ids=b.ids[b.first], attention_mask=b.mask[b.first],
-                                 position_ids=b.positions[b.first], use_cache=True, **{kw: None})
+                                 position_ids=b.positions[b.first], use_cache=True, **{kw: None},
+                                 **self.decoder.keep)
         for i, layer in enumerate(_cache_of(out).layers):
             self.cache.update(layer.keys[self.rows], layer.values[self.rows], i)
         return out.logits[:, -1, :][b.copies]
@@ -217,13 +237,18 @@ class StaticSession(DecodeSession):
         self.positions += 1
         out = self.decoder.forward_step(input_ids=self.tokens, attention_mask=self.mask, position_ids=self.positions,
                                         use_cache=True, **{self.decoder._kw: self.cache})
-        return out.logits[:n, -1, :]
+        # a copy: the logits live in the CUDA graph's output pool, which the next replay overwrites
+        return out.logits[:n, -1, :].clone()
 
 
-def choose_decode(decode: str, device: torch.device, model: Any) -> str:
-    """``"eager"`` or ``"static"`` for a config's ``decode`` ("auto": static on CUDA for a model
-    transformers can compile whole, eager elsewhere; see :class:`HFEngineConfig.decode`)."""
-    if decode != "auto":
-        return decode
-    compilable = getattr(model, "_can_compile_fullgraph", False)
-    return "static" if device.type == "cuda" and compilable else "eager"
+def _refuse_sliding_windows(model: Any) -> None:
+    """The prefill's dynamic cache keeps a sliding-window layer's last window only, which the static
+    cache's layers of that kind would place differently: full attention only, said up front."""
+    from transformers import StaticCache
+    from transformers.cache_utils import StaticLayer
+
+    layers = StaticCache(config=model.config, max_cache_len=LENGTH_QUANTUM).layers  # allocates nothing yet
+    kinds = sorted({type(layer).__name__ for layer in layers if type(layer) is not StaticLayer})
+    if kinds:
+        raise ValueError(f"decode: static supports full-attention models only; {type(model).__name__} has "
+                         f"{', '.join(kinds)} layers: use decode: eager")

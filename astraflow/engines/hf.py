@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from astraflow.devices import describe as describe_device
 from astraflow.engines.base import Engine, Generation, SamplingParams
 from astraflow.engines.batching import RequestBatcher
-from astraflow.engines.decoding import DecodeSession, EagerSession, StaticDecoder, choose_decode
+from astraflow.engines.decoding import DecodeSession, EagerSession, StaticDecoder
 from astraflow.engines.swap_gate import SwapGate
 from astraflow.engines.weight_update import FullState, InPlacePatch, UpdateRefusedError, WeightUpdate
 
@@ -39,7 +39,7 @@ class HFEngine(Engine):
 
     def __init__(self, model: PreTrainedModel, *, eos_token_id: int | None = None, pad_token_id: int | None = None,
                  device: str = "cpu", version: int = 0, seed: int = 0, max_batch_size: int = 256,
-                 decode: str = "auto", compile_backend: str = "inductor",
+                 decode: str = "eager", compile_backend: str = "inductor",
                  compile_mode: str | None = "reduce-overhead") -> None:
         import torch
 
@@ -61,7 +61,9 @@ class HFEngine(Engine):
         # Models that take it compute the lm-head at the last position only (a prompt's other
         # positions' logits are never used).
         self._last_logits_only = "logits_to_keep" in inspect.signature(model.forward).parameters
-        self.decode = choose_decode(decode, self.device, self.model)
+        if decode not in ("eager", "static"):
+            raise ValueError(f"decode must be 'eager' or 'static', got {decode!r}")
+        self.decode = decode
         """How the forwards run: "eager" or "static" (:mod:`astraflow.engines.decoding`)."""
         self._static = (StaticDecoder(self.model, self.device, compile_backend=compile_backend,
                                       compile_mode=compile_mode) if self.decode == "static" else None)
