@@ -280,10 +280,14 @@ class VLLMServerEngine(Engine):
         present = set()
         for route in (*REQUIRED_ROUTES, WEIGHT_VERSION_ROUTE):
             try:
-                if self._control.get(f"{self.url}{route}").status_code != 404:
-                    present.add(route)
+                status = self._control.get(f"{self.url}{route}").status_code
             except httpx2.HTTPError as exc:
                 raise ServerError(f"GET {self.url}{route}: {exc!r}; {self._whereabouts()}") from exc
+            if status in (401, 403):  # e.g. a server started with --api-key: every route answers so
+                raise ServerError(f"GET {self.url}{route}: {status}, the server refuses this client; "
+                                  f"{self._whereabouts()}")
+            if status != 404:
+                present.add(route)
         return present
 
     def _label(self, version: int) -> None:
