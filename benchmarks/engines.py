@@ -90,43 +90,21 @@ def vllm_options(args: argparse.Namespace) -> dict:
             "gpu_memory_utilization": args.gpu_memory_utilization}
 
 
-PATCH_SHAPES = {
-    # hidden, intermediate, layers, q heads, kv heads, vocab (Qwen2.5's config.json; head dim = hidden / heads)
-    "0.5b": (896, 4864, 24, 14, 2, 151936),
-    "1.5b": (1536, 8960, 28, 12, 2, 151936),
-    "small": (256, 512, 2, 4, 2, 4096),
-}
+PATCH_SHAPES = ("0.5b", "1.5b", "small")
+"""Qwen2.5's shapes (and a small one) from weight_refresh.SHAPES, whose random bf16 state is reused here."""
 
 
 def qwen2_checkpoint(shape: str, path) -> dict:
     """A random bf16 Qwen2 checkpoint of ``shape`` saved to ``path``; its state dict (published names)."""
-    import torch
     from safetensors.torch import save_file
     from transformers import Qwen2Config
+    from weight_refresh import SHAPES, qwen2_state  # this script's folder is on sys.path
 
-    hidden, inter, layers, heads, kv, vocab = PATCH_SHAPES[shape]
+    hidden, inter, layers, heads, kv, _, vocab = SHAPES[shape]
     Qwen2Config(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads,
                 num_key_value_heads=kv, vocab_size=vocab, max_position_embeddings=512, tie_word_embeddings=True,
                 torch_dtype="bfloat16", bos_token_id=0, eos_token_id=0).save_pretrained(path)
-    g = torch.Generator().manual_seed(0)
-    hd = hidden // heads
-
-    def w(*size: int) -> torch.Tensor:
-        return (torch.randn(*size, generator=g) * 0.02).to(torch.bfloat16)
-
-    state = {"model.embed_tokens.weight": w(vocab, hidden), "model.norm.weight": torch.ones(hidden, dtype=torch.bfloat16)}
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        state.update({
-            p + "self_attn.q_proj.weight": w(heads * hd, hidden), p + "self_attn.q_proj.bias": w(heads * hd),
-            p + "self_attn.k_proj.weight": w(kv * hd, hidden), p + "self_attn.k_proj.bias": w(kv * hd),
-            p + "self_attn.v_proj.weight": w(kv * hd, hidden), p + "self_attn.v_proj.bias": w(kv * hd),
-            p + "self_attn.o_proj.weight": w(hidden, heads * hd),
-            p + "mlp.gate_proj.weight": w(inter, hidden), p + "mlp.up_proj.weight": w(inter, hidden),
-            p + "mlp.down_proj.weight": w(hidden, inter),
-            p + "input_layernorm.weight": torch.ones(hidden, dtype=torch.bfloat16),
-            p + "post_attention_layernorm.weight": torch.ones(hidden, dtype=torch.bfloat16),
-        })
+    state = qwen2_state(shape)
     save_file(state, str(path / "model.safetensors"))
     state["lm_head.weight"] = state["model.embed_tokens.weight"]  # tied: one tensor under both names
     return state

@@ -43,6 +43,7 @@ SHAPES = {
     "0.5b": (896, 4864, 24, 14, 2, 64, 151936),
     "1.5b": (1536, 8960, 28, 12, 2, 128, 151936),
     "tiny": (64, 128, 2, 4, 2, 16, 1000),  # a smoke test of the script
+    "small": (256, 512, 2, 4, 2, 64, 4096),  # benchmarks/engines.py --patch-shape small on the CPU
 }
 
 
