@@ -12,6 +12,7 @@ import torch
 
 from astraflow.engines import FullState, InPlacePatch, SamplingParams, build_engine
 from astraflow.engines.decoding import StaticDecoder
+from run_records import teacher_forced
 
 TEXTS = ["max 3 7 1 9 =", "min 4 2 =", "max 1 2 3 4 5 6 ="]
 FULL_LENGTH = (-1,)
@@ -34,14 +35,6 @@ def make_engine(tiny_checkpoint):
     return make
 
 
-def _recompute(model, prompt, tokens, temperature):
-    ids = torch.tensor([prompt + tokens])
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0].float() / temperature
-    logp = torch.log_softmax(logits, -1)
-    return [float(logp[len(prompt) - 1 + j, t]) for j, t in enumerate(tokens)]
-
-
 def _flat(rows) -> list[float]:
     return [x for row in rows for x in row]
 
@@ -59,7 +52,7 @@ def test_static_logprobs_match_forward_recomputation_for_groups_of_shared_prompt
     gens = eng.generate(rows, SamplingParams(max_new_tokens=6, temperature=temperature, stop_token_ids=FULL_LENGTH))
     for prompt, g in zip(rows, gens, strict=True):
         assert len(g.token_ids) == len(g.logprobs) == len(g.versions) == 6 and g.finish_reason == "length"
-        assert g.logprobs == pytest.approx(_recompute(eng.model, prompt, g.token_ids, temperature), abs=1e-4)
+        assert g.logprobs == pytest.approx(teacher_forced(eng.model, prompt, g.token_ids, temperature), abs=1e-4)
     assert len({tuple(g.token_ids) for g in gens[:4]}) > 1  # each row samples on its own
 
 
