@@ -9,10 +9,10 @@ import threading
 
 import pytest
 import torch
+from run_records import teacher_forced
 
 from astraflow.engines import FullState, InPlacePatch, SamplingParams, build_engine
 from astraflow.engines.decoding import StaticDecoder
-from run_records import teacher_forced
 
 TEXTS = ["max 3 7 1 9 =", "min 4 2 =", "max 1 2 3 4 5 6 ="]
 FULL_LENGTH = (-1,)
