@@ -32,9 +32,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-SMOLLM2_SHAPES = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                      num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True,
-                      max_position_embeddings=8192, rope_theta=100000.0)
+SMOLLM2_SHAPES = {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+                  "num_attention_heads": 9, "num_key_value_heads": 3, "tie_word_embeddings": True,
+                  "max_position_embeddings": 8192, "rope_theta": 100000.0}
 
 
 def build_model(spec: str, dtype, device: str):

@@ -99,10 +99,10 @@ class RaasNode:
     def from_config(cls, cfg: ClusterConfig, recipe: Recipe, pool: str, node_id: str,
                     stop_event: threading.Event, **options: Any) -> RaasNode:
         """A node of ``pool`` with the parts the recipe names; the run's topics exist when it returns."""
+        from astraflow.log.admin import ensure_run_topics
         from astraflow.raas.outbox import TrajectoryOutbox
         from astraflow.raas.setup import build_policy_clients, build_recipe_workflow
         from astraflow.raas.weights import WeightFollower
-        from astraflow.log.admin import ensure_run_topics
 
         spec, topics = recipe.pool(pool), Topics(cfg.run)
         # A node started on its own (not by `astraflow run`) may be the first: the run's topics as the
