@@ -79,3 +79,17 @@ def test_server_capabilities_follow_the_routes():
     assert not compat.server_capabilities(set(compat.REQUIRED_ROUTES)).weight_versions
     with pytest.raises(compat.MissingCapabilityError, match=r"\['/pause', '/resume'\].*VLLM_SERVER_DEV_MODE"):
         compat.server_capabilities({"/inference/v1/generate", "/collective_rpc"})
+
+
+def test_the_cuda_smoke_recipe_validates_where_vllm_is_installed():
+    """connectors/vllm/examples/cuda_smoke.yaml (scripts/device/vllm_checks.sh runs it on the GPU) names
+    the vllm engine, so it validates only where vLLM is installed: here, not in tests/test_recipe.py.
+    (Its device is checked when the engine is built, on the GPU machine.)"""
+    from pathlib import Path
+
+    from astraflow.recipe import Recipe
+
+    recipe = Recipe.load(Path(__file__).parent.parent / "connectors" / "vllm" / "examples" / "cuda_smoke.yaml")
+    engine = recipe.pool("default").engine
+    assert (engine.type, engine.device) == ("vllm", "cuda")
+    assert Path(recipe.policies[0].model).is_absolute() and Path(recipe.policies[0].model).exists()

