@@ -79,7 +79,8 @@ def generate(model, tokenizer, prompts: list[list[int]], *, samples: int, temper
     out: list[list[int]] = []
     for i in range(0, len(flat), batch):
         chunk = flat[i:i + batch]
-        enc = tokenizer.pad({"input_ids": chunk}, return_tensors="pt")  # left padding (load_tokenizer)
+        # left padding (load_tokenizer)
+        enc = tokenizer.pad({"input_ids": chunk}, return_tensors="pt").to(model.device)
         kwargs: dict[str, Any] = {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0} \
             if temperature > 0 else {"do_sample": False}
         with torch.no_grad():
@@ -154,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reward", default="last_number")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--device", default="cpu", help="torch device of the model (cuda on the GPU machine)")
     args = parser.parse_args(argv)
 
     import torch
@@ -164,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     path = resolve_checkpoint(args.model)
-    model, tokenizer = load_model(path), load_tokenizer(path)
+    model, tokenizer = load_model(path).to(args.device), load_tokenizer(path)
     results = []
     for name in args.only or list(CANDIDATES):
         results.append(measure(name, CANDIDATES[name], model, tokenizer, path, args))

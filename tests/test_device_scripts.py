@@ -109,5 +109,6 @@ def test_calls_carry_one_chunk_each_and_run_the_checks_once_complete(tmp_path, s
     last = f".device/{manifest['chunks'][-1]['name']}"
     checks = [c for c in plan if "gpu_checks.sh rollout" in c["command"]]
     assert len(checks) == 1 and checks[0]["carry"] == [last]
-    assert plan[-1]["command"].endswith("gpu_checks.sh recipe") and plan[-1]["carry"] == []
+    assert [c["command"].rsplit(" ", 1)[-1] for c in plan[-2:]] == ["recipe", "heldout"]  # after the rollout checks
+    assert plan[-1]["carry"] == plan[-2]["carry"] == []
     assert all(len(c["command"]) <= 2000 and c["timeout_s"] <= 600 for c in plan)

@@ -2,6 +2,7 @@
 # On the GPU machine, after receive.sh: bash scripts/device/gpu_checks.sh [--dry-run] PHASE...
 #   rollout  preflight, `pytest -k cuda` on the test files with CUDA tests, benchmarks/gpu_rollout.py
 #   recipe   the real-model recipe examples/recipes/smollm2_*_cuda.yaml (capped: $RECIPE_CAP_S, 480 s)
+#   heldout  greedy held-out accuracy of the checkpoint and of the recipe run's last version (exported)
 #   vllm       `import vllm`, then scripts/device/vllm_checks.sh compat engine
 #   vllm-more  scripts/device/vllm_checks.sh e2e bench (its server and recipe steps: by hand)
 # Each step runs under its own timeout with its log in $OUT/<step>.log, a failed step does not stop
@@ -16,12 +17,13 @@ py=${PYTHON:-python3}
 # name:cap(s) per phase, in the order they run: the most valuable measurement first.
 steps_of() {
   case $1 in
-    rollout) echo "preflight:45 pytest_cuda:210 gpu_rollout:240" ;;
+    rollout) echo "preflight:45 pytest_cuda:150 gpu_rollout:240" ;;
     recipe) echo "recipe:$recipe_cap" ;;
+    heldout) echo "heldout_before:60 heldout_after:90" ;;
     # vllm_checks.sh's own step timeouts: compat 60 + engine 240; e2e 240 + bench 240.
     vllm) echo "vllm_import:90 vllm_checks:330" ;;
     vllm-more) echo "vllm_checks_more:510" ;;
-    *) echo "unknown phase: $1 (rollout, recipe, vllm, vllm-more)" >&2; return 1 ;;
+    *) echo "unknown phase: $1 (rollout, recipe, heldout, vllm, vllm-more)" >&2; return 1 ;;
   esac
 }
 
@@ -42,7 +44,9 @@ cd "$repo"
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$repo" PYTHONUNBUFFERED=1
 export ASTRAFLOW_STATE_DIR=${ASTRAFLOW_STATE_DIR:-$scratch/state}
 
-cuda_test_files() { grep -l cuda tests/test_*.py | tr '\n' ' '; }
+# The rollout engine's, the trainer backend's and the codec's CUDA tests (the others, e.g. Megatron's,
+# by hand: `pytest -k cuda $(grep -l cuda tests/test_*.py)`), to leave the session's minutes to the recipe.
+cuda_test_files() { echo tests/test_engine_static_decode.py tests/test_engine_hf.py tests/test_backend.py tests/test_delta_codec.py; }
 recipe_file() { compgen -G "examples/recipes/smollm2_*_cuda.yaml" | head -1; }
 
 # The command of a step, or nothing when what it runs is not there yet ("missing").
@@ -53,6 +57,9 @@ command_of() {
     pytest_cuda) echo "$py -m pytest -q -rs -p no:cacheprovider --continue-on-collection-errors -k cuda $(cuda_test_files)" ;;
     gpu_rollout) [ -f benchmarks/gpu_rollout.py ] && echo "$py benchmarks/gpu_rollout.py --device cuda" ;;
     recipe) f=$(recipe_file); [ -n "$f" ] && echo "$py -m astraflow.cli.main run $f --runs-dir $scratch/runs --run-id device-recipe-\$(date +%H%M%S) --no-live" ;;
+    # Issue 26's held-out check: the same 200 held-out prompts, greedy, before and after RL.
+    heldout_before) echo "$py benchmarks/smollm2_task_baseline.py --device cuda --only word_calc_small_all --split heldout --samples 0 --prompts 100" ;;
+    heldout_after) f=$(recipe_file); [ -n "$f" ] && echo "run=\$(basename \$(ls -td $scratch/runs/device-recipe-* | head -1)) && rm -rf $scratch/export && $py -m astraflow.cli.main weights export --run \$run --policy policy --recipe $f $scratch/export && $py benchmarks/smollm2_task_baseline.py --device cuda --model $scratch/export --only word_calc_small_all --split heldout --samples 0 --prompts 100" ;;
     vllm_import) echo "$py -c 'import vllm, torch; print(vllm.__version__, vllm.__file__, torch.cuda.is_available())'" ;;
     vllm_checks) [ -f scripts/device/vllm_checks.sh ] && echo "bash scripts/device/vllm_checks.sh compat engine" ;;
     vllm_checks_more) [ -f scripts/device/vllm_checks.sh ] && echo "bash scripts/device/vllm_checks.sh e2e bench" ;;

@@ -21,7 +21,7 @@ MAX_COMMAND = 2000
 BUDGET_S = 15 * 60
 # Calls that need no further transfer, right after a group's checks: the recipe uses the rollout
 # group; vllm_checks.sh's longer steps do not fit in the first vLLM call's 600 s.
-FOLLOW_UPS = {"rollout": ("recipe",), "vllm": ("vllm-more",)}
+FOLLOW_UPS = {"rollout": ("recipe", "heldout"), "vllm": ("vllm-more",)}
 # The groups a phase needs installed: vllm_checks.sh's engine / e2e steps use the stack, the model and
 # AstraFlow's wheels too.
 NEEDS = {"rollout": ("rollout",), "vllm": ("rollout", "vllm")}
@@ -67,8 +67,8 @@ def calls(manifest: dict, rel_out: str, recipe_cap_s: int = 480) -> list[dict]:
             else:
                 add([], f"{env}bash scripts/device/gpu_checks.sh {phase}", False, phase, f"the {phase} checks")
             for more in FOLLOW_UPS[phase]:
-                note = f"the real-model recipe (capped at {recipe_cap_s} s)" if more == "recipe" \
-                    else f"the {more} checks"
+                note = {"recipe": f"the real-model recipe (capped at {recipe_cap_s} s)",
+                        "heldout": "held-out greedy accuracy before and after the recipe's RL"}.get(more, f"the {more} checks")
                 add([], f"{env}bash scripts/device/gpu_checks.sh {more}", False, more, note)
     return out
 
