@@ -53,8 +53,9 @@ class HFEngineConfig(BaseEngineConfig):
     """How the decoding steps run. "eager": a dynamic KV cache, each step through Python (on a CPU the
     faster: benchmarks/gpu_rollout.py). "static": transformers' static KV cache of bucketed shape with
     the one-token step compiled by torch.compile, captured as a CUDA graph on a GPU, where an eager
-    step is bound by kernel launches (full-attention models; up to three compiles of a minute or
-    more as batch shapes first change). Not yet measured on a GPU, so not the default there either.
+    step is bound by kernel launches (full-attention models; one compile of a minute or more serves
+    every batch shape, a 1-row batch one more). Not yet measured on a GPU, so not the default there
+    either.
     Log-probs, versions and weight swaps mean the same either way."""
     compile_backend: str = "inductor"
     """torch.compile backend of the static decode step ("inductor"; "aot_eager" or "eager" trace it

@@ -152,12 +152,11 @@ class StaticDecoder:
         self._caches: OrderedDict[tuple[int, int], Any] = OrderedDict()
         _refuse_sliding_windows(model)
         options = {"mode": compile_mode} if compile_backend == "inductor" and compile_mode else {}
-        # torch's automatic dynamic shapes: the first bucket compiles for its exact shapes; a change
-        # of rows bucket, then of length bucket, each compiles once more with that size symbolic, and
-        # later buckets reuse it: at most three compiles (a compile of SmolLM2-135M's step took 78-96 s
-        # on 2 CPU cores). CUDA graphs are still recorded per bucket, in milliseconds. The compiled
-        # code is transformers' forward wrapper, shared by every model in the process, so its
-        # recompile limit (process-wide) is raised to leave room for several engines' compiles.
+        # One compile serves every bucket: a session marks rows and length dynamic (a 1-row batch
+        # compiles once more: torch specialises sizes of 1). A compile of SmolLM2-135M's step took
+        # 78-96 s on 2 CPU cores; CUDA graphs are still recorded per bucket, in milliseconds. The
+        # compiled code is transformers' forward wrapper, shared by every model in the process, so
+        # its recompile limit (process-wide) is raised to leave room for several engines' compiles.
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         self._step = torch.compile(model.forward, backend=compile_backend, fullgraph=True, **options)
         self._mark_step = getattr(torch.compiler, "cudagraph_mark_step_begin", None) if device.type == "cuda" else None
@@ -213,8 +212,10 @@ class StaticSession(DecodeSession):
         """Each cache row's prompt index: the batch's rows, then padding rows copying prompt 0."""
         self.mask = torch.zeros((rows, length), dtype=torch.long, device=decoder.device)
         self.mask[:, :b.width] = b.mask[b.first][self.rows]
-        # contiguous: a view's row stride is the prompt width, and the compiled step guards on strides
-        self.positions = b.positions[b.first][self.rows][:, -1:].contiguous()
+        # a fresh tensor, not a view: a view's row stride is the prompt width, and the compiled step
+        # guards on strides
+        self.positions = torch.zeros((rows, 1), dtype=torch.long, device=decoder.device)
+        self.positions[:, 0] = b.positions[b.first][self.rows][:, -1]
         self.tokens = torch.zeros((rows, 1), dtype=torch.long, device=decoder.device)
         self.t = b.width
 
@@ -227,7 +228,18 @@ class StaticSession(DecodeSession):
                                  **self.decoder.keep)
         for i, layer in enumerate(_cache_of(out).layers):
             self.cache.update(layer.keys[self.rows], layer.values[self.rows], i)
+        self._rows_and_length_vary()
         return out.logits[:, -1, :][b.copies]
+
+    def _rows_and_length_vary(self) -> None:
+        """Tell torch.compile that the step's rows and cache length vary (buckets), so that its first
+        compile already serves every bucket (a size of 1 stays specialised: torch's rule)."""
+        import torch
+
+        for tensor, dims in ((self.tokens, (0,)), (self.positions, (0,)), (self.mask, (0, 1)),
+                             *((t, (0, 2)) for layer in self.cache.layers for t in (layer.keys, layer.values))):
+            for dim in dims:
+                torch._dynamo.maybe_mark_dynamic(tensor, dim)
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         n = self.batch.n
