@@ -28,6 +28,7 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
@@ -90,33 +91,50 @@ class _Batch:
         """For every row, its prompt's index in ``first``."""
 
 
-def cache_keyword(model: Any) -> str:
-    """The forward's name for the KV cache: ``cache`` from transformers 5.2x on (``past_key_values``
-    is deprecated there, with a warning per call), ``past_key_values`` before."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+@dataclass(frozen=True)
+class ForwardArgs:
+    """What a model's forward is called with, read once from its signature."""
+
+    cache: str
+    """Its name for the KV cache: ``cache`` from transformers 5.2x on (``past_key_values`` is
+    deprecated there, with a warning per call), ``past_key_values`` before."""
+    keep: dict[str, int]
+    """``logits_to_keep=1`` where the model takes it: the lm-head at the last position only (a
+    prompt's other positions' logits are never used)."""
+
+    @classmethod
+    def of(cls, model: Any) -> ForwardArgs:
+        params = inspect.signature(model.forward).parameters
+        return cls("cache" if "cache" in params else "past_key_values",
+                   {"logits_to_keep": 1} if "logits_to_keep" in params else {})
+
+
+def _prefill_distinct(model: Any, b: _Batch, args: ForwardArgs) -> Any:
+    """The forward of each distinct prompt once, into a fresh dynamic cache."""
+    return model(input_ids=b.ids[b.first], attention_mask=b.mask[b.first], position_ids=b.positions[b.first],
+                 use_cache=True, **{args.cache: None}, **args.keep)
+
+
+def _cache_of(out: Any) -> Any:
+    return out.cache if getattr(out, "cache", None) is not None else out.past_key_values
 
 
 class EagerSession(DecodeSession):
     """A dynamic cache; shapes grow every step (see the module docstring)."""
 
     def __init__(self, model: Any, prompts: list[list[int]], pad_token_id: int, device: torch.device,
-                 last_logits_only: bool) -> None:
-        self.model, self.device = model, device
+                 args: ForwardArgs) -> None:
+        self.model, self.device, self.args = model, device, args
         self.batch = _Batch(prompts, pad_token_id, device)
         self.mask, self.positions = self.batch.mask, self.batch.positions
         self.cache: Any = None
-        self._kw = cache_keyword(model)
-        self._keep = {"logits_to_keep": 1} if last_logits_only else {}
 
     def prefill(self) -> torch.Tensor:
         b = self.batch
-        shared = len(b.first) < b.n
-        rows = b.first if shared else slice(None)
-        out = self.model(input_ids=b.ids[rows], attention_mask=self.mask[rows], position_ids=self.positions[rows],
-                         use_cache=True, **{self._kw: None}, **self._keep)
+        out = _prefill_distinct(self.model, b, self.args)
         self.cache = _cache_of(out)
         logits = out.logits[:, -1, :]
-        if shared:
+        if len(b.first) < b.n:  # every row gets a copy of its prompt's cache and logits
             self.cache.reorder_cache(b.copies)
             logits = logits[b.copies]
         return logits
@@ -128,27 +146,20 @@ class EagerSession(DecodeSession):
         self.mask = torch.cat([self.mask, torch.ones((n, 1), dtype=self.mask.dtype, device=self.device)], dim=1)
         self.positions = self.positions[:, -1:] + 1
         out = self.model(input_ids=tokens[:, None], attention_mask=self.mask, position_ids=self.positions,
-                         use_cache=True, **{self._kw: self.cache}, **self._keep)
+                         use_cache=True, **{self.args.cache: self.cache}, **self.args.keep)
         self.cache = _cache_of(out)
         return out.logits[:, -1, :]
-
-
-def _cache_of(out: Any) -> Any:
-    return out.cache if getattr(out, "cache", None) is not None else out.past_key_values
 
 
 class StaticDecoder:
     """Static caches by bucket and the compiled decode step, kept across batches (see the module
     docstring). One per engine; its sessions run one at a time (the engine decodes one batch at a time)."""
 
-    def __init__(self, model: Any, device: torch.device, *, compile_backend: str = "inductor",
+    def __init__(self, model: Any, device: torch.device, args: ForwardArgs, *, compile_backend: str = "inductor",
                  compile_mode: str | None = "reduce-overhead") -> None:
         import torch
 
-        self.model, self.device = model, device
-        self._kw = cache_keyword(model)
-        self.keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-        """The prefill computes the lm-head at the last position only, where the model allows it."""
+        self.model, self.device, self.args = model, device, args
         self._caches: OrderedDict[tuple[int, int], Any] = OrderedDict()
         _refuse_sliding_windows(model)
         options = {"mode": compile_mode} if compile_backend == "inductor" and compile_mode else {}
@@ -222,10 +233,8 @@ class StaticSession(DecodeSession):
     def prefill(self) -> torch.Tensor:
         """The distinct prompts through the eager model into a dynamic cache, then copied row by
         row into the static one (its ``update`` writes positions 0..width-1 and advances it)."""
-        b, kw = self.batch, self.decoder._kw
-        out = self.decoder.model(input_ids=b.ids[b.first], attention_mask=b.mask[b.first],
-                                 position_ids=b.positions[b.first], use_cache=True, **{kw: None},
-                                 **self.decoder.keep)
+        b = self.batch
+        out = _prefill_distinct(self.decoder.model, b, self.decoder.args)
         for i, layer in enumerate(_cache_of(out).layers):
             self.cache.update(layer.keys[self.rows], layer.values[self.rows], i)
         self._rows_and_length_vary()
@@ -248,7 +257,7 @@ class StaticSession(DecodeSession):
         self.t += 1
         self.positions += 1
         out = self.decoder.forward_step(input_ids=self.tokens, attention_mask=self.mask, position_ids=self.positions,
-                                        use_cache=True, **{self.decoder._kw: self.cache})
+                                        use_cache=True, **{self.decoder.args.cache: self.cache})
         # a copy: the logits live in the CUDA graph's output pool, which the next replay overwrites
         return out.logits[:n, -1, :].clone()
 

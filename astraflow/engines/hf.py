@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from astraflow.devices import describe as describe_device
 from astraflow.engines.base import Engine, Generation, SamplingParams
 from astraflow.engines.batching import RequestBatcher
-from astraflow.engines.decoding import DecodeSession, EagerSession, StaticDecoder
+from astraflow.engines.decoding import DecodeSession, EagerSession, ForwardArgs, StaticDecoder
 from astraflow.engines.swap_gate import SwapGate
 from astraflow.engines.weight_update import FullState, InPlacePatch, UpdateRefusedError, WeightUpdate
 
@@ -56,16 +56,12 @@ class HFEngine(Engine):
         self._rng = torch.Generator(device=self.device).manual_seed(seed)
         self._batcher = RequestBatcher(self, max_batch_size)
         """Merges the ``agenerate`` calls of concurrent episodes into batched ``generate`` calls."""
-        import inspect
-
-        # Models that take it compute the lm-head at the last position only (a prompt's other
-        # positions' logits are never used).
-        self._last_logits_only = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._forward_args = ForwardArgs.of(self.model)
         if decode not in ("eager", "static"):
             raise ValueError(f"decode must be 'eager' or 'static', got {decode!r}")
         self.decode = decode
         """How the forwards run: "eager" or "static" (:mod:`astraflow.engines.decoding`)."""
-        self._static = (StaticDecoder(self.model, self.device, compile_backend=compile_backend,
+        self._static = (StaticDecoder(self.model, self.device, self._forward_args, compile_backend=compile_backend,
                                       compile_mode=compile_mode) if self.decode == "static" else None)
 
     @property
@@ -151,7 +147,7 @@ class HFEngine(Engine):
     def _session(self, prompts: list[list[int]], max_new_tokens: int) -> DecodeSession:
         if self._static is not None:
             return self._static.session(prompts, self.pad_token_id, max_new_tokens)
-        return EagerSession(self.model, prompts, self.pad_token_id, self.device, self._last_logits_only)
+        return EagerSession(self.model, prompts, self.pad_token_id, self.device, self._forward_args)
 
     def _sample(self, logp, top_p: float):
         """One token per row, drawn from ``exp(logp)`` (renormalised over the nucleus when ``top_p < 1``)."""
