@@ -126,7 +126,7 @@ def refresh(engine, args) -> dict:
         times = _swap_at_step(engine, update, args.refresh_step)
         gens = engine.generate(prompts, params)
         times["thread"].join()
-        engine._session = type(engine)._session.__get__(engine)
+        del engine._session  # the instance attribute _swap_at_step set: the class's method again
         switches = {g.versions.index(update.version) if update.version in g.versions else None for g in gens}
         out[f"refresh_{name}_pause_s"] = round(times["swapped"] - times["step_end"], 4)
         # the prefill gives token 0 and step k token k: a swap during step k lands before token k + 1
