@@ -132,7 +132,9 @@ def test_weights_swapped_mid_generation_tag_later_tokens(tiny_model, prompts):
 
 
 def test_agenerate_merges_concurrent_requests(tiny_model, prompts):
-    eng = build_engine({}, tiny_model)
+    from astraflow.engines import HFEngineConfig
+
+    eng = build_engine(HFEngineConfig(batching="request"), tiny_model)
     seen = []
     original = eng.generate
 
@@ -164,7 +166,7 @@ def test_engine_section_without_type_is_the_hf_engine(tiny_model):
 def test_merged_batches_respect_max_batch_size_and_a_new_event_loop(tiny_model, prompts):
     from astraflow.engines import HFEngineConfig
 
-    eng = build_engine(HFEngineConfig(max_batch_size=5), tiny_model)
+    eng = build_engine(HFEngineConfig(max_batch_size=5, batching="request"), tiny_model)
     seen = []
     original = eng.generate
 

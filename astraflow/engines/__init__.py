@@ -29,7 +29,7 @@ def _build_hf(config: HFEngineConfig, model: Any, *, version: int) -> Engine:
     from astraflow.engines.hf import HFEngine
 
     return HFEngine(model, device=config.device, version=version, seed=config.seed,
-                    max_batch_size=config.max_batch_size, decode=config.decode,
+                    max_batch_size=config.max_batch_size, batching=config.batching, decode=config.decode,
                     compile_backend=config.compile_backend, compile_mode=config.compile_mode)
 
 

@@ -48,7 +48,15 @@ class HFEngineConfig(BaseEngineConfig):
     device: str = "cpu"
     """Torch device of the engine ("cpu", "cuda", "cuda:1")."""
     max_batch_size: int = Field(default=256, ge=1)
-    """Most prompts decoded in one merged batch (concurrent episodes' requests are merged)."""
+    """Most rows decoded at once (concurrent episodes' requests share the batch; one larger request
+    still runs, alone)."""
+    batching: Literal["continuous", "request"] = "continuous"
+    """How concurrent requests share the engine. "continuous": a request's rows join the running batch
+    between two steps and each row leaves the step it ends, as serving engines schedule
+    (:mod:`astraflow.engines.continuous`). "request": the requests waiting together run as one batch
+    until its longest row ends, later ones waiting for it (:mod:`astraflow.engines.batching`; the
+    baseline of benchmarks/node_fill.py). ``decode: static`` always batches per request (its caches
+    and compiled step are bucketed per batch)."""
     decode: Literal["eager", "static"] = "eager"
     """How the decoding steps run. "eager": a dynamic KV cache, each step through Python (on a CPU the
     faster: benchmarks/gpu_rollout.py). "static": transformers' static KV cache of bucketed shape with

@@ -62,7 +62,7 @@ class DecodeSession(ABC):
         """Feed one token per row (shape ``(rows,)``); next-token logits (rows x vocab)."""
 
 
-class _Batch:
+class PaddedBatch:
     """A left-padded batch (the next token is always at the right edge) and its distinct prompts."""
 
     def __init__(self, prompts: list[list[int]], pad_token_id: int, device: torch.device) -> None:
@@ -109,13 +109,13 @@ class ForwardArgs:
                    {"logits_to_keep": 1} if "logits_to_keep" in params else {})
 
 
-def _prefill_distinct(model: Any, b: _Batch, args: ForwardArgs) -> Any:
+def prefill_distinct(model: Any, b: PaddedBatch, args: ForwardArgs) -> Any:
     """The forward of each distinct prompt once, into a fresh dynamic cache."""
     return model(input_ids=b.ids[b.first], attention_mask=b.mask[b.first], position_ids=b.positions[b.first],
                  use_cache=True, **{args.cache: None}, **args.keep)
 
 
-def _cache_of(out: Any) -> Any:
+def cache_of(out: Any) -> Any:
     return out.cache if getattr(out, "cache", None) is not None else out.past_key_values
 
 
@@ -125,14 +125,14 @@ class EagerSession(DecodeSession):
     def __init__(self, model: Any, prompts: list[list[int]], pad_token_id: int, device: torch.device,
                  args: ForwardArgs) -> None:
         self.model, self.device, self.args = model, device, args
-        self.batch = _Batch(prompts, pad_token_id, device)
+        self.batch = PaddedBatch(prompts, pad_token_id, device)
         self.mask, self.positions = self.batch.mask, self.batch.positions
         self.cache: Any = None
 
     def prefill(self) -> torch.Tensor:
         b = self.batch
-        out = _prefill_distinct(self.model, b, self.args)
-        self.cache = _cache_of(out)
+        out = prefill_distinct(self.model, b, self.args)
+        self.cache = cache_of(out)
         logits = out.logits[:, -1, :]
         if len(b.first) < b.n:  # every row gets a copy of its prompt's cache and logits
             self.cache.reorder_cache(b.copies)
@@ -147,7 +147,7 @@ class EagerSession(DecodeSession):
         self.positions = self.positions[:, -1:] + 1
         out = self.model(input_ids=tokens[:, None], attention_mask=self.mask, position_ids=self.positions,
                          use_cache=True, **{self.args.cache: self.cache}, **self.args.keep)
-        self.cache = _cache_of(out)
+        self.cache = cache_of(out)
         return out.logits[:, -1, :]
 
 
@@ -217,7 +217,7 @@ class StaticSession(DecodeSession):
         import torch
 
         self.decoder, self.cache = decoder, cache
-        self.batch = b = _Batch(prompts, pad_token_id, decoder.device)
+        self.batch = b = PaddedBatch(prompts, pad_token_id, decoder.device)
         rows, length = bucket
         self.rows = torch.cat([b.copies, b.copies.new_zeros(rows - b.n)])
         """Each cache row's prompt index: the batch's rows, then padding rows copying prompt 0."""
@@ -234,8 +234,8 @@ class StaticSession(DecodeSession):
         """The distinct prompts through the eager model into a dynamic cache, then copied row by
         row into the static one (its ``update`` writes positions 0..width-1 and advances it)."""
         b = self.batch
-        out = _prefill_distinct(self.decoder.model, b, self.decoder.args)
-        for i, layer in enumerate(_cache_of(out).layers):
+        out = prefill_distinct(self.decoder.model, b, self.decoder.args)
+        for i, layer in enumerate(cache_of(out).layers):
             self.cache.update(layer.keys[self.rows], layer.values[self.rows], i)
         self._rows_and_length_vary()
         return out.logits[:, -1, :][b.copies]

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from astraflow.devices import describe as describe_device
 from astraflow.engines.base import Engine, Generation, SamplingParams
 from astraflow.engines.batching import RequestBatcher
+from astraflow.engines.continuous import ContinuousBatcher, DecoderParts
 from astraflow.engines.decoding import DecodeSession, EagerSession, ForwardArgs, StaticDecoder
 from astraflow.engines.swap_gate import SwapGate
 from astraflow.engines.weight_update import FullState, InPlacePatch, UpdateRefusedError, WeightUpdate
@@ -39,7 +40,7 @@ class HFEngine(Engine):
 
     def __init__(self, model: PreTrainedModel, *, eos_token_id: int | None = None, pad_token_id: int | None = None,
                  device: str = "cpu", version: int = 0, seed: int = 0, max_batch_size: int = 256,
-                 decode: str = "eager", compile_backend: str = "inductor",
+                 batching: str = "continuous", decode: str = "eager", compile_backend: str = "inductor",
                  compile_mode: str | None = "reduce-overhead") -> None:
         import torch
 
@@ -54,13 +55,20 @@ class HFEngine(Engine):
         self._gate = SwapGate()
         """Weight swaps land between decoding steps, before the next one."""
         self._rng = torch.Generator(device=self.device).manual_seed(seed)
-        self._batcher = RequestBatcher(self, max_batch_size)
-        """Merges the ``agenerate`` calls of concurrent episodes into batched ``generate`` calls."""
         self._forward_args = ForwardArgs.of(self.model)
         if decode not in ("eager", "static"):
             raise ValueError(f"decode must be 'eager' or 'static', got {decode!r}")
+        if batching not in ("continuous", "request"):
+            raise ValueError(f"batching must be 'continuous' or 'request', got {batching!r}")
         self.decode = decode
         """How the forwards run: "eager" or "static" (:mod:`astraflow.engines.decoding`)."""
+        self.batching = "request" if decode == "static" else batching
+        """How ``agenerate`` calls share the engine (:class:`~astraflow.engines.config.HFEngineConfig`)."""
+        self._batcher = (RequestBatcher(self, max_batch_size) if self.batching == "request" else
+                         ContinuousBatcher(DecoderParts(self.model, self._forward_args, self.device, self.pad_token_id,
+                                                        self.eos_token_id, self._gate, lambda: self._version,
+                                                        self._sample), max_batch_size))
+        """Merges the ``agenerate`` calls of concurrent episodes into batched decoding."""
         self._static = (StaticDecoder(self.model, self.device, self._forward_args, compile_backend=compile_backend,
                                       compile_mode=compile_mode) if self.decode == "static" else None)
 
