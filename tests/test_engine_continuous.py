@@ -7,7 +7,7 @@ import asyncio
 import threading
 
 import pytest
-import torch
+from run_records import teacher_forced
 
 from astraflow.engines import FullState, HFEngineConfig, SamplingParams, build_engine
 
@@ -20,14 +20,6 @@ def prompts(tiny_tokenizer):
     return [tiny_tokenizer.encode(t, add_special_tokens=False) for t in TEXTS]
 
 
-def _teacher_forced(model, prompt, tokens, temperature):
-    """The log-probs of ``tokens`` after ``prompt``, one unpadded forward (the reference)."""
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([prompt + tokens])).logits[0].float()
-    logp = torch.log_softmax(logits / temperature if temperature > 0 else logits, -1)
-    return [float(logp[len(prompt) - 1 + j, t]) for j, t in enumerate(tokens)]
-
-
 class ForwardSpy:
     """Counts the rows of every forward of ``model`` (a prefill or a step) and runs ``hook`` before it."""
 
@@ -38,7 +30,7 @@ class ForwardSpy:
         model.forward = self
 
     def __call__(self, *args, **kwargs):
-        ids = kwargs["input_ids"]
+        ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
         self.rows.append(ids.shape[0])
         self.kinds.append("step" if ids.shape[1] == 1 else "prefill")
         if self._hook is not None:
@@ -76,7 +68,7 @@ def test_greedy_rows_joining_mid_batch_decode_as_each_alone(tiny_model, prompts)
             [ref] = alone.generate([prompt], params)
             assert g.token_ids == ref.token_ids and len(g.token_ids) == params.max_new_tokens
             assert g.finish_reason == "length"
-            assert g.logprobs == pytest.approx(_teacher_forced(tiny_model, prompt, g.token_ids, 0.0), abs=1e-4)
+            assert g.logprobs == pytest.approx(teacher_forced(tiny_model, prompt, g.token_ids), abs=1e-4)
 
 
 def test_sampled_rows_carry_their_tempered_logprobs_and_rows_leave_when_they_end(tiny_model, prompts):
@@ -90,7 +82,7 @@ def test_sampled_rows_carry_their_tempered_logprobs_and_rows_leave_when_they_end
                                     strict=True):
         for prompt, g in zip(rows, gens, strict=True):
             assert len(g.token_ids) == params.max_new_tokens
-            ref = _teacher_forced(tiny_model, prompt, g.token_ids, params.temperature)
+            ref = teacher_forced(tiny_model, prompt, g.token_ids, params.temperature)
             assert g.logprobs == pytest.approx(ref, abs=1e-4)
     steps = [r for r, k in zip(spy.rows, spy.kinds, strict=True) if k == "step"]
     # 4 rows for the first step, then the short request's 3 rows leave: the long row decodes alone

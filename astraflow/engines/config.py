@@ -56,15 +56,18 @@ class HFEngineConfig(BaseEngineConfig):
     (:mod:`astraflow.engines.continuous`). "request": the requests waiting together run as one batch
     until its longest row ends, later ones waiting for it (:mod:`astraflow.engines.batching`; the
     baseline of benchmarks/node_fill.py). ``decode: static`` always batches per request (its caches
-    and compiled step are bucketed per batch)."""
-    decode: Literal["eager", "static"] = "eager"
+    and compiled step are bucketed per batch), as does ``decode: graphs``."""
+    decode: Literal["eager", "static", "graphs"] = "eager"
     """How the decoding steps run. "eager": a dynamic KV cache, each step through Python (on a CPU the
     faster: benchmarks/gpu_rollout.py). "static": transformers' static KV cache of bucketed shape with
     the one-token step compiled by torch.compile, captured as a CUDA graph on a GPU, where an eager
     step is bound by kernel launches (full-attention models; one compile of a minute or more serves
     every batch shape, a 1-row batch one more). Not yet measured on a GPU, so not the default there
     either.
-    Log-probs, versions and weight swaps mean the same either way."""
+    "graphs": a static KV cache per bucket of rows and the one-token step recorded directly as a CUDA
+    graph over the eager forward (milliseconds per bucket, no compile; :mod:`astraflow.engines.graphs`),
+    on a CPU run eagerly over the same fixed tensors. Not yet measured on a GPU.
+    Log-probs, versions and weight swaps mean the same every way."""
     compile_backend: str = "inductor"
     """torch.compile backend of the static decode step ("inductor"; "aot_eager" or "eager" trace it
     without generating code: for debugging a model that does not compile)."""

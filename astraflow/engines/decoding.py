@@ -161,7 +161,7 @@ class StaticDecoder:
 
         self.model, self.device, self.args = model, device, args
         self._caches: OrderedDict[tuple[int, int], Any] = OrderedDict()
-        _refuse_sliding_windows(model)
+        refuse_sliding_windows(model)
         options = {"mode": compile_mode} if compile_backend == "inductor" and compile_mode else {}
         # One compile serves every bucket: a session marks rows and length dynamic (a 1-row batch
         # compiles once more: torch specialises sizes of 1). A compile of SmolLM2-135M's step took
@@ -262,7 +262,7 @@ class StaticSession(DecodeSession):
         return out.logits[:n, -1, :].clone()
 
 
-def _refuse_sliding_windows(model: Any) -> None:
+def refuse_sliding_windows(model: Any) -> None:
     """The prefill's dynamic cache keeps a sliding-window layer's last window only, which the static
     cache's layers of that kind would place differently: full attention only, said up front."""
     from transformers import StaticCache

@@ -24,6 +24,7 @@ from astraflow.engines.base import Engine, Generation, SamplingParams
 from astraflow.engines.batching import RequestBatcher
 from astraflow.engines.continuous import ContinuousBatcher, DecoderParts
 from astraflow.engines.decoding import DecodeSession, EagerSession, ForwardArgs, StaticDecoder
+from astraflow.engines.graphs import GraphDecoder
 from astraflow.engines.swap_gate import SwapGate
 from astraflow.engines.weight_update import FullState, InPlacePatch, UpdateRefusedError, WeightUpdate
 
@@ -56,13 +57,14 @@ class HFEngine(Engine):
         """Weight swaps land between decoding steps, before the next one."""
         self._rng = torch.Generator(device=self.device).manual_seed(seed)
         self._forward_args = ForwardArgs.of(self.model)
-        if decode not in ("eager", "static"):
-            raise ValueError(f"decode must be 'eager' or 'static', got {decode!r}")
+        if decode not in ("eager", "static", "graphs"):
+            raise ValueError(f"decode must be 'eager', 'static' or 'graphs', got {decode!r}")
         if batching not in ("continuous", "request"):
             raise ValueError(f"batching must be 'continuous' or 'request', got {batching!r}")
         self.decode = decode
-        """How the forwards run: "eager" or "static" (:mod:`astraflow.engines.decoding`)."""
-        self.batching = "request" if decode == "static" else batching
+        """How the forwards run: "eager", "static" (:mod:`astraflow.engines.decoding`) or "graphs"
+        (:mod:`astraflow.engines.graphs`)."""
+        self.batching = "request" if decode != "eager" else batching
         """How ``agenerate`` calls share the engine (:class:`~astraflow.engines.config.HFEngineConfig`)."""
         self._batcher = (RequestBatcher(self, max_batch_size) if self.batching == "request" else
                          ContinuousBatcher(DecoderParts(self.model, self._forward_args, self.device, self.pad_token_id,
@@ -71,6 +73,7 @@ class HFEngine(Engine):
         """Merges the ``agenerate`` calls of concurrent episodes into batched decoding."""
         self._static = (StaticDecoder(self.model, self.device, self._forward_args, compile_backend=compile_backend,
                                       compile_mode=compile_mode) if self.decode == "static" else None)
+        self._graphs = GraphDecoder(self.model, self.device, self._forward_args) if self.decode == "graphs" else None
 
     @property
     def weight_version(self) -> int:
@@ -153,6 +156,8 @@ class HFEngine(Engine):
         ]
 
     def _session(self, prompts: list[list[int]], max_new_tokens: int) -> DecodeSession:
+        if self._graphs is not None:
+            return self._graphs.session(prompts, self.pad_token_id, max_new_tokens)
         if self._static is not None:
             return self._static.session(prompts, self.pad_token_id, max_new_tokens)
         return EagerSession(self.model, prompts, self.pad_token_id, self.device, self._forward_args)
