@@ -1,10 +1,13 @@
 """Rollout speed of the built-in hf engine: the eager path (the baseline: a dynamic KV cache, each
-step through Python) and the static path (a static KV cache, the decode step compiled by
+step through Python), the graphs path (a static KV cache per rows bucket, the decode step recorded
+directly as a CUDA graph) and, with ``--paths ...,static``, the static path (the decode step compiled by
 torch.compile, CUDA graphs on a GPU) side by side in one run, on the same model and prompts:
 
 * tokens/s at each ``--rows`` concurrent sequences, each decoding exactly ``--tokens`` new tokens
   (sampled at temperature 1, no stop token); the one-off compile of each shape is timed apart;
-* the static path's log-probs against teacher-forced HF on the same weights (max |difference|);
+* for the graphs path, the seconds to record every bucket up to the largest ``--rows`` (one short
+  batch per bucket: the start-up a node pays before its first full-speed batch);
+* each path's log-probs against teacher-forced HF on the same weights (max |difference|);
 * a weight refresh during a batch: the time ``update_weights`` holds the engine (an in-place patch
   of every tensor, and a full ``load_state_dict``) and whether it landed between two decoding steps
   (every row switches version at the same token);
@@ -76,6 +79,22 @@ def throughput(engine, rows: int, args) -> dict:
         _sync(engine)
         rates.append(sum(len(g.token_ids) for g in gens) / (time.perf_counter() - t0))
     return {"first_call_s": round(first, 2), "tokens_per_s": round(statistics.median(rates), 1)}
+
+
+def record_all(engine, max_rows: int, args) -> float:
+    """Seconds to record the decode step of every rows bucket up to ``max_rows`` (one 2-token batch each)."""
+    from astraflow.engines import SamplingParams
+    from astraflow.engines.graphs import ROW_BUCKETS
+
+    params = SamplingParams(max_new_tokens=2, temperature=1.0, stop_token_ids=(-1,))
+    buckets = [b for b in ROW_BUCKETS if b <= max_rows]
+    engine._graphs.max_slots = max(engine._graphs.max_slots, len(buckets))
+    _sync(engine)
+    t0 = time.perf_counter()
+    for rows in buckets:
+        engine.generate(prompts_of(rows, args.prompt_tokens, engine.model.config.vocab_size), params)
+    _sync(engine)
+    return round(time.perf_counter() - t0, 2)
 
 
 def _sync(engine) -> None:
@@ -193,7 +212,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=None, help="new tokens per sequence (CPU 16; CUDA 128)")
     ap.add_argument("--prompt-tokens", type=int, default=100)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--paths", default="eager,static")
+    ap.add_argument("--paths", default="eager,graphs", help="comma-separated: eager, graphs, static")
     ap.add_argument("--refresh-rows", type=int, default=None, help="rows of the batch a refresh lands in")
     ap.add_argument("--refresh-step", type=int, default=4, help="the decoding step a refresh starts during")
     ap.add_argument("--recipe", default=None, help="also run this recipe and report the trainer's busy fraction")
@@ -215,7 +234,8 @@ def main() -> None:
         out["gpu"] = torch.cuda.get_device_name(args.device)
     for path in args.paths.split(","):
         engine = HFEngine(build_model(args.model, dtype, args.device), device=args.device, decode=path)
-        res = {f"rows{r}": throughput(engine, r, args) for r in args.rows}
+        res = {"record_all_buckets_s": record_all(engine, max(args.rows), args)} if path == "graphs" else {}
+        res.update({f"rows{r}": throughput(engine, r, args) for r in args.rows})
         res["logprob_max_abs_err"] = round(logprob_error(engine, args), 5)
         res.update(refresh(engine, args))
         out[path] = res
@@ -223,9 +243,10 @@ def main() -> None:
         del engine
         if cuda:
             torch.cuda.empty_cache()
-    if "eager" in out and "static" in out:
-        out["speedup"] = {f"rows{r}": round(out["static"][f"rows{r}"]["tokens_per_s"]
-                                            / out["eager"][f"rows{r}"]["tokens_per_s"], 2) for r in args.rows}
+    if "eager" in out:
+        out["speedup"] = {path: {f"rows{r}": round(out[path][f"rows{r}"]["tokens_per_s"]
+                                                   / out["eager"][f"rows{r}"]["tokens_per_s"], 2) for r in args.rows}
+                          for path in out if path in ("graphs", "static")}
     if args.recipe:
         out["recipe"] = {"path": args.recipe, **busy_fraction(args.recipe, args.recipe_timeout_s)}
     print(json.dumps(out))
