@@ -29,16 +29,16 @@ class _Section(BaseModel):
 
 class LogRetentionSettings(_Section):
     """How much of a run's log is kept (docs/running.md, "Log retention"): a record leaves the log once
-    every consumer group of the run that reads its topic (the archiver's among them) has committed past
-    it and it is older than ``keep_s``. The archiver does it, so a run without one keeps its log."""
+    every consumer group of the run that reads its topic (the archiver's, where the run has one, and the
+    dataflow's recovery position among them) has committed past it and it is older than ``keep_s``. The
+    dataflow trims (the archiver, in a run without a dataflow)."""
 
     enabled: bool = True
     """Trim the run's topics while it runs. Off: the log keeps every record, and the embedded broker's
     s3 log slows every fetch down as the run ages (its fetches list the partition's whole history)."""
     keep_s: float = Field(default=30.0, ge=0)
-    """Every record stays at least this long, whatever the commits say: a dataflow restarted after a
-    crash reads back the task and batch records its lost life sent after its last save (saved every
-    5 s) and looks up its in-flight tasks' records."""
+    """Every record stays at least this long, whatever the commits say: a margin only. What a restarted
+    dataflow reads back is held by its recovery position for as long as it is down."""
     interval_s: float = Field(default=10.0, gt=0)
     """Seconds between two trims."""
 

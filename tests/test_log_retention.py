@@ -1,6 +1,6 @@
 """Log retention on the embedded broker's durable s3 log: records every reader of a topic has committed
 past leave the log (Tansu's stored batches are deleted), and the broker then serves the rest as before;
-and in a whole ``astraflow run``, the archiver trims the log while the archive keeps every record."""
+and in a whole ``astraflow run``, the dataflow trims the log while the archive keeps every record."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -35,13 +36,16 @@ def test_a_partition_is_trimmed_only_below_every_reader() -> None:
     assert trim_points(readers, {"a": committed["a"]}) == {("u", 0): 3}
 
 
-def test_the_run_readers_put_the_archiver_on_every_archived_topic() -> None:
+def test_the_run_readers_put_the_archiver_on_every_archived_topic_and_the_recovery_on_its_own() -> None:
     readers = run_readers("r", ["fast"], ["solver"])
-    assert readers == {"r.tasks.fast": ["r.raas.fast"],
-                       "r.batches.solver": ["r.trainer.solver", "r.archive"],
+    assert readers == {"r.tasks.fast": ["r.raas.fast", "r.dataflow-recovery"],
+                       "r.batches.solver": ["r.trainer.solver", "r.dataflow-recovery", "r.archive"],
                        "r.weights.solver": ["r.dataflow", "r.archive"],
                        "r.trajectories": ["r.dataflow", "r.archive"],
                        "r.metrics": ["r.dataflow", "r.archive"]}
+    # a run without an archiver: the same readers but the archive group, so its log is trimmed too
+    assert run_readers("r", ["fast"], ["solver"], archived=False) == {
+        topic: [g for g in groups if g != "r.archive"] for topic, groups in readers.items()}
 
 
 def test_a_pass_while_the_broker_restarts_is_counted_apart_from_errors() -> None:
@@ -165,9 +169,15 @@ def test_the_s3_log_is_trimmed_below_the_readers_and_serves_the_rest(s3_log: Clu
     producer.close()
 
 
-def _run(tmp_path: Path, steps: int, retention: dict, kill_broker_at: int) -> tuple[Path, Path]:
+def _kill_broker(state_dir: Path, launcher: subprocess.Popen) -> None:
+    os.kill(json.loads((state_dir / "tansu.pid").read_text())["pid"], signal.SIGKILL)
+
+
+def _run(tmp_path: Path, steps: int, retention: dict, at_step: int,
+         action: Callable[[Path, subprocess.Popen], None] = _kill_broker) -> tuple[Path, Path]:
     """``astraflow run`` of the demo's math recipe (tiny settings) on an embedded s3-log stack it starts;
-    the broker is SIGKILLed once a step record >= ``kill_broker_at`` is out (the launcher restarts it)."""
+    ``action(state_dir, launcher)`` once a step record >= ``at_step`` is out (by default the broker is
+    SIGKILLed: the launcher restarts it)."""
     data = yaml.safe_load((ROOT / "examples" / "recipes" / "math.yaml").read_text())
     data["dataset"]["samples"] = 4
     data["dataflow"]["groups_per_batch"] = 4
@@ -192,11 +202,11 @@ def _run(tmp_path: Path, steps: int, retention: dict, kill_broker_at: int) -> tu
                                  "--timeout", "240"], env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 200
-        while not any(r.get("component") == "trainer" and (r.get("step") or 0) >= kill_broker_at
+        while not any(r.get("component") == "trainer" and (r.get("step") or 0) >= at_step
                       for r in _records(run_dir)):
             assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "launcher.out").read_text()[-3000:]
             time.sleep(0.2)
-        os.kill(json.loads((state_dir / "tansu.pid").read_text())["pid"], signal.SIGKILL)
+        action(state_dir, proc)
         rc = proc.wait(timeout=280)
     finally:
         if proc.poll() is None:
@@ -220,18 +230,18 @@ def _records(run_dir: Path) -> list[dict]:
 @pytest.mark.slow
 def test_a_run_trims_its_log_and_its_archive_replays_the_online_counts(tmp_path: Path) -> None:
     """A 60-step run with retention every second and no minimum age, its broker SIGKILLed at step 40 (long
-    after records were removed): the run finishes, the archiver removed records, the broker's bucket
+    after records were removed): the run finishes, the dataflow removed records, the broker's bucket
     holds a fraction of the batches the run produced, the archive holds every trainer step, and
     replaying it through the dataflow's own code gives the online dataflow's counts."""
     from astraflow.archive import rows as R
     from astraflow.archive.replay import archive_parts, read_row_groups
 
     steps = 60
-    run_dir, state_dir = _run(tmp_path, steps, {"keep_s": 0, "interval_s": 1}, kill_broker_at=40)
+    run_dir, state_dir = _run(tmp_path, steps, {"keep_s": 0, "interval_s": 1}, at_step=40)
     restarts = [r for r in _records(run_dir) if r.get("kind") == "supervisor" and r.get("component") == "tansu"]
     assert [r["event"] for r in restarts].count("restart") == 1, restarts
-    archive_log = (run_dir / "logs" / "archive.log").read_text()
-    summary = json.loads(next(line for line in reversed(archive_log.splitlines()) if line.startswith("{")))
+    dataflow_log = (run_dir / "logs" / "dataflow.log").read_text()  # the dataflow trims (its last life's figures)
+    summary = json.loads(next(line for line in reversed(dataflow_log.splitlines()) if line.startswith("{")))
     removed = summary["log_retention"]["records"]
     assert summary["log_retention"]["errors"] == 0 and removed > 0, summary
 
@@ -268,3 +278,50 @@ def test_a_run_trims_its_log_and_its_archive_replays_the_online_counts(tmp_path:
     for key in ("received", "kept", "stale", "in_dropped_group", "duplicate"):
         replayed = own[key] if key in own else own["dropped"][key]
         assert replayed == online.get(f"trajectories.{key}", 0), (key, replayed, own, online)
+
+
+KEEP_S = 2.0
+
+
+def _stop_the_dataflow_while_the_log_is_trimmed(state_dir: Path, launcher: subprocess.Popen) -> None:
+    """SIGSTOP the dataflow for 3 x ``KEEP_S`` while nodes, trainer and archiver go on and the log is trimmed
+    meanwhile below every reader's position with no regard to the dataflow's liveness (what an archiver with
+    ``--trim-log`` does), then SIGKILL it: the supervisor restarts it and the new life reads back."""
+    from astraflow.process.sessions import child_processes
+
+    [pid] = [pid for pid, argv in child_processes(launcher.pid).items() if "dataflow" in argv]
+    cfg = ClusterConfig(run="trimmed", state_dir=state_dir,
+                        kafka={"retention": {"keep_s": 0.0, "interval_s": 0.5}}).resolve()
+    retention = LogRetention.for_run(cfg, ["default"], ["policy"])
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 3 * KEEP_S
+        while time.monotonic() < deadline:
+            retention.pass_once()
+            time.sleep(0.5)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, signal.SIGCONT)
+    assert retention.stats.records > 0, retention.stats.as_dict()  # the log was trimmed meanwhile
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_dataflow_down_longer_than_keep_s_finds_everything_it_reads_back(tmp_path: Path) -> None:
+    """Retention follows positions, not clocks: the dataflow down for 3 x keep_s while the log is trimmed,
+    then restarted, finds the task and batch records its lost life sent after its last save and every
+    in-flight task's record (its recovery position holds them): no task drawn again as lost, no
+    trajectory dropped as unknown, every step trained once."""
+    steps = 40
+    run_dir, _ = _run(tmp_path, steps, {"keep_s": KEEP_S, "interval_s": 0.5}, at_step=15,
+                      action=_stop_the_dataflow_while_the_log_is_trimmed)
+    records = _records(run_dir)
+    restarts = [r for r in records if r.get("kind") == "supervisor" and r.get("component") == "dataflow"]
+    assert [r["event"] for r in restarts].count("restart") == 1, restarts
+    counters = [r for r in records if r.get("component") == "dataflow" and isinstance(r.get("counters"), dict)]
+    last = counters[-1]["counters"]
+    assert last.get("tasks.reemitted_lost", 0) == 0, last
+    assert last.get("trajectories.unknown_task", 0) == 0, last
+    trained = [r["step"] for r in records if r.get("component") == "trainer" and not r.get("event")
+               and r.get("step") is not None]
+    assert sorted(set(trained)) == list(range(1, steps + 1)), trained

@@ -30,6 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--flush-s", type=float, default=10.0, help="flush a partition after this many seconds")
     p.add_argument("--idle-exit", type=float, default=None, metavar="S",
                    help="exit 0 once nothing came for S seconds (default: run until SIGTERM)")
+    p.add_argument("--trim-log", action="store_true",
+                   help="also trim the run's log (a run without a dataflow, which otherwise does it)")
     p.add_argument("--log-level", default=os.environ.get("ASTRAFLOW_LOG_LEVEL", "INFO"))
     p.set_defaults(func=cmd_archive)
 
@@ -61,10 +63,11 @@ def cmd_archive(args: argparse.Namespace) -> int:
     stop = _stop_on_signals()
     archiver = Archiver(cfg, policies, max_records=args.max_records, max_bytes=int(args.max_mb * 1024 * 1024),
                         flush_s=args.flush_s)
-    # The archiver is the log's last reader: once it and the run's other groups have committed past a
-    # record, the log need not keep it (the task topics only where the recipe names the pools).
+    # The dataflow trims the log, the archive group one of the readers it waits for; in a run without a
+    # dataflow (trainers fed from an archive) the archiver does (the task topics only where the recipe
+    # names the pools).
     pools = [p.name for p in recipe.pools] if recipe is not None else []
-    retention = LogRetention.for_run(cfg, pools, policies)
+    retention = LogRetention.for_run(cfg, pools, policies) if args.trim_log else None
     if retention is not None:
         retention.start()
     # The embedded S3 server frees a deleted object's disk only when asked to compact its volumes.

@@ -47,6 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _common(dataflow)
     dataflow.add_argument("--until-finished", action="store_true",
                           help="exit when the dataset is used up and nothing is in flight")
+    dataflow.add_argument("--no-archive", dest="archived", action="store_false",
+                          help="the run has no archiver: trim the log without waiting for the archive group")
     dataflow.set_defaults(func=cmd_dataflow)
 
 
@@ -118,12 +120,13 @@ def cmd_trainer(args: argparse.Namespace) -> int:
 
 
 def cmd_dataflow(args: argparse.Namespace) -> int:
-    from astraflow.dataflow.service import run_dataflow
+    from astraflow.dataflow.service import DataflowService
     from astraflow.recipe.data import recipe_tasks
 
     cfg, recipe, stop = _setup(args)
-    counters = run_dataflow(cfg, recipe.dataflow, stop, dataset=recipe_tasks(recipe),
-                            pools=[p.name for p in recipe.pools], stop_when_finished=args.until_finished,
-                            train_steps=recipe.trainer.steps)
-    print(json.dumps(counters))
+    service = DataflowService(cfg, recipe.dataflow, recipe_tasks(recipe), pools=[p.name for p in recipe.pools],
+                              train_steps=recipe.trainer.steps, archived=args.archived)
+    counters = service.run(stop, stop_when_finished=args.until_finished)
+    retention = service.retention.stats.as_dict() if service.retention is not None else None
+    print(json.dumps({**counters, **({"log_retention": retention} if retention else {})}))
     return 0

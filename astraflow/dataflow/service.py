@@ -45,6 +45,7 @@ from astraflow.dataflow.recovery import recover
 from astraflow.log.codec import WEIGHT_ANNOUNCEMENT_SCHEMA
 from astraflow.log.identity import topic_ids, topic_partitions
 from astraflow.log.producer import key_partition, record_policy
+from astraflow.log.retention import LogRetention
 from astraflow.log.topics import TASK_PARTITIONS
 from astraflow.outage import OutageReport, wait_out_outage
 from astraflow.records import RecordSchemaError, Task, batch, task, trajectory
@@ -98,13 +99,16 @@ def run_dataflow(
     pools: Iterable[str] = ("default",),
     stop_when_finished: bool = False,
     train_steps: int | None = None,
+    archived: bool = True,
 ) -> dict[str, int]:
     """Run until ``stop_event`` is set (or, with ``stop_when_finished``, until the dataset is used
     up and nothing is in flight); returns the final counters. Resumes from the bucket checkpoint.
     ``train_steps``: the recipe's ``trainer.steps``, so that no task is emitted beyond what the run's
-    last batches need (:meth:`Dataflow.run_room`)."""
+    last batches need (:meth:`Dataflow.run_room`). ``archived``: the run has an archiver, whose group
+    log retention waits for."""
     service = DataflowService(cfg, section, dataset, checkpoint_every_s=checkpoint_every_s,
-                              metrics_every_s=metrics_every_s, pools=pools, train_steps=train_steps)
+                              metrics_every_s=metrics_every_s, pools=pools, train_steps=train_steps,
+                              archived=archived)
     return service.run(stop_event, stop_when_finished=stop_when_finished)
 
 
@@ -115,8 +119,9 @@ class DataflowService:
 
     def __init__(self, cfg: ClusterConfig, section: DataflowConfig, dataset: Iterable[Task], *,
                  checkpoint_every_s: float = 5.0, metrics_every_s: float = 2.0,
-                 pools: Iterable[str] = ("default",), train_steps: int | None = None) -> None:
+                 pools: Iterable[str] = ("default",), train_steps: int | None = None, archived: bool = True) -> None:
         from astraflow.log import ConsumerGroups, LogConsumer, LogProducer, Topics
+        from astraflow.log.positions import HeldPosition
         from astraflow.objstore import ObjectStore
 
         self.cfg, self.section = cfg, section
@@ -127,6 +132,11 @@ class DataflowService:
         self.store = ObjectStore.from_config(cfg)
         self.s3 = OutageReport("dataflow: state save, S3 endpoint", str(cfg.s3.endpoint), log)
         self.state_key = state_key(cfg.run)
+        self.pools, self.archived = list(pools), archived
+        self.recovery_position = HeldPosition(cfg, ConsumerGroups(cfg.run).dataflow_recovery)
+        """Where a restarted dataflow will read back from: held for log retention with each save."""
+        self.retention: LogRetention | None = None
+        """Trims the run's log while :meth:`run` runs (None where retention is off or impossible)."""
         self.df = Dataflow(section, dataset, train_steps=train_steps)
         self.weight_topics = {self.topics.weights(p): p for p in section.policies}
         self.placing: list[tuple[str, Any]] = []
@@ -184,6 +194,11 @@ class DataflowService:
                                      if t not in recreated],
                                     ends, int(saved["saved_at_ms"]), time.time())
 
+    def _hold_recovery_position(self, ends: dict[tuple[str, int], int] | None = None) -> None:
+        """Hold, for log retention, what a restart would read back: on each task and batch partition
+        the records from the saved ends on, and those of the in-flight tasks (looked up on resume)."""
+        self.recovery_position.hold(recovery_positions(self.df, self._produced_ends() if ends is None else ends))
+
     def _produced_ends(self) -> dict[tuple[str, int], int]:
         """Where this dataflow's task and batch records end, all its lives together."""
         ends = dict(self.resumed_ends)
@@ -203,6 +218,13 @@ class DataflowService:
         """Read, emit and checkpoint until ``stop_event`` (or, with ``stop_when_finished``, until the
         dataset is used up and nothing is in flight); a last checkpoint, then the final counters."""
         self._send_tasks(self.recovery.reemit)
+        self._hold_recovery_position()  # before trimming starts: what this life's recovery read stays
+        # The dataflow trims the run's log (it runs as long as the run does; the archive, if any, is one
+        # more reader): a run without an archiver stays as fast at its end as at its start.
+        self.retention = retention = LogRetention.for_run(
+            self.cfg, {*self.pools, *self.task_partitions}, list(self.section.policies), archived=self.archived)
+        if retention is not None:
+            retention.start()
         last_ckpt = last_metrics = last_report = time.monotonic()
         try:
             while not stop_event.is_set():
@@ -226,6 +248,9 @@ class DataflowService:
             self._checkpoint()
             return self.df.counters()
         finally:
+            if retention is not None:
+                retention.stop()
+            self.recovery_position.close()
             self.consumer.close()
             self.producer.close()
 
@@ -291,11 +316,13 @@ class DataflowService:
         # After the flush: every task record has its position, and each created later is not in the state.
         saved_at_ms = int(time.time() * 1000)
         _record_positions(self.df, self.placing)
+        ends = self._produced_ends()
         state = {"dataflow": self.df.state_dict(),
                  "offsets": [[t, p, o] for (t, p), o in self.offsets.items()], "topic_ids": self.recovery.topic_ids,
-                 "saved_at_ms": saved_at_ms, "produced_ends": [[t, p, o] for (t, p), o in self._produced_ends().items()]}
+                 "saved_at_ms": saved_at_ms, "produced_ends": [[t, p, o] for (t, p), o in ends.items()]}
         # A restarting S3 server is waited out (one line per backoff step), not a reason to exit.
         wait_out_outage(lambda: self.store.put_json(self.state_key, state), self.s3)
+        self._hold_recovery_position(ends)  # after the save: the held position never passes the saved one
         self.consumer.commit(self.uncommitted)
         self.uncommitted.clear()
 
@@ -361,6 +388,18 @@ def _publish_report(producer: Any, topic: str, df: Dataflow, window: _Window, se
     if pools:
         send_control(producer, topic, COMPONENT_ID, autoscale_report(section.autoscale, pools, now))
     window.reset()
+
+
+def recovery_positions(df: Dataflow, ends: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+    """Per task and batch partition, the first record a restarted dataflow may read back: its saved
+    end (adoption reads on from there), or an in-flight task's record before it (recovery looks each
+    one up: gone, the task would be drawn again)."""
+    positions = dict(ends)
+    for f in df.emitter.in_flight.values():
+        if f.position is not None:
+            topic, partition, offset = f.position
+            positions[(topic, partition)] = min(positions.get((topic, partition), offset), offset)
+    return positions
 
 
 def _record_positions(df: Dataflow, placing: list[tuple[str, Any]]) -> None:

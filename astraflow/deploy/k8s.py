@@ -91,7 +91,9 @@ def render(recipe: Recipe, cfg: ClusterConfig, opts: K8sOptions) -> dict[str, li
     files: dict[str, list[Manifest]] = {
         "cluster.yaml": [k.config_map(cfg), *([k.trigger_auth()] if cfg.kafka.sasl_mechanism else [])],
         "credentials.yaml": [k.secret(cfg)],
-        "dataflow.yaml": [k.singleton("dataflow", ["dataflow", "--recipe", opts.recipe_path])],
+        # the dataflow trims the log; without an archiver it waits for no archive group
+        "dataflow.yaml": [k.singleton("dataflow", ["dataflow", "--recipe", opts.recipe_path,
+                                                   *([] if opts.archive else ["--no-archive"])])],
     }
     for p in recipe.policies:
         files[f"trainer-{p.name}.yaml"] = (trainer_group(k, recipe, p, opts.trainer_ranks_per_pod)

@@ -157,9 +157,9 @@ def component_specs(recipe: Recipe, recipe_file: Path, cluster_file: Path, run_d
     env = child_env(cluster_file, recipe.run, threads)
     logs = run_dir / "logs"
     specs = []
-    if rollouts:
-        specs.append(ChildSpec("dataflow", [*base, "dataflow", "--recipe", str(recipe_file)], env,
-                               logs / "dataflow.log"))
+    if rollouts:  # the dataflow trims the log; without an archiver, it waits for no archive group
+        specs.append(ChildSpec("dataflow", [*base, "dataflow", "--recipe", str(recipe_file),
+                                            *([] if archive else ["--no-archive"])], env, logs / "dataflow.log"))
     for policy in recipe.policies:
         name = f"trainer-{policy.name}"
         specs.append(ChildSpec(name, trainer_argv(recipe, recipe_file, cluster_file, policy.name), env,
@@ -167,9 +167,9 @@ def component_specs(recipe: Recipe, recipe_file: Path, cluster_file: Path, run_d
     for pool in recipe.pools if rollouts else []:
         specs += [node_spec(recipe, recipe_file, cluster_file, run_dir, pool.name, i, threads=threads)
                   for i in range(pool.nodes)]
-    if archive:
-        specs.append(ChildSpec("archive", [*base, "archive", "--recipe", str(recipe_file)], env,
-                               logs / "archive.log"))
+    if archive:  # without a dataflow (trainers fed from an archive), the archiver trims the log
+        specs.append(ChildSpec("archive", [*base, "archive", "--recipe", str(recipe_file),
+                                           *([] if rollouts else ["--trim-log"])], env, logs / "archive.log"))
     return specs
 
 

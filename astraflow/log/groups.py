@@ -31,6 +31,13 @@ class ConsumerGroups:
         return f"{self.run}.dataflow"
 
     @property
+    def dataflow_recovery(self) -> str:
+        """The dataflow's recovery read-back on its own task and batch records: never joined, its
+        offsets committed with each state save (:mod:`astraflow.log.positions`), so that log retention
+        keeps what a restarted dataflow reads back, however long it was down."""
+        return f"{self.run}.dataflow-recovery"
+
+    @property
     def archive(self) -> str:
         """The archiver on every topic it writes to Parquet."""
         return f"{self.run}.archive"

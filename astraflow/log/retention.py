@@ -8,9 +8,14 @@ state holds, a pool's nodes a task whose trajectories are acknowledged. A reader
 nothing on a partition yet holds the whole partition. Groups outside the map (a node's own weights
 group, a replay's throwaway group) pin nothing: they read from the log's end or accept its start.
 
-``keep_s`` covers what commits do not say: a dataflow restarted after a crash adopts the task and
-batch records its lost life sent after its last save (every few seconds) and looks for its in-flight
-tasks' records; within ``keep_s`` they are all still there.
+The dataflow comes back for records it has consumed or sent: a dataflow restarted after a crash adopts
+the task and batch records its lost life sent after its last save and looks up its in-flight tasks'
+records. It holds that position as the group ``<run>.dataflow-recovery`` (committed with each state save,
+:mod:`astraflow.log.positions`), a reader of the task and batch topics like the others, so those records
+stay for as long as it is down. ``keep_s`` is only a margin on top of the positions.
+
+A run without an archiver (``astraflow run --no-archive``) leaves the archive group out of the readers:
+the log is trimmed all the same (it is a buffer; the archive, when there is one, is the history).
 
 How records leave is the broker's business (:mod:`astraflow.log.trim`); this module decides how far.
 """
@@ -39,15 +44,18 @@ CommittedOffsets = Mapping[str, Mapping[Partition, int]]
 """group id -> (topic, partition) -> the group's committed offset (the next record it reads)."""
 
 
-def run_readers(run: str, pools: Iterable[str], policies: Iterable[str]) -> dict[str, list[str]]:
-    """topic -> the consumer groups that must have read a record before it may leave the log."""
+def run_readers(run: str, pools: Iterable[str], policies: Iterable[str], *,
+                archived: bool = True) -> dict[str, list[str]]:
+    """topic -> the consumer groups that must have read a record before it may leave the log (the
+    archiver's only where the run has one)."""
     topics, groups = Topics(run), ConsumerGroups(run)
-    readers = {topics.tasks(pool): [groups.raas(pool)] for pool in pools}
+    archive = [groups.archive] if archived else []
+    readers = {topics.tasks(pool): [groups.raas(pool), groups.dataflow_recovery] for pool in pools}
     for policy in policies:
-        readers[topics.batches(policy)] = [groups.trainer(policy), groups.archive]
-        readers[topics.weights(policy)] = [groups.dataflow, groups.archive]
-    readers[topics.trajectories] = [groups.dataflow, groups.archive]
-    readers[topics.metrics] = [groups.dataflow, groups.archive]
+        readers[topics.batches(policy)] = [groups.trainer(policy), groups.dataflow_recovery, *archive]
+        readers[topics.weights(policy)] = [groups.dataflow, *archive]
+    readers[topics.trajectories] = [groups.dataflow, *archive]
+    readers[topics.metrics] = [groups.dataflow, *archive]
     return readers
 
 
@@ -100,9 +108,11 @@ class LogRetention:
         self._stop = threading.Event()
 
     @classmethod
-    def for_run(cls, cfg: ClusterConfig, pools: Iterable[str], policies: Iterable[str]) -> LogRetention | None:
-        """Retention of run ``cfg.run`` on its broker, or None (said in the log) where it is off or the
-        broker's log cannot be trimmed."""
+    def for_run(cls, cfg: ClusterConfig, pools: Iterable[str], policies: Iterable[str], *,
+                archived: bool = True) -> LogRetention | None:
+        """Retention of run ``cfg.run`` on its broker (``archived``: the run has an archiver, whose group
+        must have read a record too), or None (said in the log) where it is off or the broker's log
+        cannot be trimmed."""
         from astraflow.log.trim import trimmer_for
 
         settings = cfg.kafka.retention
@@ -112,7 +122,7 @@ class LogRetention:
         trimmer = trimmer_for(cfg)
         if trimmer is None:
             return None
-        return cls(run_readers(cfg.run, pools, policies), trimmer, settings,
+        return cls(run_readers(cfg.run, pools, policies, archived=archived), trimmer, settings,
                    lambda groups: groups_committed_offsets(cfg, groups))
 
     def pass_once(self) -> dict[Partition, int]:
@@ -138,13 +148,13 @@ class LogRetention:
 
     def run(self, stop: threading.Event) -> None:
         """Pass every ``interval_s`` until ``stop``; a failed pass is logged and the next one tries again
-        (a broker or bucket restarting is not a reason to stop the archiver)."""
+        (a broker or bucket restarting is not a reason to stop the component that trims)."""
         from kafka.errors import KafkaError
 
         while not stop.wait(self.settings.interval_s):
             try:
                 removed = self.pass_once()
-            except Exception as exc:  # noqa: BLE001 - retention must never take the archiver down
+            except Exception as exc:  # noqa: BLE001 - retention must never take its component down
                 if isinstance(exc, KafkaError) and exc.retriable:  # a lost connection: the broker restarts
                     self.stats.unreachable += 1
                     log.warning("log retention: broker unreachable (%s: %s); trying again in %g s",
