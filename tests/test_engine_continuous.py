@@ -177,3 +177,17 @@ def test_a_cancelled_request_leaves_the_batch(tiny_model, prompts):
     assert len(g.token_ids) == 30
     steps = [r for r, k in zip(spy.rows, spy.kinds, strict=True) if k == "step"]
     assert steps[0] == 4 and steps[-1] == 1, steps
+
+
+def test_a_sliding_window_model_batches_per_request():
+    """Rows move between batches by their caches' keys and values: a model whose cache has other layers
+    (a sliding window keeps only its last window) falls back to request batching, said in the log."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                         intermediate_size=32, vocab_size=64, use_sliding_window=True, sliding_window=8,
+                         max_window_layers=0)
+    eng = build_engine({}, Qwen2ForCausalLM(config))
+    assert eng.batching == "request"
+    [g] = asyncio.run(eng.agenerate([[1, 2, 3]], SamplingParams(max_new_tokens=3, stop_token_ids=NO_STOP)))
+    assert len(g.token_ids) == 3

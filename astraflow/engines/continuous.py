@@ -140,6 +140,19 @@ class RunningCache:
         return self.mask.shape[1]
 
 
+def supports(model: Any) -> bool:
+    """Whether ``model``'s dynamic cache is all plain layers (rows are moved by editing each layer's
+    keys and values); a sliding-window or other layer keeps state of its own."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    try:
+        layers = DynamicCache(config=model.config).layers
+    except Exception:  # noqa: BLE001 - a config the cache cannot read: not supported
+        return False
+    return all(type(layer) is DynamicLayer for layer in layers)
+
+
 def _refuse_other_layers(cache: Any) -> None:
     """Rows are moved by editing each layer's keys and values: plain dynamic layers only (a sliding
     window or quantised layer keeps other state)."""

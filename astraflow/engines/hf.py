@@ -23,6 +23,7 @@ from astraflow.devices import describe as describe_device
 from astraflow.engines.base import Engine, Generation, SamplingParams
 from astraflow.engines.batching import RequestBatcher
 from astraflow.engines.continuous import ContinuousBatcher, DecoderParts
+from astraflow.engines.continuous import supports as continuous_supported
 from astraflow.engines.decoding import DecodeSession, EagerSession, ForwardArgs, StaticDecoder
 from astraflow.engines.graphs import GraphDecoder
 from astraflow.engines.swap_gate import SwapGate
@@ -64,7 +65,10 @@ class HFEngine(Engine):
         self.decode = decode
         """How the forwards run: "eager", "static" (:mod:`astraflow.engines.decoding`) or "graphs"
         (:mod:`astraflow.engines.graphs`)."""
-        self.batching = "request" if decode != "eager" else batching
+        self.batching = "request" if decode != "eager" or not continuous_supported(self.model) else batching
+        if self.batching != batching:
+            log.info("hf engine: batching per request (%s)", "decode: " + decode if decode != "eager" else
+                     f"{type(model).__name__}'s cache has other than plain dynamic layers, e.g. a sliding window")
         """How ``agenerate`` calls share the engine (:class:`~astraflow.engines.config.HFEngineConfig`)."""
         self._batcher = (RequestBatcher(self, max_batch_size) if self.batching == "request" else
                          ContinuousBatcher(DecoderParts(self.model, self._forward_args, self.device, self.pad_token_id,
