@@ -82,8 +82,9 @@ VOLUME_FILE = re.compile(r"^(.+)_\d+\.[a-z]+$")
 class Launcher(chaos.Launcher):
     """``astraflow run`` on its own private embedded stack with the given log storage."""
 
-    def __init__(self, work: Path, run_id: str, recipe: Path, storage: str, steps: int, timeout_s: float) -> None:
-        super().__init__(work, run_id, recipe, timeout_s, "--steps", str(steps), storage=storage)
+    def __init__(self, work: Path, run_id: str, recipe: Path, storage: str, steps: int, timeout_s: float,
+                 *extra: str) -> None:
+        super().__init__(work, run_id, recipe, timeout_s, "--steps", str(steps), *extra, storage=storage)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -288,7 +289,8 @@ def measure(storage: str, args: argparse.Namespace, work: Path) -> dict[str, Any
     run_id = f"long-{storage}-{time.strftime('%Y%m%d-%H%M%S')}"
     print(f"long_run: {storage}: {args.steps} steps of {args.recipe}, work dir {work}", file=sys.stderr, flush=True)
     t0 = time.monotonic()
-    launcher = Launcher(work, run_id, Path(args.recipe).resolve(), storage, args.steps, args.timeout)
+    launcher = Launcher(work, run_id, Path(args.recipe).resolve(), storage, args.steps, args.timeout,
+                        *(["--no-archive"] if args.no_archive else []))
     probe = StorageProbe(launcher.state_dir, run_id)
     todo = sample_steps(args.steps, args.samples)
     samples: list[dict] = []
@@ -428,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="exit 1 when the first storage's last/first-tenth s/step is above this (0: no check)")
     ap.add_argument("--kill-broker-at", type=int, default=None, metavar="STEP",
                     help="SIGKILL the embedded broker once at this step (its s/step tenth then holds the recovery)")
+    ap.add_argument("--no-archive", action="store_true",
+                    help="runs without an archiver (astraflow run --no-archive): the log is trimmed all the same")
     ap.add_argument("--plot", help="write a PNG here")
     ap.add_argument("--keep", help="keep the runs (state dirs, runs dirs, logs) in this directory")
     args = ap.parse_args(argv)
@@ -455,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         plot(results, args.plot)
     out = {"benchmark": "long_run", "recipe": str(Path(args.recipe).resolve().relative_to(ROOT))
            if Path(args.recipe).resolve().is_relative_to(ROOT) else args.recipe,
-           "steps": args.steps, "samples": args.samples, "storages": results,
+           "steps": args.steps, "samples": args.samples, "no_archive": args.no_archive, "storages": results,
            "max_ratio": args.max_ratio, "ratio": first["ratio"], "target_met": ok,
            "commit": commit(), "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
     print(json.dumps(out), flush=True)
