@@ -150,10 +150,31 @@ class TrainerService:
         ckpt = self.checkpoints.load()
         latest = self.group.broadcast_json(self.subscriber.latest_version() if self.group.leader else None)
         if ckpt is not None:
-            return self._resume(ckpt, latest)
-        if latest is not None:
-            return self._load_published(latest)
-        return self._start_fresh()
+            origin = self._resume(ckpt, latest)
+        elif latest is not None:
+            origin = self._load_published(latest)
+        else:
+            origin = self._start_fresh()
+        if self.backend.wants_reference:
+            self._load_reference()
+        return origin
+
+    def _load_reference(self) -> None:
+        """Hand the backend its frozen reference policy (a KL term): version 0 as published, the weights
+        the engines sampled the first batches with (after the SFT warm start). Rank 0 reads it from the
+        weight store; a run whose v0 was garbage-collected cannot rebuild it and is refused by name."""
+        from astraflow.delta.errors import VersionNotFoundError
+
+        state: dict[str, Any] = {}
+        if self.group.leader:
+            try:
+                state = self.subscriber.store.get_anchor(0)
+            except VersionNotFoundError as exc:
+                raise RuntimeError(f"trainer {self.policy}: objective.kl needs version 0 (the reference policy) in "
+                                   f"the weight store, which no longer has it ({exc}); keep it with "
+                                   "trainer.weights_gc_every: 0") from exc
+        self.backend.set_reference(state)
+        log.info("trainer %s: reference policy for the KL term: version 0", self.policy)
 
     def _resume(self, ckpt: TrainerCheckpoint, latest: int | None) -> str:
         """Continue from checkpoint ``ckpt``; ``latest``: the newest version in the weight store."""
