@@ -38,7 +38,7 @@ Records on ``<run>.metrics`` (key ``trainer.<policy>``), typed control records
 (:mod:`astraflow.records.control`, each with its own schema name): a ``TrainerStart`` per life; a
 ``TrainerStep`` per step once its version is published (``publish_bytes`` known; ``publish_s``: seconds
 from the step's end to its version's announcement being acknowledged; the torch backend's
-``zero_adv_frac`` and ``trained_trajectories``; ``weights_gc_deleted`` and ``checkpoints_deleted``: weight
+``zero_adv_frac``, ``trained_trajectories``, ``entropy`` and (a KL objective) ``kl_ref``; ``weights_gc_deleted`` and ``checkpoints_deleted``: weight
 versions and checkpoints this life deleted so far, per ``trainer.weights_gc_every`` and
 ``trainer.keep_checkpoints``); a ``TrainerSkipped`` (reason ``duplicate`` | ``invalid``) for a batch record
 whose id was trained already (a restarted dataflow re-produced it) or that does not decode (``batch_id``:
@@ -528,9 +528,10 @@ class TrainerService:
             "grad_norm": float(m.get("grad_norm", 0.0)),
             "handoff_ms": handoff_ms,
         }
-        # GRPO's share of trajectories without a learning signal, and how many the backend trained on
-        # (fewer with skip_zero_advantage), when the backend reports them
-        record.update({k: float(m[k]) for k in ("zero_adv_frac", "trained_trajectories") if k in m})
+        # GRPO's share of trajectories without a learning signal, how many the backend trained on (fewer
+        # with skip_zero_advantage), the policy's entropy and its KL to the reference, when reported
+        record.update({k: float(m[k]) for k in ("zero_adv_frac", "trained_trajectories", "entropy", "kl_ref")
+                       if k in m})
         return record
 
     def _served_state(self) -> dict[str, Any]:
