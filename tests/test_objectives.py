@@ -4,6 +4,7 @@ the recipe refuses a misspelt option; a KL term keeps the policy closer to its r
 
 import math
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -124,7 +125,7 @@ def test_advantage_estimators_match_their_definitions(kind):
 
 def test_overlong_penalty_is_dapos_soft_punishment():
     cfg = OverlongConfig(max_tokens=10, buffer=4, penalty=0.5)
-    for n in range(0, 14):
+    for n in range(14):
         assert overlong_penalty(n, cfg) == pytest.approx(ref_overlong(n, 10, 4, 0.5), abs=1e-9)
     assert overlong_penalty(6, cfg) == 0.0 and overlong_penalty(8, cfg) == -0.25 and overlong_penalty(11, cfg) == -0.5
 
@@ -249,7 +250,7 @@ def test_a_misspelt_objective_is_refused_at_recipe_load(tmp_path, objective, exp
     from astraflow.recipe import Recipe
 
     path = tmp_path / "r.yaml"
-    recipe = yaml.safe_load(open("examples/recipes/math.yaml"))
+    recipe = yaml.safe_load(Path("examples/recipes/math.yaml").read_text())
     recipe["policies"][0]["model"] = "examples/models/tiny.yaml"
     recipe["policies"][0]["backend"]["objective"] = objective
     path.write_text(yaml.safe_dump(recipe))
