@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _learning import ROOT, measured_run, recipe_variant  # noqa: E402
+from _learning import ROOT, measured_run, recipe_variant
 
 RECIPE = ROOT / "examples" / "recipes" / "math.yaml"
 
