@@ -41,8 +41,8 @@ def recipe_variant(path: Path, *, run: str, seed: int | None = None, objective: 
 
 def measured_run(recipe: Any, cfg: Any, runs_dir: Path, steps: int | None, console: Any,
                  window: int = 5) -> dict[str, Any]:
-    """One run of ``recipe``: held-out accuracy before / after RL of its first policy, its mean batch
-    reward over the first and the last ``window`` steps, and the last steps' KL to the reference and
+    """One run of ``recipe``: held-out accuracy before / after RL of each policy (``heldout``; the first
+    policy's also as ``heldout_before`` / ``heldout_after``), the first policy's mean batch reward over the first and the last ``window`` steps, and the last steps' KL to the reference and
     entropy (when reported)."""
     from astraflow.demo import DemoOptions, run_one
 
@@ -59,7 +59,10 @@ def measured_run(recipe: Any, cfg: Any, runs_dir: Path, steps: int | None, conso
         return round(statistics.fmean(values), 4) if values else None
 
     first, last = steps_seen[:window], steps_seen[-window:]
+    heldout = {name: {"before": r["before"]["accuracy"], "after": (r.get("after") or {}).get("accuracy"),
+                      "n": r["before"]["n"]} for name, r in summary["policies"].items()}
     return {"run_id": summary["run_id"], "ok": summary["returncode"] == 0, "steps": len(steps_seen),
+            "heldout": heldout,
             "rl_seconds": summary["rl_seconds"],
             "heldout_before": row["before"]["accuracy"], "heldout_after": (row.get("after") or {}).get("accuracy"),
             "heldout_n": row["before"]["n"],
