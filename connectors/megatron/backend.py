@@ -85,6 +85,7 @@ class MegatronBackend(PolicyGradientStep):
         """The frozen reference policy (a KL term only): this rank's piece, set by set_reference."""
         if config.objective.kl is not None:
             self.reference = build_gpt_model(model.config, self.device, self.layout).eval().requires_grad_(False)
+            self._load_hf(hf_state, self.reference)  # the initial weights until set_reference (as the torch backend)
             self._reference_stage = StageForward(self.ranks, config.temperature, self.vocab)
         forward = StageForward(self.ranks, config.temperature, self.vocab, entropy_grad=config.objective.entropy_coef > 0)
         if use_megatron:
