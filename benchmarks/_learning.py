@@ -19,10 +19,12 @@ from astraflow.testing.runs import trainer_steps
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def recipe_variant(path: Path, *, run: str, seed: int | None = None, objective: dict | None = None) -> Any:
+def recipe_variant(path: Path, *, run: str, seed: int | None = None, objective: dict | None = None,
+                   backend: dict | None = None) -> Any:
     """The recipe at ``path`` under the run name ``run``, with every seed set to ``seed`` (the recipe's,
-    each policy's SFT seed; the dataset's seed is kept, so the held-out prompts are the same) and each
-    policy's ``backend.objective`` set to ``objective``."""
+    each policy's SFT seed; the dataset's seed is kept, so the held-out prompts are the same), each
+    policy's ``backend.objective`` set to ``objective`` and its other backend options updated with
+    ``backend``."""
     from astraflow.recipe import Recipe
 
     data = yaml.safe_load(path.read_text())
@@ -32,8 +34,9 @@ def recipe_variant(path: Path, *, run: str, seed: int | None = None, objective: 
     for policy in data["policies"]:
         if seed is not None and policy.get("sft"):
             policy["sft"]["seed"] = seed
+        policy.setdefault("backend", {}).update(backend or {})
         if objective is not None:
-            policy.setdefault("backend", {})["objective"] = objective
+            policy["backend"]["objective"] = objective
     recipe = Recipe.model_validate(data)
     recipe.source = path.resolve()
     return recipe.localized()

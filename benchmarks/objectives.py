@@ -34,6 +34,8 @@ VARIANTS: dict[str, dict] = {
     "seq_mean": {"aggregation": "seq_mean"},
     "entropy_0.01": {"entropy_coef": 0.01},
     "dual_clip_3": {"dual_clip": 3.0},
+    "grpo_mb4": {},
+    "dual_clip_1.5_mb4": {"dual_clip": 1.5},
     "overlong_3_1": {"overlong": {"max_tokens": 3, "buffer": 1, "penalty": 0.5}},
     "kl_k1_loss_0.05": {"kl": {"coef": 0.05, "estimator": "k1", "mode": "loss"}},
     "kl_k3_reward_0.05": {"kl": {"coef": 0.05, "estimator": "k3", "mode": "reward"}},
@@ -42,6 +44,10 @@ VARIANTS: dict[str, dict] = {
 }
 """Variant name -> ``backend.objective``. The math recipe's responses are at most 3 tokens
 (``max_new_tokens: 3``): Dr. GRPO's constant normaliser and the overlong window use that budget."""
+
+BACKEND: dict[str, dict] = {"grpo_mb4": {"minibatches": 4}, "dual_clip_1.5_mb4": {"minibatches": 4}}
+"""Other backend options of a variant: the clips act only with several minibatches per batch (with one,
+the ratio to the proximal policy is 1 at the update), so dual clip is also run at 4, with its baseline."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,9 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="af-objectives-") as tmp, private_cluster() as cfg:
         for name in names:
             recipe = recipe_variant(RECIPE, run=f"obj-{name.replace('_', '-').replace('.', '')}",
-                                    objective=VARIANTS[name])
+                                    objective=VARIANTS[name], backend=BACKEND.get(name))
             row = measured_run(recipe, cfg, Path(tmp) / "runs", args.steps, console)
             row["objective"] = VARIANTS[name]
+            row["backend"] = BACKEND.get(name, {})
             out["variants"][name] = row
             print(f"{name}: reward {row['reward_first']} -> {row['reward_last']}, held-out "
                   f"{row['heldout_before']} -> {row['heldout_after']}, kl_ref {row['kl_ref_last']}, entropy "

@@ -95,7 +95,8 @@ class ObjectiveConfig(_Options):
     dual_clip: float | None = Field(default=None, gt=1)
     """Dual-clip PPO (Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep RL"): for a
     negative advantage the surrogate is bounded below by ``dual_clip * A`` (c > 1), so a huge ratio on
-    a bad token cannot blow up the update. None: off."""
+    a bad token cannot blow up the update. Like the PPO clip it acts only where the ratio to the
+    proximal policy departs from 1, i.e. with ``minibatches`` > 1. None: off."""
     overlong: OverlongConfig | None = None
     """DAPO's soft overlong punishment added to the reward (None: off)."""
 
