@@ -1,6 +1,7 @@
-"""The built-in trainer backend (``type: torch``): GRPO/PPO with AdamW on a ``transformers`` causal
-LM, fp32 master weights, the objective of ``astraflow.trainer.loss``. Options:
-:class:`~astraflow.trainer.backend.TorchBackendConfig`.
+"""The built-in trainer backend (``type: torch``): the shared policy-gradient step
+(:mod:`astraflow.trainer.step`, the recipe's ``objective``; GRPO by default) with AdamW on a
+``transformers`` causal LM, fp32 master weights. Options: :class:`~astraflow.trainer.backend.TorchBackendConfig`.
+With a KL objective a frozen copy of the model is the reference policy, sharded like the policy.
 
 On a rank group (``trainer.ranks`` > 1, :mod:`astraflow.trainer.distributed`) the model is sharded with
 FSDP2 (``fully_shard`` on each decoder layer, then the root) and AdamW steps on the shards. Every rank
