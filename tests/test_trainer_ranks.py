@@ -60,6 +60,11 @@ STEP_CASES = {
     "objective": ({"lr": 1e-2, "objective": {"advantage": "rloo", "aggregation": "seq_mean", "dual_clip": 2.0,
                                               "entropy_coef": 0.01, "kl": {"coef": 0.5, "estimator": "k1"}}},
                   [[0.0, 1.0], [1.0, 1.0], [1.0, 0.0]]),
+    # the KL folded into the reward: every rank forwards the whole batch through the sharded reference
+    "kl in the reward": ({"lr": 1e-2, "objective": {"advantage": "reinforce_pp", "aggregation": "seq_mean_token_sum",
+                                                     "norm_tokens": 4, "overlong": {"max_tokens": 4, "buffer": 1},
+                                                     "kl": {"coef": 0.5, "estimator": "k3", "mode": "reward"}}},
+                         [[0.0, 1.0], [1.0, 1.0], [1.0, 0.0]]),
 }
 
 
@@ -107,11 +112,12 @@ def test_one_step_on_two_ranks_is_the_step_on_one_rank():
         assert list(state) == list(expected), name  # HF names, HF order (the tied lm_head included)
         assert update_disagreement(start, expected, state) < 1e-4, name  # 2-3e-6 on 2 CPU cores
         for key in ("loss", "grad_norm", "clip_frac", "behav_kl", "trained_trajectories", "tokens", "entropy",
-                    "kl_ref", "dual_clip_frac"):
+                    "kl_ref", "dual_clip_frac", "shaped_reward_mean", "overlong_penalty_mean"):
             assert (key in m2) == (key in m1), (name, key)
             if key in m1:
                 assert m2[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-7), (name, key)
     assert group[0]["objective"][0]["kl_ref"] != 0.0  # the reference is not the initial policy
+    assert group[0]["kl in the reward"][0]["kl_ref"] > 0.0
 
 
 # -- checkpoints through torch.distributed.checkpoint, resharded ----------------------------------
