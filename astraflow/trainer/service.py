@@ -162,7 +162,9 @@ class TrainerService:
     def _load_reference(self) -> None:
         """Hand the backend its frozen reference policy (a KL term): version 0 as published, the weights
         the engines sampled the first batches with (after the SFT warm start). Rank 0 reads it from the
-        weight store; a run whose v0 was garbage-collected cannot rebuild it and is refused by name."""
+        weight store, whose in-run GC keeps it (:mod:`astraflow.trainer.parts`); a run whose v0 was
+        deleted all the same (``astraflow weights gc``, an earlier life without a KL objective) cannot
+        rebuild it and is refused by name."""
         from astraflow.delta.errors import VersionNotFoundError
 
         state: dict[str, Any] = {}
@@ -171,7 +173,9 @@ class TrainerService:
                 state = self.subscriber.store.get_anchor(0)
             except VersionNotFoundError as exc:
                 raise RuntimeError(f"trainer {self.policy}: objective.kl needs version 0 (the reference policy) in "
-                                   f"the weight store, which no longer has it ({exc}); keep it with "
+                                   f"the weight store, which no longer has it ({exc}): it was garbage-collected "
+                                   "by `astraflow weights gc` or by a trainer without a KL objective (one with "
+                                   "it keeps v0); start a fresh run, or keep every version with "
                                    "trainer.weights_gc_every: 0") from exc
         self.backend.set_reference(state)
         log.info("trainer %s: reference policy for the KL term: version 0", self.policy)
