@@ -135,8 +135,8 @@ class TorchBackend(PolicyGradientStep):
             return logp, None
         if entropy == "grad":
             return logp, token_entropy(log_probs)
-        with torch.no_grad():
-            return logp, token_entropy(log_probs)
+        with torch.no_grad():  # a diagnostic: one row at a time, so its temporary is [T_resp, V], not [B, T_resp, V]
+            return logp, torch.stack([token_entropy(row) for row in log_probs])
 
     # -- the step (the skeleton: astraflow.trainer.step) -------------------------------------------
     def _prepare(self, trajectories: Sequence[Trajectory], plan: StepPlan, c: int) -> _Rows:

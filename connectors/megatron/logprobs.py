@@ -33,9 +33,9 @@ def token_logprobs(local_logits: torch.Tensor, ids: torch.Tensor, gather_pos: to
     rows = _mask_padding(rows.float() / temperature, vocab)
     if entropy_grad:
         entropy = _entropy(rows)
-    else:
+    else:  # a diagnostic: one row at a time, so its temporaries are [T_resp, V / tp], not [B, T_resp, V / tp]
         with torch.no_grad():
-            entropy = _entropy(rows)
+            entropy = torch.stack([_entropy(row) for row in rows])
     targets = ids.gather(1, (gather_pos + 1).clamp(max=ids.shape[1] - 1))
     # after the entropy: Megatron's cross entropy shifts its input in place
     return -vocab_parallel_cross_entropy(rows, targets), entropy
