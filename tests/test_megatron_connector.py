@@ -240,3 +240,11 @@ def test_a_non_default_objective_steps_as_the_torch_backends(objective):
             if key in m_torch or key in m_mega:
                 assert m_mega[key] == pytest.approx(m_torch[key], rel=1e-4, abs=1e-6), key
     assert metrics[0][-1]["entropy"] > 0 and metrics[0][-1]["kl_ref"] != 0
+
+
+@needs_megatron
+def test_a_kl_objective_with_pipeline_stages_is_refused_at_recipe_load():
+    from astraflow.trainer.config import parse_backend
+
+    with pytest.raises(ValueError, match=r"objective\.kl .*needs pipeline_parallel: 1"):
+        parse_backend({"type": "megatron", "pipeline_parallel": 2, "objective": {"kl": {"coef": 0.1}}})
