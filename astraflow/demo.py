@@ -104,13 +104,15 @@ def warm_start_and_publish(recipe: Recipe, cfg: ClusterConfig, dataset, console,
     return out
 
 
-def run_one(path: Path, cfg: ClusterConfig, opts: DemoOptions, console) -> dict[str, Any]:
+def run_one(path: Path, cfg: ClusterConfig, opts: DemoOptions, console, recipe: Recipe | None = None) -> dict[str, Any]:
+    """Warm start, held-out before, the RL run, held-out after, for the recipe at ``path`` (or
+    ``recipe``, a variant of it built in memory: benchmarks/seeds.py, benchmarks/objectives.py)."""
     from astraflow.launcher import RunOptions, launch
     from astraflow.launcher.runner import default_run_id
     from astraflow.recipe.data import recipe_dataset, task_of
 
     t0 = time.monotonic()
-    recipe = Recipe.load(path)
+    recipe = Recipe.load(path) if recipe is None else recipe
     steps = opts.steps or (QUICK_STEPS if opts.quick else recipe.trainer.steps)
     n_eval = min(recipe.eval.prompts, QUICK_EVAL_PROMPTS) if opts.quick else recipe.eval.prompts
     run_id = default_run_id(recipe)

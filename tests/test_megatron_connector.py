@@ -209,3 +209,42 @@ def test_gpt_model_from_smollm2_computes_its_logits():
         reference = model(input_ids=ids).logits
         diff = (reference - backend.logits(ids, torch.ones_like(ids))).abs().max().item()
     assert diff < 1e-3 * reference.abs().max().item()
+
+
+@needs_megatron
+@pytest.mark.parametrize("objective", [
+    {"advantage": "rloo", "aggregation": "seq_mean", "dual_clip": 2.0, "entropy_coef": 0.05,
+     "kl": {"coef": 0.2, "estimator": "k3", "mode": "loss"}},
+    {"advantage": "reinforce_pp", "aggregation": "seq_mean_token_sum", "norm_tokens": 5,
+     "kl": {"coef": 0.2, "estimator": "k1", "mode": "reward"}, "overlong": {"max_tokens": 4, "buffer": 2}},
+], ids=["rloo-kl_loss-entropy-dual_clip", "reinforce_pp-kl_reward-overlong"])
+def test_a_non_default_objective_steps_as_the_torch_backends(objective):
+    """Both backends fill in one step skeleton and call one loss: the same objective gives the same
+    step, the KL to a reference and the entropy (vocab-parallel on Megatron) included."""
+    import copy
+
+    from astraflow.trainer.backend import build_backend
+
+    model = _qwen2()
+    trajs = _batch(model)
+    reference = {k: v + 0.01 * torch.randn(v.shape, generator=torch.Generator().manual_seed(5))
+                 for k, v in model.state_dict().items()}
+    backends = [build_backend(copy.deepcopy(model), {"type": kind, "lr": 1e-2, "minibatches": 2,
+                                                     "objective": objective}) for kind in ("torch", "megatron")]
+    metrics = []
+    for backend in backends:
+        backend.set_reference(reference)
+        metrics.append([backend.step(trajs) for _ in range(2)])
+    for m_torch, m_mega in zip(*metrics, strict=True):
+        for key in ("loss", "grad_norm", "entropy", "kl_ref", "shaped_reward_mean"):
+            if key in m_torch or key in m_mega:
+                assert m_mega[key] == pytest.approx(m_torch[key], rel=1e-4, abs=1e-6), key
+    assert metrics[0][-1]["entropy"] > 0 and metrics[0][-1]["kl_ref"] != 0
+
+
+@needs_megatron
+def test_a_kl_objective_with_pipeline_stages_is_refused_at_recipe_load():
+    from astraflow.trainer.config import parse_backend
+
+    with pytest.raises(ValueError, match=r"objective\.kl .*needs pipeline_parallel: 1"):
+        parse_backend({"type": "megatron", "pipeline_parallel": 2, "objective": {"kl": {"coef": 0.1}}})

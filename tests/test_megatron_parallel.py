@@ -144,6 +144,8 @@ def _rank(rank: int, make: str, options: dict, out: str, *, distributed_optimize
         with torch.no_grad():
             save_file({"logits": backend.logits(ids, torch.ones_like(ids)).contiguous()},
                       f"{out}/logits-{rank}.safetensors")
+    if backend.wants_reference:
+        backend.set_reference(_perturbed(model.state_dict()) if rank == 0 else {})
     before = backend.state_dict()
     report["metrics"] = backend.step(trajs)
     after = backend.state_dict()
@@ -173,7 +175,13 @@ def _run_group(tmp_path: Path, world: int, make: str, options: dict, *, redirect
     return [json.loads((tmp_path / f"report-{r}.json").read_text()) for r in range(world)]
 
 
-def _reference(make: str):
+def _perturbed(state: dict) -> dict:
+    """A reference policy other than the initial weights (seeded), for a KL objective."""
+    gen = torch.Generator().manual_seed(6)
+    return {k: v + 0.01 * torch.randn(v.shape, generator=gen) for k, v in state.items()}
+
+
+def _reference(make: str, objective: dict | None = None):
     """One rank, tp = pp = 1, in this process: the HF model, the batch, the weights before and after a step."""
     import copy
 
@@ -181,7 +189,9 @@ def _reference(make: str):
 
     model = MODELS[make]()
     trajs = _batch(model)
-    backend = MegatronBackend(copy.deepcopy(model), {"type": "megatron", "lr": LR})
+    backend = MegatronBackend(copy.deepcopy(model), {"type": "megatron", "lr": LR, "objective": objective or {}})
+    if backend.wants_reference:
+        backend.set_reference(_perturbed(model.state_dict()))
     before = backend.state_dict()
     metrics = backend.step(trajs)
     return model, trajs, before, metrics, backend.state_dict()
@@ -201,10 +211,10 @@ def _hf_logprobs(model, trajs) -> torch.Tensor:
     return out
 
 
-def _check_group(tmp_path: Path, reports: list[dict], make: str, world: int) -> None:
+def _check_group(tmp_path: Path, reports: list[dict], make: str, world: int, objective: dict | None = None) -> None:
     from safetensors.torch import load_file
 
-    model, trajs, ref_before, ref_metrics, ref_after = _reference(make)
+    model, trajs, ref_before, ref_metrics, ref_after = _reference(make, objective)
     # Every rank of a replica computes the HF model's log-probs (the last stage holds them).
     hf_logp = _hf_logprobs(model, trajs)
     mask = torch.zeros_like(hf_logp)
@@ -225,8 +235,10 @@ def _check_group(tmp_path: Path, reports: list[dict], make: str, world: int) -> 
     # The step agrees with one rank's: the update as a whole, and the loss and grad norm every rank reports.
     assert update_disagreement(ref_before, ref_after, after) < 1e-4
     for r in reports:
-        for key in ("loss", "grad_norm", "clip_frac", "behav_kl", "trained_trajectories"):
-            assert r["metrics"][key] == pytest.approx(ref_metrics[key], rel=1e-4, abs=1e-6), (r["rank"], key)
+        for key in ("loss", "grad_norm", "clip_frac", "behav_kl", "trained_trajectories", "entropy", "kl_ref"):
+            assert (key in r["metrics"]) == (key in ref_metrics), (r["rank"], key)
+            if key in ref_metrics:
+                assert r["metrics"][key] == pytest.approx(ref_metrics[key], rel=1e-4, abs=1e-6), (r["rank"], key)
     assert reports[0]["reload_exact"] is True
     # A model split over tp or pp leaves each rank a part of the parameters; dp replicas hold them all.
     whole = sum(t.numel() for k, t in ref_before.items() if not (k == "lm_head.weight" and model.config.tie_word_embeddings))
@@ -240,6 +252,16 @@ def test_tensor_parallel_2_computes_hf_logits_and_steps_as_one_rank(tmp_path, ma
     reports = _run_group(tmp_path, 2, make, {"tensor_parallel": 2})
     assert sorted(r["tp_rank"] for r in reports) == [0, 1] and {r["dp"] for r in reports} == {1}
     _check_group(tmp_path, reports, make, 2)
+
+
+@needs_megatron
+def test_tensor_parallel_2_steps_a_kl_and_entropy_objective_as_one_rank(tmp_path):
+    """The entropy over a vocabulary split in two (with its gradient: an entropy bonus) and the KL to a
+    reference split like the policy, against the one-rank step."""
+    objective = {"entropy_coef": 0.05, "aggregation": "seq_mean", "kl": {"coef": 0.3, "estimator": "k3"}}
+    reports = _run_group(tmp_path, 2, "qwen2", {"tensor_parallel": 2, "objective": objective})
+    assert all(r["metrics"]["kl_ref"] > 0 for r in reports)
+    _check_group(tmp_path, reports, "qwen2", 2, objective)
 
 
 @needs_megatron

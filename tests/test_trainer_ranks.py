@@ -55,7 +55,25 @@ STEP_CASES = {
     "filler rank": ({"lr": 1e-3}, [[0.0, 1.0], [1.0, 1.0]]),
     # two optimizer steps per batch: proximal log-probs, the PPO clip active
     "minibatches": ({"lr": 1e-2, "minibatches": 2}, [[0.0, 1.0], [1.0, 0.0], [0.0, 1.0]]),
+    # a non-default objective: every row trained (KL and entropy terms), sequence-mean weights per rank,
+    # the frozen reference sharded like the policy and loaded from rank 0's full state
+    "objective": ({"lr": 1e-2, "objective": {"advantage": "rloo", "aggregation": "seq_mean", "dual_clip": 2.0,
+                                              "entropy_coef": 0.01, "kl": {"coef": 0.5, "estimator": "k1"}}},
+                  [[0.0, 1.0], [1.0, 1.0], [1.0, 0.0]]),
+    # the KL folded into the reward: every rank forwards the whole batch through the sharded reference
+    "kl in the reward": ({"lr": 1e-2, "objective": {"advantage": "reinforce_pp", "aggregation": "seq_mean_token_sum",
+                                                     "norm_tokens": 4, "overlong": {"max_tokens": 4, "buffer": 1},
+                                                     "kl": {"coef": 0.5, "estimator": "k3", "mode": "reward"}}},
+                         [[0.0, 1.0], [1.0, 1.0], [1.0, 0.0]]),
 }
+
+
+def _perturbed(state: dict) -> dict:
+    """A reference policy other than the initial weights (seeded)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(4)
+    return {k: v + 0.01 * torch.randn(v.shape, generator=gen) for k, v in state.items()}
 
 
 def _steps_on_group(cases: dict) -> dict:
@@ -67,6 +85,8 @@ def _steps_on_group(cases: dict) -> dict:
     out = {}
     for name, (options, rewards) in cases.items():
         backend = TorchBackend(load_tiny_model(), options)
+        if backend.wants_reference:
+            backend.set_reference(_perturbed(load_tiny_model().state_dict()) if group.leader else {})
         metrics = backend.step(_batch(rewards))
         out[name] = (metrics, backend.state_dict())
     group.close()
@@ -84,13 +104,20 @@ def test_one_step_on_two_ranks_is_the_step_on_one_rank():
         assert timeless[0] == timeless[1] and group[1][name][1] == {}, name
     for name, (options, rewards) in STEP_CASES.items():
         one = TorchBackend(load_tiny_model(), options, group=SINGLE)
+        if one.wants_reference:
+            one.set_reference(_perturbed(load_tiny_model().state_dict()))
         m1 = one.step(_batch(rewards))
         m2, state = group[0][name]
         expected = one.state_dict()
         assert list(state) == list(expected), name  # HF names, HF order (the tied lm_head included)
         assert update_disagreement(start, expected, state) < 1e-4, name  # 2-3e-6 on 2 CPU cores
-        for key in ("loss", "grad_norm", "clip_frac", "behav_kl", "trained_trajectories", "tokens"):
-            assert m2[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-7), (name, key)
+        for key in ("loss", "grad_norm", "clip_frac", "behav_kl", "trained_trajectories", "tokens", "entropy",
+                    "kl_ref", "dual_clip_frac", "shaped_reward_mean", "overlong_penalty_mean"):
+            assert (key in m2) == (key in m1), (name, key)
+            if key in m1:
+                assert m2[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-7), (name, key)
+    assert group[0]["objective"][0]["kl_ref"] != 0.0  # the reference is not the initial policy
+    assert group[0]["kl in the reward"][0]["kl_ref"] > 0.0
 
 
 # -- checkpoints through torch.distributed.checkpoint, resharded ----------------------------------

@@ -339,3 +339,47 @@ def test_a_two_rank_trainer_reads_each_batch_once_and_resumes_on_one_rank(test_c
     steps = [(r["life"], r["step"], r["batch_id"]) for r in records if "batch_id" in r and not r.get("event")]
     assert steps == [(group[0]["life"], i + 1, f"b{i}") for i in range(4)] + [(one["life"], 5, "b4"), (one["life"], 6, "b5")]
     assert [r["batch_id"] for r in records if r.get("event") == "skipped"] == ["b1"]
+
+
+def test_a_kl_objective_takes_version_0_from_the_store_as_its_reference(test_cluster):
+    """The reference is v0 as published: the first step's policy is exactly v0, so its KL is 0, and the
+    second's is not; the in-run GC keeps v0; a run whose v0 is gone is refused, naming the setting that
+    keeps it."""
+    import time
+
+    import torch
+    from test_raas_support import TINY_MODEL, make_recipe
+
+    from astraflow.delta.publisher import WeightPublisher
+    from astraflow.delta.store import WeightStore
+    from astraflow.log import Topics
+    from astraflow.log.range_reader import read_to_end
+    from astraflow.trainer.service import publishable
+
+    cfg = test_cluster
+    v0 = publishable(load_tiny_model().state_dict(), "bfloat16")
+    with WeightPublisher(cfg, "policy", anchor_every=10) as pub:
+        pub.publish(v0, 0)
+    _send_batches(cfg, ["b0", "b1", "b2"])
+    kl = {"lr": 1e-2, "objective": {"kl": {"coef": 0.5, "estimator": "k3"}}}
+    # an anchor per version and GC after each: v1 goes, v0 (the reference) is pinned
+    recipe = make_recipe(cfg.run, trainer={"steps": 3, "anchor_every": 1, "weights_gc_every": 1},
+                         policies=[{"name": "policy", "model": TINY_MODEL, "backend": kl}])
+    result = _run_trainer_in_process(cfg, recipe, stop_first=False)
+    assert result["finished"] and result["version"] == 3
+    steps = sorted((m.obj for m in read_to_end(cfg, {(Topics(cfg.run).metrics, 0): 0}).messages
+                    if m.schema_name == "trainer-step"), key=lambda r: r["step"])
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    assert steps[0]["kl_ref"] == 0.0 and steps[1]["kl_ref"] > 0.0 and steps[1]["entropy"] > 0.0
+    store = WeightStore.from_config(cfg, "policy")
+    deadline = time.monotonic() + 20
+    while 1 in store.versions() and time.monotonic() < deadline:  # the GC runs on the publisher's thread
+        time.sleep(0.2)
+    assert store.versions() == [0, 2, 3]
+
+    other = cfg.model_copy(update={"run": f"{cfg.run}-nov0"})
+    with WeightPublisher(other, "policy", anchor_every=1) as pub:  # a store whose oldest version is 3
+        pub.publish({k: v + torch.ones_like(v) for k, v in v0.items()}, 3)
+    with pytest.raises(RuntimeError, match=r"version 0 .*trainer.weights_gc_every: 0"):
+        _run_trainer_in_process(other, make_recipe(other.run, policies=[{"name": "policy", "model": TINY_MODEL,
+                                                                         "backend": kl}]), stop_first=True)

@@ -95,3 +95,11 @@ def test_gc_keeps_chain_of_live_subscribers_only():
     assert sorted(plan.keep) == list(range(18, 35))
     assert [s.id for s in plan.live] == ["slow"] and [s.id for s in plan.expired] == ["dead"]
     assert plan.delete == list(range(18))
+
+
+def test_gc_keeps_a_pinned_version_alone():
+    """A KL objective's reference (v0) survives the in-run GC; the versions after it do not."""
+    anchors = {v: v % 10 == 0 for v in range(35)}
+    plan = plan_gc(anchors, [], [], RetentionPolicy(keep_versions=2, subscriber_ttl_s=60, pinned=(0,)), 1000.0)
+    assert sorted(plan.keep) == [0, 30, 31, 32, 33, 34] and plan.keep[0] == "pinned v0"
+    assert plan.delete == list(range(1, 30))

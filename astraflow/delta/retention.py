@@ -10,7 +10,8 @@ The rule, with ``L`` the latest published version and ``A`` the latest anchor at
    it still needs. A subscriber is live while its record
    (``<run>/weights/<policy>/subscribers/<id>.json``: id, version, heartbeat time) is younger than
    ``subscriber_ttl_s``; older records are expired and deleted;
-4. delete every other published version (its manifest first, then its objects, so no reader ever
+4. keep the ``pinned`` versions (a KL objective's reference policy, v0);
+5. delete every other published version (its manifest first, then its objects, so no reader ever
    sees a manifest whose objects are gone), and objects of unpublished versions below ``L`` (a
    publisher that died between upload and manifest). Versions above ``L`` are never touched: they
    may be uploading right now.
@@ -40,6 +41,9 @@ class RetentionPolicy:
     """Most recent versions always kept."""
     subscriber_ttl_s: float = 600.0
     """A subscriber whose heartbeat is older than this is dead: it pins nothing."""
+    pinned: tuple[int, ...] = ()
+    """Versions kept whatever the rest of the rule says: v0 while a trainer's KL objective reads it as its
+    reference policy (at every start, :mod:`astraflow.trainer.service`)."""
 
 
 @dataclass
@@ -80,6 +84,9 @@ def plan_gc(
     for sub in plan.live:
         if sub.version is not None:
             keep(sub.version + 1, f"chain of live subscriber {sub.id} (at v{sub.version})")
+    for v in policy.pinned:
+        if v in anchors:
+            plan.keep.setdefault(v, f"pinned v{v}")
     plan.delete = [v for v in versions if v not in plan.keep]
     plan.orphans = sorted(v for v in unpublished if v < latest)
     return plan

@@ -1,4 +1,5 @@
-"""Training: the GRPO/PPO objective (``loss``) and substitutable backends (``backend``)."""
+"""Training: the policy-gradient objective (``objective`` options, ``advantages`` and ``loss``, one step
+skeleton ``step``) and substitutable backends (``backend``)."""
 
 from astraflow.trainer.backend import build_backend
 from astraflow.trainer.base import TrainerBackend
@@ -9,6 +10,7 @@ from astraflow.trainer.config import (
            TorchBackendConfig,
 )
 from astraflow.trainer.loss import group_advantages, policy_loss
+from astraflow.trainer.objective import ObjectiveConfig
 
-__all__ = ["BackendConfig", "BaseBackendConfig", "SimulatedBackendConfig", "TorchBackendConfig", "TrainerBackend",
+__all__ = ["BackendConfig", "BaseBackendConfig", "ObjectiveConfig", "SimulatedBackendConfig", "TorchBackendConfig", "TrainerBackend",
            "build_backend", "group_advantages", "policy_loss"]

@@ -64,6 +64,16 @@ class TrainerBackend(ABC):
         """Resume from full state (a single-rank checkpoint, or weights from the weight store). On a
         rank group: rank 0 passes the state, the others ``{}`` / None, and rank 0's is broadcast."""
 
+    @property
+    def wants_reference(self) -> bool:
+        """Whether the backend's objective needs the frozen reference policy (a KL term): the trainer
+        then hands it version 0 with :meth:`set_reference` after its bootstrap."""
+        return False
+
+    def set_reference(self, state: dict[str, Any]) -> None:
+        """Load the frozen reference policy (HF names; rank 0's state, ``{}`` on the others)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no reference policy")
+
     def sharded_state(self) -> ShardedState | None:
         """The checkpoint state for DCP, or None: the backend checkpoints through
         :meth:`state_dict` / :meth:`optimizer_state_dict` instead, which only a single rank may do.

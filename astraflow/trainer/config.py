@@ -10,6 +10,7 @@ here, so validating a recipe never imports a backend's runtime (torch): builders
 backend is built.
 
     backend: {type: torch, lr: 1.0e-3, clip_eps: 0.2}          # type may be left out: torch
+    backend: {lr: 1.0e-3, objective: {advantage: rloo, kl: {coef: 0.05}}}
     backend: {type: simulated, step_base_s: 0.25, params: 65536}
 
 A misspelt option, a wrong type or an unknown backend is refused when the recipe loads, with the
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, SerializeAsAny
 
 from astraflow.registry import Builder, PluginConfig, Registry
+from astraflow.trainer.objective import ObjectiveConfig
 
 if TYPE_CHECKING:
     from astraflow.trainer.base import TrainerBackend
@@ -67,9 +69,14 @@ class TorchBackendConfig(BaseBackendConfig):
     their group got the same reward: often half a GRPO batch). Their loss terms are exactly 0, and the
     loss keeps the whole batch's token count as its denominator, so the update is the same; only the
     diagnostics (clip and importance-weight fractions, ``behav_kl``) then cover the trained
-    trajectories alone. Turn off for a loss with terms that do not vanish with the advantage."""
+    trajectories alone (``entropy``, ``kl_ref`` too). An objective with terms that do not vanish with the
+    advantage (an entropy bonus, a KL loss term) trains every row whatever this says."""
     device: str = "cpu"
     """Torch device of the trained model."""
+    objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig)
+    """The policy-gradient objective: advantage estimator, loss aggregation, KL to a frozen reference,
+    entropy bonus, dual clip, overlong penalty (:class:`~astraflow.trainer.objective.ObjectiveConfig`;
+    the default is GRPO with a token-mean loss)."""
 
 
 class SimulatedBackendConfig(BaseBackendConfig):

@@ -87,6 +87,7 @@ def build_trainer_parts(cfg: ClusterConfig, recipe: Recipe, policy: str, group: 
 def _open_leader_parts(parts: TrainerParts, cfg: ClusterConfig, recipe: Recipe, policy: str) -> None:
     """Rank 0's clients of the weight store and the log, named after the trainer's life."""
     from astraflow.delta import WeightPublisher, WeightSubscriber
+    from astraflow.delta.retention import RetentionPolicy
     from astraflow.log import LogProducer
 
     tspec = recipe.trainer
@@ -94,9 +95,11 @@ def _open_leader_parts(parts: TrainerParts, cfg: ClusterConfig, recipe: Recipe, 
     parts.subscriber = WeightSubscriber(cfg, policy, f"trainer-{parts.life}", register=False)
     parts.producer = LogProducer(cfg, producer_id)
     parts.records = UntilAcked(parts.producer)
+    # a KL objective's reference is v0, read at every start of the trainer: the in-run GC keeps it
+    retention = RetentionPolicy(pinned=(0,)) if parts.backend.wants_reference else None
     parts.publisher = WeightPublisher(cfg, policy, anchor_every=tspec.anchor_every,
                                       max_lag_versions=tspec.max_publish_lag, gc_every=tspec.weights_gc_every,
-                                      producer_id=f"{producer_id}.weights")
+                                      retention=retention, producer_id=f"{producer_id}.weights")
 
 
 def _save_checkpoint(cfg: ClusterConfig, policy: str, checkpoints: CheckpointStore,

@@ -38,7 +38,7 @@ Records on ``<run>.metrics`` (key ``trainer.<policy>``), typed control records
 (:mod:`astraflow.records.control`, each with its own schema name): a ``TrainerStart`` per life; a
 ``TrainerStep`` per step once its version is published (``publish_bytes`` known; ``publish_s``: seconds
 from the step's end to its version's announcement being acknowledged; the torch backend's
-``zero_adv_frac`` and ``trained_trajectories``; ``weights_gc_deleted`` and ``checkpoints_deleted``: weight
+``zero_adv_frac``, ``trained_trajectories``, ``entropy`` and (a KL objective) ``kl_ref``; ``weights_gc_deleted`` and ``checkpoints_deleted``: weight
 versions and checkpoints this life deleted so far, per ``trainer.weights_gc_every`` and
 ``trainer.keep_checkpoints``); a ``TrainerSkipped`` (reason ``duplicate`` | ``invalid``) for a batch record
 whose id was trained already (a restarted dataflow re-produced it) or that does not decode (``batch_id``:
@@ -150,10 +150,35 @@ class TrainerService:
         ckpt = self.checkpoints.load()
         latest = self.group.broadcast_json(self.subscriber.latest_version() if self.group.leader else None)
         if ckpt is not None:
-            return self._resume(ckpt, latest)
-        if latest is not None:
-            return self._load_published(latest)
-        return self._start_fresh()
+            origin = self._resume(ckpt, latest)
+        elif latest is not None:
+            origin = self._load_published(latest)
+        else:
+            origin = self._start_fresh()
+        if self.backend.wants_reference:
+            self._load_reference()
+        return origin
+
+    def _load_reference(self) -> None:
+        """Hand the backend its frozen reference policy (a KL term): version 0 as published, the weights
+        the engines sampled the first batches with (after the SFT warm start). Rank 0 reads it from the
+        weight store, whose in-run GC keeps it (:mod:`astraflow.trainer.parts`); a run whose v0 was
+        deleted all the same (``astraflow weights gc``, an earlier life without a KL objective) cannot
+        rebuild it and is refused by name."""
+        from astraflow.delta.errors import VersionNotFoundError
+
+        state: dict[str, Any] = {}
+        if self.group.leader:
+            try:
+                state = self.subscriber.store.get_anchor(0)
+            except VersionNotFoundError as exc:
+                raise RuntimeError(f"trainer {self.policy}: objective.kl needs version 0 (the reference policy) in "
+                                   f"the weight store, which no longer has it ({exc}): it was garbage-collected "
+                                   "by `astraflow weights gc` or by a trainer without a KL objective (one with "
+                                   "it keeps v0); start a fresh run, or keep every version with "
+                                   "trainer.weights_gc_every: 0") from exc
+        self.backend.set_reference(state)
+        log.info("trainer %s: reference policy for the KL term: version 0", self.policy)
 
     def _resume(self, ckpt: TrainerCheckpoint, latest: int | None) -> str:
         """Continue from checkpoint ``ckpt``; ``latest``: the newest version in the weight store."""
@@ -507,9 +532,10 @@ class TrainerService:
             "grad_norm": float(m.get("grad_norm", 0.0)),
             "handoff_ms": handoff_ms,
         }
-        # GRPO's share of trajectories without a learning signal, and how many the backend trained on
-        # (fewer with skip_zero_advantage), when the backend reports them
-        record.update({k: float(m[k]) for k in ("zero_adv_frac", "trained_trajectories") if k in m})
+        # GRPO's share of trajectories without a learning signal, how many the backend trained on (fewer
+        # with skip_zero_advantage), the policy's entropy and its KL to the reference, when reported
+        record.update({k: float(m[k]) for k in ("zero_adv_frac", "trained_trajectories", "entropy", "kl_ref")
+                       if k in m})
         return record
 
     def _served_state(self) -> dict[str, Any]:

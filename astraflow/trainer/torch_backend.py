@@ -1,6 +1,7 @@
-"""The built-in trainer backend (``type: torch``): GRPO/PPO with AdamW on a ``transformers`` causal
-LM, fp32 master weights, the objective of ``astraflow.trainer.loss``. Options:
-:class:`~astraflow.trainer.backend.TorchBackendConfig`.
+"""The built-in trainer backend (``type: torch``): the shared policy-gradient step
+(:mod:`astraflow.trainer.step`, the recipe's ``objective``; GRPO by default) with AdamW on a
+``transformers`` causal LM, fp32 master weights. Options: :class:`~astraflow.trainer.backend.TorchBackendConfig`.
+With a KL objective a frozen copy of the model is the reference policy, sharded like the policy.
 
 On a rank group (``trainer.ranks`` > 1, :mod:`astraflow.trainer.distributed`) the model is sharded with
 FSDP2 (``fully_shard`` on each decoder layer, then the root) and AdamW steps on the shards. Every rank
@@ -13,16 +14,17 @@ Diagnostics are reduced over the group (the loss summed, the rest token-weighted
 
 from __future__ import annotations
 
+import copy
 import logging
-import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from astraflow.devices import describe as describe_device
-from astraflow.trainer.base import ShardedState, TrainerBackend
+from astraflow.trainer.base import ShardedState
 from astraflow.trainer.config import TorchBackendConfig
 from astraflow.trainer.distributed import RankGroup, current_group
-from astraflow.trainer.loss import group_advantages, policy_loss
+from astraflow.trainer.step import PolicyGradientStep, StepPlan, diagnostics
 
 if TYPE_CHECKING:
     import torch
@@ -33,8 +35,23 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class TorchBackend(TrainerBackend):
-    """GRPO/PPO on a ``transformers`` causal LM with AdamW (fp32 master weights).
+@dataclass
+class _Rows:
+    """One minibatch as this rank forwards it."""
+
+    trajectories: list[Trajectory]
+    adv: torch.Tensor
+    filler: bool
+    """A rank without rows of its own forwards one with a zero mask (it joins the collectives)."""
+    batch_tokens: float
+    """The whole minibatch's loss tokens (over every rank and skipped row)."""
+    row_scale: torch.Tensor | None
+    """Each row's weight under a sequence-mean aggregation (None: token mean)."""
+
+
+class TorchBackend(PolicyGradientStep):
+    """The shared policy-gradient step (:mod:`astraflow.trainer.step`; GRPO by default) on a
+    ``transformers`` causal LM with AdamW (fp32 master weights).
 
     A subclass on another model class (Megatron's ``GPTModel``) reuses the step; on a rank group it
     sets :attr:`dp_rank` / :attr:`dp_size` (its data-parallel place, which decides the rows it trains),
@@ -65,8 +82,14 @@ class TorchBackend(TrainerBackend):
         self.model = model.to(self.device).float()
         self.dp_rank, self.dp_size = (self.group.rank, self.group.world_size) if self.group.distributed else (0, 1)
         """This rank's place among the ranks that split a batch's rows (1 rank: 0 of 1)."""
+        self.reference: Any = None
+        """The frozen reference policy (a KL term only), sharded like the policy; set by set_reference."""
+        if config.objective.kl is not None:
+            self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
         if self.group.distributed and self.shards_over_ranks:
             _shard(self.model, self.device)
+            if self.reference is not None:
+                _shard(self.reference, self.device)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
         )
@@ -87,77 +110,97 @@ class TorchBackend(TrainerBackend):
         b = pack(trajs)
         return tuple(torch.from_numpy(a).to(self.device) for a in (b.ids, b.attn, b.gather_pos, b.behav, b.mask))
 
-    def logits(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """Next-token logits ``[B, T, V]`` of the trained model (a backend on another model class,
-        e.g. Megatron's ``GPTModel``, overrides only this)."""
-        return self.model(input_ids=ids, attention_mask=attn).logits
+    def logits(self, ids: torch.Tensor, attn: torch.Tensor, model: Any = None) -> torch.Tensor:
+        """Next-token logits ``[B, T, V]`` of the trained model (or of ``model``, the reference)."""
+        return (self.model if model is None else model)(input_ids=ids, attention_mask=attn).logits
 
     def token_logprobs(self, ids: torch.Tensor, attn: torch.Tensor, gather_pos: torch.Tensor) -> torch.Tensor:
         """log pi(response token) under the current weights, ``[B, T_resp]``."""
+        return self._scores(ids, attn, gather_pos)[0]
+
+    def _scores(self, ids: torch.Tensor, attn: torch.Tensor, gather_pos: torch.Tensor, *, model: Any = None,
+                entropy: str | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The response tokens' log-probs ``[B, T_resp]`` and, if ``entropy`` is "value" (no gradient)
+        or "grad", the entropy of each response position's distribution."""
         import torch
 
-        logits = self.logits(ids, attn).float() / self.config.temperature
+        from astraflow.trainer.loss import token_entropy
+
+        logits = self.logits(ids, attn, model).float() / self.config.temperature
         rows = logits.gather(1, gather_pos[:, :, None].expand(-1, -1, logits.shape[-1]))
         targets = ids.gather(1, (gather_pos + 1).clamp(max=ids.shape[1] - 1))
-        return torch.log_softmax(rows, dim=-1).gather(-1, targets[:, :, None]).squeeze(-1)
+        log_probs = torch.log_softmax(rows, dim=-1)
+        logp = log_probs.gather(-1, targets[:, :, None]).squeeze(-1)
+        if entropy is None:
+            return logp, None
+        if entropy == "grad":
+            return logp, token_entropy(log_probs)
+        with torch.no_grad():  # a diagnostic: one row at a time, so its temporary is [T_resp, V], not [B, T_resp, V]
+            return logp, torch.stack([token_entropy(row) for row in log_probs])
 
-    # -- the step ---------------------------------------------------------------------------------
-    def step(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    # -- the step (the skeleton: astraflow.trainer.step) -------------------------------------------
+    def _prepare(self, trajectories: Sequence[Trajectory], plan: StepPlan, c: int) -> _Rows:
         import torch
 
-        if not trajectories:
-            raise ValueError("empty batch")
-        t0 = time.perf_counter()
-        cfg = self.config
-        rewards = [float(t.reward) for t in trajectories]
-        adv = group_advantages(rewards, [t.group_id for t in trajectories], eps=cfg.adv_eps)
+        mine = self._rank_rows(plan.trained[c])
+        sub, adv, filler = self._rank_batch(trajectories, mine, plan.advantages)
+        scales = plan.row_scales(c, mine or [0])
+        row_scale = None if scales is None else torch.tensor(
+            [0.0] * len(sub) if filler else scales, dtype=torch.float32, device=self.device)
+        return _Rows(trajectories=sub, adv=adv, filler=filler, batch_tokens=plan.batch_tokens(c), row_scale=row_scale)
+
+    def _proximal(self, prepared: list[_Rows]) -> list[torch.Tensor]:
+        import torch
+
         self.model.train()
-        n = len(trajectories)
-        order = list(range(n))
-        chunks = [order[i:: cfg.minibatches] for i in range(cfg.minibatches) if order[i:: cfg.minibatches]]
-        agg: dict[str, float] = {}
-        # The rows each minibatch forwards: without the zero-advantage ones, whose terms are 0; on a
-        # rank group, this rank's share of them.
-        rows = {tuple(c): self._trained_rows(c, adv) for c in chunks}
-        mine = {c: self._rank_rows(r) for c, r in rows.items()}
-        for chunk in chunks:
-            sub, a, filler = self._rank_batch(trajectories, mine[tuple(chunk)], adv)
-            ids, attn, gpos, behav, mask = self._tensors(sub)
-            if filler:
-                mask.zero_()  # a row only so that this rank joins the collectives: no terms, no tokens
-            logp = self.token_logprobs(ids, attn, gpos)
-            if cfg.minibatches == 1:
-                prox = logp.detach()  # one update per batch: the proximal policy is the current one
-            else:
-                if not agg:  # proximal log-probs for every minibatch, before the first update
-                    with torch.no_grad():
-                        prox_all = {}
-                        for c, r in mine.items():
-                            t_ = self._tensors(self._rank_batch(trajectories, r, adv)[0])
-                            prox_all[c] = self.token_logprobs(t_[0], t_[1], t_[2])
-                prox = prox_all[tuple(chunk)]
-            chunk_tokens = sum(sum(trajectories[i].loss_mask) for i in chunk)
-            loss, m = policy_loss(logp, prox, behav, a, mask, clip_eps=cfg.clip_eps,
-                                  clip_eps_high=cfg.clip_eps_high, is_cap=cfg.is_cap, batch_tokens=chunk_tokens)
-            self.optimizer.zero_grad(set_to_none=True)
-            # FSDP averages the ranks' gradients; each rank's loss is its share of the batch's sum
-            (loss * self.dp_size if self.dp_size > 1 else loss).backward()
-            gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
-            self.optimizer.step()
-            m = self._reduced(m, float(mask.sum()))
-            m["grad_norm"] = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
-            for k, v in m.items():
-                agg[k] = agg.get(k, 0.0) + v / len(chunks)
+        with torch.no_grad():
+            return [self.token_logprobs(*self._tensors(m.trajectories)[:3]) for m in prepared]
+
+    def _update(self, m: _Rows, proximal: torch.Tensor | None) -> dict[str, float]:
+        import torch
+
+        cfg, obj = self.config, self.config.objective
+        self.model.train()
+        ids, attn, gpos, behav, mask = self._tensors(m.trajectories)
+        if m.filler:
+            mask.zero_()  # a row only so that this rank joins the collectives: no terms, no tokens
+        logp, entropy = self._scores(ids, attn, gpos, entropy="grad" if obj.entropy_coef else "value")
+        # one update per batch: the proximal policy is the current one
+        prox = logp.detach() if proximal is None else proximal
+        ref = None
+        if obj.kl is not None and obj.kl.mode == "loss":
+            with torch.no_grad():
+                ref = self._scores(ids, attn, gpos, model=self.reference)[0]
+        loss, metrics = self.objective_loss(logp, prox, behav, m.adv, mask, batch_tokens=m.batch_tokens,
+                                            row_scale=m.row_scale, ref_logp=ref, entropy=entropy)
+        self.optimizer.zero_grad(set_to_none=True)
+        # FSDP averages the ranks' gradients; each rank's loss is its share of the batch's sum
+        (loss * self.dp_size if self.dp_size > 1 else loss).backward()
+        gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+        self.optimizer.step()
         self.model.eval()
-        self.steps += 1
-        agg.update(
-            reward_mean=sum(rewards) / n,
-            trajectories=float(n),
-            trained_trajectories=float(sum(len(r) for r in rows.values())),
-            zero_adv_frac=sum(1 for x in adv if x == 0.0) / n,
-            step_seconds=time.perf_counter() - t0,
-        )
-        return agg
+        metrics = self._reduced(metrics, float(mask.sum()))
+        metrics["grad_norm"] = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
+        return metrics
+
+    def _reference_logprobs(self, trajectories: Sequence[Trajectory]) -> torch.Tensor:
+        import torch
+
+        ids, attn, gpos, _, _ = self._tensors(trajectories)
+        with torch.no_grad():
+            return self._scores(ids, attn, gpos, model=self.reference)[0]
+
+    def set_reference(self, state: dict[str, Any]) -> None:
+        import torch
+
+        if self.group.distributed and self.shards_over_ranks:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+            set_model_state_dict(self.reference, dict(state) if self.group.leader else {}, options=options)
+            return
+        with torch.no_grad():
+            self.reference.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
 
     def _rank_rows(self, trained: list[int]) -> list[int]:
         """This rank's share of a minibatch's trained rows (all of them on one rank)."""
@@ -179,19 +222,11 @@ class TorchBackend(TrainerBackend):
         summed, the per-token means weighted by each rank's loss tokens."""
         if self.dp_size == 1:
             return m
-        means = ("clip_frac", "is_weight_mean", "is_truncated_frac", "behav_kl")
+        means = diagnostics(self.config.objective)
         sums = self._all_reduce_sum([m["loss"], tokens, *(m[k] * tokens for k in means)])
         out = dict(m, loss=sums[0])
         out.update({k: v / sums[1] if sums[1] else 0.0 for k, v in zip(means, sums[2:], strict=True)})
         return out
-
-    def _trained_rows(self, chunk: list[int], adv: list[float]) -> list[int]:
-        """The rows of ``chunk`` to forward: all, or (``skip_zero_advantage``) those with a nonzero
-        advantage, and at least one, so that every parameter still gets a gradient (zero) and the
-        optimizer steps exactly as it would on the whole chunk."""
-        if not self.config.skip_zero_advantage:
-            return chunk
-        return [i for i in chunk if adv[i] != 0.0] or chunk[:1]
 
     def _all_reduce_sum(self, values: list[float]) -> list[float]:
         """Sum over the ranks that split the batch (collective)."""
@@ -212,8 +247,6 @@ class TorchBackend(TrainerBackend):
     def optimizer_state_dict(self) -> dict[str, Any]:
         """A deep copy: torch returns live references to the moment tensors, which the next step
         would mutate under a checkpoint being written off the critical path."""
-        import copy
-
         if self.group.distributed:
             raise NotImplementedError("a rank group checkpoints through sharded_state (DCP)")
         return copy.deepcopy(self.optimizer.state_dict())
@@ -227,8 +260,6 @@ class TorchBackend(TrainerBackend):
         with torch.no_grad():
             self.model.load_state_dict(model_state, strict=True)
         if optimizer_state is not None:
-            import copy
-
             # torch keeps the given moment tensors when dtype/device match: never share them
             self.optimizer.load_state_dict(copy.deepcopy(optimizer_state))
 

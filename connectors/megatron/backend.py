@@ -1,4 +1,5 @@
-"""The Megatron-core trainer backend: the built-in backend's GRPO/PPO objective and AdamW on a Megatron
+"""The Megatron-core trainer backend: the built-in backend's objective and step skeleton
+(:mod:`astraflow.trainer.step`) and AdamW on a Megatron
 ``GPTModel`` split over tensor-, pipeline- and data-parallel ranks, whose weights come from (and are
 published as) the policy's HF checkpoint.
 
@@ -20,20 +21,19 @@ built-in backend's on the same batch.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.distributed as dist
 
-from astraflow.trainer.base import ShardedState, TrainerBackend
+from astraflow.trainer.base import ShardedState
 from astraflow.trainer.distributed import current_group
-from astraflow.trainer.loss import group_advantages, policy_loss
+from astraflow.trainer.step import PolicyGradientStep, StepPlan, diagnostics
 from connectors.megatron.batch import MicroBatch, micro_batch, replica_rows
 from connectors.megatron.config import MegatronBackendConfig
 from connectors.megatron.convert import DecoderShape, hf_to_megatron, megatron_to_hf
-from connectors.megatron.forward import StageForward
+from connectors.megatron.forward import StageForward, split
 from connectors.megatron.gather import LEADER, broadcast_from_leader, gather_to_leader, megatron_meta
 from connectors.megatron.logprobs import full_logits
 from connectors.megatron.model import build_gpt_model
@@ -47,12 +47,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DIAGNOSTICS = ("clip_frac", "is_weight_mean", "is_truncated_frac", "behav_kl")
-"""policy_loss's per-token means, combined over the replicas weighted by their loss tokens."""
-
-
-class MegatronBackend(TrainerBackend):
-    """GRPO/PPO with AdamW on a Megatron-core ``GPTModel`` (fp32 master weights), on one rank or split
+class MegatronBackend(PolicyGradientStep):
+    """The shared policy-gradient step (:mod:`astraflow.trainer.step`; GRPO by default) with AdamW on a Megatron-core ``GPTModel`` (fp32 master weights), on one rank or split
     ``tensor_parallel`` x ``pipeline_parallel`` x data parallel over a rank group."""
 
     runs_as_rank_group: ClassVar[bool] = True
@@ -85,7 +81,13 @@ class MegatronBackend(TrainerBackend):
             hf_state = broadcast_from_leader(hf_state if dist.get_rank() == LEADER else None, self.hf_meta,
                                              self._comm_device)
         self._load_hf(hf_state)
-        forward = StageForward(self.ranks, config.temperature, self.vocab)
+        self.reference: torch.nn.Module | None = None
+        """The frozen reference policy (a KL term only): this rank's piece, set by set_reference."""
+        if config.objective.kl is not None:
+            self.reference = build_gpt_model(model.config, self.device, self.layout).eval().requires_grad_(False)
+            self._load_hf(hf_state, self.reference)  # the initial weights until set_reference (as the torch backend)
+            self._reference_stage = StageForward(self.ranks, config.temperature, self.vocab)
+        forward = StageForward(self.ranks, config.temperature, self.vocab, entropy_grad=config.objective.entropy_coef > 0)
         if use_megatron:
             from connectors.megatron.megatron_training import MegatronTraining
 
@@ -110,12 +112,13 @@ class MegatronBackend(TrainerBackend):
         return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
 
     # -- weights in ---------------------------------------------------------------------------------
-    def _load_hf(self, hf_state: dict[str, torch.Tensor]) -> None:
-        """Copy this rank's piece of HF-named weights into the ``GPTModel``; every parameter must be set."""
+    def _load_hf(self, hf_state: dict[str, torch.Tensor], target: torch.nn.Module | None = None) -> None:
+        """Copy this rank's piece of HF-named weights into the ``GPTModel`` (or ``target``, the
+        reference); every parameter must be set."""
         whole = hf_to_megatron(hf_state, self.shape)
         mine = shard(whole, self.shape, self.layout, self.vocab, tp_rank=self.ranks.tp_rank, stage=self.ranks.pp_rank)
         with torch.no_grad():
-            missing, unexpected = self.model.load_state_dict(mine, strict=False)
+            missing, unexpected = (self.model if target is None else target).load_state_dict(mine, strict=False)
         missing = [k for k in missing if not k.endswith("_extra_state")]  # Transformer Engine metadata
         if missing or unexpected:
             raise ValueError(f"megatron connector: HF -> Megatron conversion left missing={missing} "
@@ -140,57 +143,40 @@ class MegatronBackend(TrainerBackend):
     def _forward_only(self, micro: MicroBatch) -> dict[str, Any] | None:
         self.model.eval()
         with torch.no_grad():
-            return self.training.forward_backward(micro, lambda logp: (logp.sum() * 0.0, {"logp": logp}),
+            return self.training.forward_backward(micro, lambda out: (out.sum() * 0.0, {"logp": split(out)[0]}),
                                                   forward_only=True)
 
-    # -- the step -----------------------------------------------------------------------------------
-    def step(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
-        if not trajectories:
-            raise ValueError("empty batch")
-        t0 = time.perf_counter()
-        cfg = self.config
-        rewards = [float(t.reward) for t in trajectories]
-        adv = group_advantages(rewards, [t.group_id for t in trajectories], eps=cfg.adv_eps)
-        n = len(trajectories)
-        chunks = [list(range(n))[i:: cfg.minibatches] for i in range(cfg.minibatches) if list(range(n))[i:: cfg.minibatches]]
-        micros = [self._replica_batch(trajectories, c, adv) for c in chunks]
-        # The proximal policy of every minibatch is the weights before the first update.
-        prox = [self._forward_only(m) for m in micros] if cfg.minibatches > 1 else [None] * len(micros)
-        agg: dict[str, float] = {}
-        for micro, before in zip(micros, prox, strict=True):
-            self.model.train()
-            self.training.zero_grad()
-            kept = self.training.forward_backward(micro, self._loss_fn(micro, before), forward_only=False)
-            grad_norm = self.training.step()
-            m = self._reduce(kept, micro)
-            m["grad_norm"] = grad_norm
-            for k, v in m.items():
-                agg[k] = agg.get(k, 0.0) + v / len(micros)
+    # -- the step (the skeleton: astraflow.trainer.step) --------------------------------------------
+    def _prepare(self, trajectories: Sequence[Trajectory], plan: StepPlan, c: int) -> MicroBatch:
+        """This replica's share of minibatch ``c``'s trained rows."""
+        rows, filler = replica_rows(plan.trained[c], self.ranks.dp_rank, self.ranks.dp)
+        return micro_batch([trajectories[i] for i in rows], [plan.advantages[i] for i in rows], plan.batch_tokens(c),
+                           self.device, filler=filler, row_scale=plan.row_scales(c, rows))
+
+    def _proximal(self, prepared: list[MicroBatch]) -> list[dict[str, Any] | None]:
+        return [self._forward_only(m) for m in prepared]
+
+    def _update(self, micro: MicroBatch, before: dict[str, Any] | None) -> dict[str, float]:
+        obj = self.config.objective
+        ref = self._reference_forward(micro) if obj.kl is not None and obj.kl.mode == "loss" else None
+        self.model.train()
+        self.training.zero_grad()
+        kept = self.training.forward_backward(micro, self._loss_fn(micro, before, ref), forward_only=False)
+        grad_norm = self.training.step()
         self.model.eval()
-        self.steps += 1
-        trained = sum(len(self._trained_rows(c, adv)) for c in chunks)
-        agg.update(reward_mean=sum(rewards) / n, trajectories=float(n), trained_trajectories=float(trained),
-                   zero_adv_frac=sum(1 for x in adv if x == 0.0) / n, step_seconds=time.perf_counter() - t0)
-        return agg
+        m = self._reduce(kept, micro)
+        m["grad_norm"] = grad_norm
+        return m
 
-    def _trained_rows(self, chunk: list[int], adv: list[float]) -> list[int]:
-        """The built-in backend's rule: without the zero-advantage rows (their terms are 0), at least one."""
-        if not self.config.skip_zero_advantage:
-            return chunk
-        return [i for i in chunk if adv[i] != 0.0] or chunk[:1]
+    def _loss_fn(self, micro: MicroBatch, before: dict[str, Any] | None, ref: torch.Tensor | None):
+        dp = self.ranks.dp
 
-    def _replica_batch(self, trajectories: Sequence[Trajectory], chunk: list[int], adv: list[float]) -> MicroBatch:
-        rows, filler = replica_rows(self._trained_rows(chunk, adv), self.ranks.dp_rank, self.ranks.dp)
-        tokens = float(sum(sum(trajectories[i].loss_mask) for i in chunk))
-        return micro_batch([trajectories[i] for i in rows], [adv[i] for i in rows], tokens, self.device, filler=filler)
-
-    def _loss_fn(self, micro: MicroBatch, before: dict[str, Any] | None):
-        cfg, dp = self.config, self.ranks.dp
-
-        def loss_fn(logp: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        def loss_fn(out: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+            logp, entropy = split(out)
             prox = logp.detach() if before is None else before["logp"]
-            loss, m = policy_loss(logp, prox, micro.behav, micro.adv, micro.mask, clip_eps=cfg.clip_eps,
-                                  clip_eps_high=cfg.clip_eps_high, is_cap=cfg.is_cap, batch_tokens=micro.batch_tokens)
+            loss, m = self.objective_loss(logp, prox, micro.behav, micro.adv, micro.mask,
+                                          batch_tokens=micro.batch_tokens, row_scale=micro.row_scale,
+                                          ref_logp=ref, entropy=entropy)
             # Megatron's DDP (and TorchTraining) average gradients over the replicas; each replica's
             # loss is its part of the whole batch's token mean, whose gradients must be summed.
             return loss * dp, {"metrics": m, "tokens": float(micro.mask.sum())}
@@ -199,17 +185,35 @@ class MegatronBackend(TrainerBackend):
 
     def _reduce(self, kept: dict[str, Any] | None, micro: MicroBatch) -> dict[str, float]:
         """The loss (summed) and the diagnostics (token-weighted) of every replica, on every rank."""
-        values = [0.0] * (2 + len(DIAGNOSTICS))
+        means = diagnostics(self.config.objective)
+        values = [0.0] * (2 + len(means))
         if kept is not None and self.ranks.tp_rank == 0:  # one copy per replica: tp ranks hold the same
             m, tokens = kept["metrics"], kept["tokens"]
-            values = [m["loss"], tokens, *(m[k] * tokens for k in DIAGNOSTICS)]
+            values = [m["loss"], tokens, *(m[k] * tokens for k in means)]
         total = torch.tensor(values, dtype=torch.float64, device=self._comm_device)
         if self.world > 1:
             dist.all_reduce(total)
         loss, tokens, *diag = total.tolist()
         out = {"loss": loss, "tokens": micro.batch_tokens}
-        out.update({k: v / max(tokens, 1.0) for k, v in zip(DIAGNOSTICS, diag, strict=True)})
+        out.update({k: v / max(tokens, 1.0) for k, v in zip(means, diag, strict=True)})
         return out
+
+    # -- the frozen reference (a KL term) -----------------------------------------------------------
+    def _reference_forward(self, micro: MicroBatch) -> torch.Tensor:
+        """The reference's log-probs of ``micro``'s response tokens (one pipeline stage: the config
+        refuses a KL term with pipeline_parallel > 1)."""
+        with torch.no_grad():
+            return split(self._reference_stage(self.reference, micro))[0]
+
+    def _reference_logprobs(self, trajectories: Sequence[Trajectory]) -> torch.Tensor:
+        return self._reference_forward(micro_batch(trajectories, [0.0] * len(trajectories), 1.0, self.device))
+
+    def set_reference(self, state: dict[str, Any]) -> None:
+        """Rank 0's HF-named weights into every rank's piece of the reference model (collective)."""
+        if self.world > 1:
+            state = broadcast_from_leader(state if dist.get_rank() == LEADER else None, self.hf_meta,
+                                          self._comm_device)
+        self._load_hf({k: torch.as_tensor(v).float() for k, v in state.items()}, self.reference)
 
     # -- state --------------------------------------------------------------------------------------
     def state_dict(self, dtype: torch.dtype | None = None) -> dict[str, Any]:

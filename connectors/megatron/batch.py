@@ -38,6 +38,8 @@ class MicroBatch:
     """Advantage per row ``[B]``."""
     batch_tokens: float
     """Loss tokens of the whole minibatch over every replica: the loss's denominator."""
+    row_scale: torch.Tensor | None = None
+    """Each row's weight under a sequence-mean aggregation ``[B]`` (None: token mean)."""
 
     @property
     def positions(self) -> torch.Tensor:
@@ -51,9 +53,9 @@ def replica_rows(rows: Sequence[int], dp_rank: int, dp: int) -> tuple[list[int],
 
 
 def micro_batch(trajs: Sequence[Trajectory], adv: Sequence[float], batch_tokens: float, device: torch.device, *,
-                filler: bool = False) -> MicroBatch:
-    """The tensors of ``trajs`` (advantages ``adv``), as the built-in backend lays them out
-    (:func:`astraflow.trainer.packing.pack`); a filler row's loss mask is all 0."""
+                filler: bool = False, row_scale: Sequence[float] | None = None) -> MicroBatch:
+    """The tensors of ``trajs`` (advantages ``adv``, aggregation weights ``row_scale``), as the built-in
+    backend lays them out (:func:`astraflow.trainer.packing.pack`); a filler row's loss mask is all 0."""
     b = pack(trajs)
     if filler:
         b.mask[:] = 0.0
@@ -62,4 +64,6 @@ def micro_batch(trajs: Sequence[Trajectory], adv: Sequence[float], batch_tokens:
         return torch.from_numpy(a).to(device)
 
     return MicroBatch(ids=as_t(b.ids), gather_pos=as_t(b.gather_pos), behav=as_t(b.behav), mask=as_t(b.mask),
-                      adv=torch.tensor(list(adv), dtype=torch.float32, device=device), batch_tokens=batch_tokens)
+                      adv=torch.tensor(list(adv), dtype=torch.float32, device=device), batch_tokens=batch_tokens,
+                      row_scale=None if row_scale is None else torch.tensor(
+                          [0.0] * len(trajs) if filler else list(row_scale), dtype=torch.float32, device=device))

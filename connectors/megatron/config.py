@@ -54,6 +54,9 @@ class MegatronBackendConfig(TorchBackendConfig):
     def _megatron_installed(self) -> MegatronBackendConfig:
         if not megatron_available():
             raise ValueError(INSTALL_HINT)
+        if self.objective.kl is not None and self.pipeline_parallel > 1:
+            raise ValueError("megatron connector: objective.kl (a frozen reference policy) needs pipeline_parallel: 1; "
+                             "the reference is forwarded on one stage")
         if self.distributed_optimizer and not self.device.startswith("cuda"):
             raise ValueError("megatron connector: distributed_optimizer needs a CUDA device (megatron-core's "
                              "DDP buffers, distributed optimizer and schedules allocate on CUDA)")

@@ -15,7 +15,7 @@ from connectors.megatron.logprobs import token_logprobs
 from connectors.megatron.parallel import Ranks
 
 LossFn = Callable[[torch.Tensor], tuple[torch.Tensor, dict[str, Any]]]
-"""``loss_fn(logp) -> (loss, reduced)`` on the last stage: the loss to back-propagate and what the
+"""``loss_fn(scores) -> (loss, reduced)`` on the last stage (``scores``: :func:`split`): the loss to back-propagate and what the
 step keeps of this forward (metrics, log-probs)."""
 
 
@@ -26,11 +26,21 @@ class StageForward:
     """The engines' sampling temperature: logits are divided by it."""
     vocab: int
     """The real vocabulary (the model's is padded to a multiple of tp)."""
+    entropy_grad: bool = False
+    """Back-propagate through the entropy (an entropy bonus); else it is a diagnostic only."""
 
     def __call__(self, model: torch.nn.Module, micro: MicroBatch) -> torch.Tensor:
-        """Hidden states ``[T, B, H]`` on an inner stage, log-probs ``[B, R]`` on the last."""
+        """Hidden states ``[T, B, H]`` on an inner stage; on the last, ``[B, R, 2]``: each response
+        token's log-prob and its position's entropy (:func:`split`)."""
         ids = micro.ids if self.ranks.first_stage else None
         out = model(ids, micro.positions, attention_mask=None)
         if not self.ranks.last_stage:
             return out
-        return token_logprobs(out, micro.ids, micro.gather_pos, temperature=self.temperature, vocab=self.vocab)
+        logp, entropy = token_logprobs(out, micro.ids, micro.gather_pos, temperature=self.temperature,
+                                       vocab=self.vocab, entropy_grad=self.entropy_grad)
+        return torch.stack([logp, entropy], dim=-1)
+
+
+def split(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The last stage's output as (log-probs ``[B, R]``, entropies ``[B, R]``)."""
+    return scores[..., 0], scores[..., 1]

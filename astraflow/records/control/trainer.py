@@ -77,6 +77,11 @@ class TrainerStep(TrainerRecord):
     """GRPO's share of trajectories without a learning signal, when the backend reports it."""
     trained_trajectories: float | None = Field(default=None, exclude_if=absent)
     """Trajectories the backend trained on (fewer with ``skip_zero_advantage``), when it reports them."""
+    entropy: float | None = Field(default=None, exclude_if=absent)
+    """Mean entropy of the policy per trained token (nats), when the backend reports it."""
+    kl_ref: float | None = Field(default=None, exclude_if=absent)
+    """Mean KL estimate to the frozen reference per token (``objective.kl``'s estimator: of the trained
+    policy in loss mode, of the behaviour policy in reward mode), when the objective has a KL term."""
     state_copy_s: float
     """Seconds the backend's copy and cast of the weights took (the trainer waits for it)."""
     publish_blocked_s: float

@@ -1,0 +1,112 @@
+"""Does a recipe learn whatever the seed? ``benchmarks/seeds.py RECIPE --seeds N`` runs the recipe N times
+with seeds 0 .. N-1 (the recipe's seed and each policy's SFT seed; the dataset's seed is kept, so every
+run is evaluated on the same held-out prompts), each measured as ``astraflow demo`` measures it
+(benchmarks/_learning.py: held-out greedy accuracy of the warm start v0 and of the final version,
+from the weight store), and reports per seed and policy the accuracy before and after RL, then the
+mean, the median, the min and max and the population std of the after figures and of the gains, and
+how many seeds learned (after > before). Writes a PNG (each seed's before -> after, per policy) and
+prints one JSON line last.
+
+    python benchmarks/seeds.py math --seeds 5                # examples/recipes/math.yaml
+    python benchmarks/seeds.py examples/recipes/solver_verifier.yaml --seeds 3 --steps 40
+
+A sweep of a demo recipe at its full length takes minutes per seed on the 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _learning import measured_run, recipe_variant
+
+from astraflow.demo import recipe_path
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """Mean, median, min, max and population std of ``values``."""
+    return {"mean": round(statistics.fmean(values), 4), "median": round(statistics.median(values), 4),
+            "min": round(min(values), 4), "max": round(max(values), 4), "std": round(statistics.pstdev(values), 4)}
+
+
+def plot(rows: list[dict], title: str, path: Path) -> None:
+    """Each seed's held-out accuracy before -> after RL, one panel per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    policies = list(rows[0]["heldout"])
+    fig, axes = plt.subplots(1, len(policies), figsize=(4.5 * len(policies), 4), squeeze=False)
+    for ax, policy in zip(axes[0], policies, strict=True):
+        for row in rows:
+            h = row["heldout"][policy]
+            if h["after"] is None:
+                continue
+            ax.plot([0, 1], [h["before"], h["after"]], marker="o", label=f"seed {row['seed']}")
+        ax.set_xticks([0, 1], ["before RL (v0)", "after RL"])
+        ax.set_ylabel("held-out accuracy (greedy)")
+        ax.set_title(policy)
+        ax.legend(fontsize="small")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("recipe", help="a recipe name under examples/recipes/ or a path")
+    ap.add_argument("--seeds", type=int, default=5, help="runs, with seeds 0 .. N-1 (default 5)")
+    ap.add_argument("--steps", type=int, default=None, help="RL steps per run (default: the recipe's)")
+    ap.add_argument("--plot", type=Path, default=None,
+                    help="where to write the PNG (default runs/seeds-<recipe>-<time>.png)")
+    args = ap.parse_args(argv)
+    path = recipe_path(args.recipe).resolve()
+
+    import tempfile
+
+    import torch
+    from rich.console import Console
+
+    from astraflow.testing.runs import private_cluster
+
+    torch.set_num_threads(1)
+    console = Console(stderr=True, width=120)
+    t0 = time.monotonic()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="af-seeds-") as tmp, private_cluster() as cfg:
+        for seed in range(args.seeds):
+            recipe = recipe_variant(path, run=f"seeds-{path.stem.replace('_', '-')}-s{seed}", seed=seed)
+            row = {"seed": seed, **measured_run(recipe, cfg, Path(tmp) / "runs", args.steps, console)}
+            rows.append(row)
+            print(f"seed {seed}: " + ", ".join(f"{p} {h['before']} -> {h['after']}" for p, h in row["heldout"].items())
+                  + f" ({row['rl_seconds']} s RL)", file=sys.stderr, flush=True)
+    summary = {}
+    for policy in rows[0]["heldout"]:
+        done = [r["heldout"][policy] for r in rows if r["ok"] and r["heldout"][policy]["after"] is not None]
+        if not done:
+            summary[policy] = {"runs": 0}
+            continue
+        summary[policy] = {"runs": len(done), "learned": sum(h["after"] > h["before"] for h in done),
+                           "before": spread([h["before"] for h in done]), "after": spread([h["after"] for h in done]),
+                           "gain": spread([h["after"] - h["before"] for h in done])}
+    out_png = args.plot or Path("runs") / f"seeds-{path.stem}-{time.strftime('%Y%m%d-%H%M%S')}.png"
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    plot(rows, f"{path.name}: {args.seeds} seeds, {rows[0]['steps']} steps", out_png)
+    result = {"benchmark": "seeds", "recipe": str(path), "seeds": args.seeds, "steps": args.steps,
+              "per_seed": [{k: r[k] for k in ("seed", "ok", "steps", "heldout", "reward_first", "reward_last",
+                                              "rl_seconds")} for r in rows],
+              "summary": summary, "plot": str(out_png), "wall_s": round(time.monotonic() - t0, 1)}
+    print(json.dumps(result))
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
