@@ -153,7 +153,7 @@ class StorageProbe:
         from botocore.exceptions import BotoCoreError, ClientError
 
         from astraflow.dataflow.service import STATE_OBJECT
-        from astraflow.embedded.tansu import TANSU_BUCKET
+        from astraflow.log.trim import TANSU_BUCKET
         from astraflow.objstore.layout import RunLayout
 
         t0 = time.monotonic()
