@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from megatron_helpers import unshard
 from test_megatron_connector import _batch, _llama, _qwen2
 from update_agreement import update_disagreement
 
 from connectors.megatron.convert import DecoderShape, hf_to_megatron
-from connectors.megatron.shard import Layout, placement, shard, unshard
+from connectors.megatron.shard import Layout, placement, shard
 
 needs_megatron = pytest.mark.skipif(importlib.util.find_spec("megatron") is None,
                                     reason="needs megatron-core (`pip install 'astraflow[megatron]'`)")
