@@ -270,12 +270,12 @@ def live_run(cfg: Any, tmp: Path, *, base_recipe: Path, model: Path, steps: int 
     # Weight objects refused by the nodes (weights.refused.<reason>, weights.unreachable; none injected
     # here: tests/test_weights_refused.py corrupts a delta and an anchor under live followers).
     from astraflow.launcher.progress import RunProgress
-    from astraflow.records.control import ControlRecordError, parse_metrics_json
+    from astraflow.records.control import ControlRecordError, parse_control
 
     progress = RunProgress(cfg.run, steps, ["policy"])
     for r in recs:
         with contextlib.suppress(ControlRecordError):  # untyped figures: not part of the view
-            progress.update(parse_metrics_json(r))
+            progress.update(parse_control(None, None, r))
     summary["weights_refused"] = progress.weight_refusals()
     return {**summary, "_output": " ".join(out_path.read_text().split())[-3000:], "_injected": injected,
             "_records": recs}

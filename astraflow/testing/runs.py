@@ -132,7 +132,7 @@ def read_log(cfg: Any, policies: list[str], *, idle_polls: int = 4) -> tuple[dic
                     trajs += traj_rec.from_table(m.table)
                 elif m.topic in by_batch_topic and m.table is not None:
                     batches[by_batch_topic[m.topic]].append(batch_rec.from_table(m.table))
-                elif m.topic in by_weight_topic and (announcement := WeightAnnouncement.of(m.obj)) is not None:
+                elif m.topic in by_weight_topic and isinstance(announcement := m.record, WeightAnnouncement):
                     # an announcement carries no time of its own: the log's timestamp is when it was sent
                     sent = None if m.timestamp_ms is None else m.timestamp_ms / 1000.0
                     announced[by_weight_topic[m.topic]].append((announcement.version, sent))
