@@ -132,15 +132,14 @@ def test_a_trainer_run_prunes_its_checkpoints_and_weights(test_cluster):
     GC's anchor, and the step records count the deletions."""
     import threading
 
-    from test_raas_support import make_recipe
-    from test_trainer_service import _send_batches
+    from raas_support import make_recipe, send_batches
 
     from astraflow.log import Topics
     from astraflow.log.range_reader import read_to_end
     from astraflow.trainer.service import run_trainer
 
     cfg = test_cluster
-    _send_batches(cfg, [f"b{i}" for i in range(12)])
+    send_batches(cfg, [f"b{i}" for i in range(12)])
     recipe = make_recipe(cfg.run, trainer={"steps": 12, "checkpoint_every": 2, "anchor_every": 5,
                                            "keep_checkpoints": 2, "weights_gc_every": 5})
     result = run_trainer(cfg, recipe, "policy", threading.Event(), poll_timeout_s=0.2)

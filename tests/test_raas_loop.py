@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from test_raas_support import TopicReader, load_tiny_model, make_recipe
+from raas_support import TopicReader, load_tiny_model, make_recipe
 
 
 @pytest.mark.slow

@@ -15,8 +15,8 @@ import time
 
 import pytest
 import torch
+from raas_support import TopicReader, make_recipe, send_tasks
 from region_helpers import BucketReplica, sent_bytes
-from test_raas_support import TopicReader, make_recipe, send_tasks
 from waiting import wait_until
 
 from astraflow.config import ClusterConfig, RegionSettings, S3Settings

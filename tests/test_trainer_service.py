@@ -5,38 +5,18 @@ from __future__ import annotations
 
 import json
 import signal
-import uuid
 
 import pytest
-from test_raas_support import TopicReader, load_tiny_model, recipe_dict, start_component, stop, write_files
-
-
-def _batch(policy: str, batch_id: str, groups: int = 2, samples: int = 2):
-    from astraflow.records import Batch, Trajectory
-
-    trajs = []
-    for g in range(groups):
-        prompt = [1, 5 + g, 6, 7]
-        for s in range(samples):
-            resp = [8 + s, 9, 2]
-            trajs.append(Trajectory(
-                episode_id=f"{batch_id}-{g}/{policy}/{s}", task_id=f"{batch_id}-{g}",
-                group_id=f"{batch_id}-{g}/{policy}", sample_index=s, policy=policy, prompt_ids=prompt,
-                response_ids=resp, logprobs=[-2.0] * 3, versions=[0] * 3, loss_mask=[1] * 3,
-                reward=float(s % 2)))
-    return Batch(batch_id=batch_id, policy=policy, trainer_version=0, trajectories=trajs)
-
-
-def _send_batches(cfg, ids: list[str], policy: str = "policy") -> None:
-    from astraflow.log import LogProducer, Topics, ensure_topics
-    from astraflow.records import batch
-
-    topic = Topics(cfg.run).batches(policy)
-    ensure_topics(cfg, {topic: 1})
-    with LogProducer(cfg, f"test-{uuid.uuid4().hex[:6]}") as prod:
-        for i in ids:
-            prod.send_table(topic, i, batch.to_table(_batch(policy, i)), batch.SCHEMA_NAME, batch.SCHEMA_VERSION)
-        prod.flush(30)
+from raas_support import (
+    TopicReader,
+    load_tiny_model,
+    recipe_dict,
+    send_batches,
+    start_component,
+    stop,
+    trainer_batch,
+    write_files,
+)
 
 
 def test_checkpoint_round_trip_and_corrupt_checkpoint_is_refused(test_cluster):
@@ -82,7 +62,7 @@ def test_trainer_restart_resumes_from_checkpoint_without_retraining(test_cluster
     rd = recipe_dict(cfg.run, trainer={"steps": 6, "checkpoint_every": 2, "anchor_every": 10, "max_publish_lag": 2})
     cfg_path, recipe_path = write_files(tmp_path, cfg, rd)
     ids = [f"b{i}" for i in range(6)]
-    _send_batches(cfg, ids[:3])
+    send_batches(cfg, ids[:3])
     metrics = TopicReader(cfg, Topics(cfg.run).metrics)
     args = ["trainer", "--recipe", str(recipe_path), "--policy", "policy"]
     life1 = start_component(args, cfg_path, tmp_path / "life1.log")
@@ -97,7 +77,7 @@ def test_trainer_restart_resumes_from_checkpoint_without_retraining(test_cluster
         _wait_for_checkpoint(cfg, 2, 60)
         assert stop(life1, kill) in (0, -9), (tmp_path / "life1.log").read_text()[-3000:]
         life1_id = steps_of(_trainer_records(metrics))[0]["life"]
-        _send_batches(cfg, ids[3:])
+        send_batches(cfg, ids[3:])
         life2 = start_component(args, cfg_path, tmp_path / "life2.log")
         metrics.until(lambda items: any(r.get("event") == "done" for r in _trainer_records(metrics)), 120,
                       "life 2 done",
@@ -180,7 +160,7 @@ def test_fresh_trainer_warm_starts_with_the_recipe_sft_then_a_restart_does_not(t
     """`astraflow run RECIPE` alone: a fresh trainer runs the policy's `sft` before publishing v0 (in
     the publish dtype); a trainer that finds a stored version (the demo's v0) does not warm-start."""
     import torch
-    from test_raas_support import TINY_MODEL, make_recipe
+    from raas_support import TINY_MODEL, make_recipe
 
     from astraflow.delta import WeightSubscriber
     from astraflow.delta.store import WeightStore
@@ -216,7 +196,7 @@ def test_trainer_bootstrapped_from_the_store_publishes_v1_as_a_delta(test_cluste
     """v0 published by someone else (the demo) in the publish dtype: the trainer's v1 is a sparse
     delta on it, not a fresh anchor, and a node at v0 applies it bit for bit."""
     import torch
-    from test_raas_support import make_recipe
+    from raas_support import make_recipe
 
     from astraflow.delta import WeightSubscriber
     from astraflow.delta.publisher import WeightPublisher
@@ -233,9 +213,9 @@ def test_trainer_bootstrapped_from_the_store_publishes_v1_as_a_delta(test_cluste
     node.pull(0)
     ensure_topics(cfg, {Topics(cfg.run).batches("policy"): 1})
     with LogProducer(cfg, "test-dataflow") as prod:  # a record the trainer cannot train: another policy's batch
-        prod.send_table(Topics(cfg.run).batches("policy"), "other-1", batch.to_table(_batch("other", "other-1")),
+        prod.send_table(Topics(cfg.run).batches("policy"), "other-1", batch.to_table(trainer_batch("other", "other-1")),
                         batch.SCHEMA_NAME, batch.SCHEMA_VERSION).result(10)
-    _send_batches(cfg, ["b0"])
+    send_batches(cfg, ["b0"])
     result = _run_trainer_in_process(cfg, make_recipe(cfg.run, trainer={"steps": 1}), stop_first=False)
     assert result["finished"] and result["version"] == 1 and result["skipped"]["invalid"] == 1
     # the dataflow hears that the record it served as a batch trains no step (its run is one batch longer)
@@ -262,7 +242,7 @@ def test_a_checkpoint_is_saved_only_once_the_steps_it_covers_have_their_records_
     record's log timestamp (the producer's send time) is compared with the moment the real save began."""
     import time
 
-    from test_raas_support import make_recipe
+    from raas_support import make_recipe
 
     from astraflow.log import Topics
     from astraflow.log.range_reader import read_to_end
@@ -277,7 +257,7 @@ def test_a_checkpoint_is_saved_only_once_the_steps_it_covers_have_their_records_
         return save(self, ckpt)
 
     monkeypatch.setattr(CheckpointStore, "save", timed_save)
-    _send_batches(cfg, [f"b{i}" for i in range(4)])
+    send_batches(cfg, [f"b{i}" for i in range(4)])
     recipe = make_recipe(cfg.run, trainer={"steps": 4, "checkpoint_every": 2, "max_publish_lag": 2})
     result = _run_trainer_in_process(cfg, recipe, stop_first=False)
     assert result["finished"] and sorted(save_began) == [2, 4]
@@ -303,8 +283,8 @@ def test_a_two_rank_trainer_reads_each_batch_once_and_resumes_on_one_rank(test_c
     """Rank 0 alone is the batch topic's consumer: each batch (a re-sent copy skipped) is trained once
     by the group, the group's offsets are committed through its last record, one record stream comes
     out, and its sharded checkpoint resumes on a single-rank trainer, which trains only what follows."""
-    from test_raas_support import make_recipe
-    from test_trainer_ranks import _launch
+    from process_helpers import launch_ranks
+    from raas_support import make_recipe
 
     from astraflow.log import ConsumerGroups, Topics
     from astraflow.log.lag import committed_offsets
@@ -313,10 +293,10 @@ def test_a_two_rank_trainer_reads_each_batch_once_and_resumes_on_one_rank(test_c
 
     cfg = test_cluster
     topic = Topics(cfg.run).batches("policy")
-    _send_batches(cfg, ["b0", "b1", "b1", "b2", "b3"])  # b1 twice: a restarted dataflow re-sent it
+    send_batches(cfg, ["b0", "b1", "b1", "b2", "b3"])  # b1 twice: a restarted dataflow re-sent it
     metrics = TopicReader(cfg, Topics(cfg.run).metrics)
     try:
-        group = _launch(_trainer_rank, 2, cfg, make_recipe(cfg.run, trainer={"steps": 4, "checkpoint_every": 2}))
+        group = launch_ranks(_trainer_rank, 2, cfg, make_recipe(cfg.run, trainer={"steps": 4, "checkpoint_every": 2}))
         assert [(r["rank"], r["ranks"], r["step"], r["finished"]) for _, r in sorted(group.items())] == [
             (0, 2, 4, True), (1, 2, 4, True)]
         assert group[0]["life"] == group[1]["life"] and group[0]["skipped"]["duplicate"] == 1
@@ -324,7 +304,7 @@ def test_a_two_rank_trainer_reads_each_batch_once_and_resumes_on_one_rank(test_c
         checkpoints = CheckpointStore(ObjectStore.from_config(cfg), cfg.run, "policy")
         pointer = checkpoints.store.get_json(checkpoints._key("latest.json"))
         assert (pointer["format"], pointer["world_size"], pointer["step"]) == (3, 2, 4)
-        _send_batches(cfg, ["b4", "b5"])
+        send_batches(cfg, ["b4", "b5"])
         one = _run_trainer_in_process(cfg, make_recipe(cfg.run, trainer={"steps": 6, "checkpoint_every": 2}),
                                       stop_first=False)
         assert (one["step"], one["ranks"]) == (6, 1)
