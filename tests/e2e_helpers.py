@@ -14,6 +14,9 @@ import yaml
 from process_helpers import children
 from waiting import wait_until
 
+from astraflow.records.control import TRAINER_RECORDS
+from astraflow.report.plot import typed_records
+
 ROOT = Path(__file__).parent.parent
 
 
@@ -71,7 +74,7 @@ class LauncherProcess:
         """Until a trainer step record >= ``step`` reached metrics.jsonl: the kill point."""
         def reached() -> bool:
             assert self.proc.poll() is None, f"launcher ended early:\n{self.output[-3000:]}"
-            return any(r.get("component") == "trainer" and (r.get("step") or 0) >= step for r in self.records())
+            return any(isinstance(r, TRAINER_RECORDS) and r.step >= step for r in typed_records(self.records()))
 
         wait_until(reached, timeout_s, f"trainer step {step} in metrics.jsonl", interval_s=0.1,
                    on_timeout=lambda: self.output[-3000:])
