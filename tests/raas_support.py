@@ -109,6 +109,8 @@ class TopicReader:
 
         self.consumer = LogConsumer(cfg, topic, f"test-reader-{uuid.uuid4().hex[:8]}")
         self.items: list = []
+        self.records: list = []
+        """The typed control records among the items (``Message.record``, parsed at decode)."""
 
     def read(self, timeout_s: float = 0.5) -> list:
         from astraflow.records import trajectory
@@ -116,6 +118,8 @@ class TopicReader:
         new = []
         for m in self.consumer.poll(timeout_s=timeout_s, max_records=500):
             new.extend(trajectory.from_table(m.table) if m.table is not None else [m.obj])
+            if m.record is not None:
+                self.records.append(m.record)
         self.consumer.commit()
         self.items.extend(new)
         return new

@@ -18,6 +18,15 @@ from raas_support import (
     write_files,
 )
 
+from astraflow.records.control import (
+    TRAINER_RECORDS,
+    TrainerDone,
+    TrainerRecord,
+    TrainerSkipped,
+    TrainerStart,
+    TrainerStep,
+)
+
 
 def test_checkpoint_round_trip_and_corrupt_checkpoint_is_refused(test_cluster):
     import torch
@@ -47,8 +56,8 @@ def test_checkpoint_round_trip_and_corrupt_checkpoint_is_refused(test_cluster):
         ckpts.load()
 
 
-def _trainer_records(reader: TopicReader) -> list[dict]:
-    return [r for r in reader.items if isinstance(r, dict) and r.get("component") == "trainer"]
+def _trainer_records(reader: TopicReader) -> list[TrainerRecord]:
+    return [r for r in reader.records if isinstance(r, TRAINER_RECORDS)]
 
 
 @pytest.mark.slow
@@ -69,19 +78,19 @@ def test_trainer_restart_resumes_from_checkpoint_without_retraining(test_cluster
     life2 = None
     try:
         def steps_of(life_records):
-            return [r for r in life_records if "batch_id" in r]
+            return [r for r in life_records if isinstance(r, TrainerStep)]
 
         metrics.until(lambda items: len(steps_of(_trainer_records(metrics))) >= 3, 120, "3 steps of life 1",
                       alive=lambda: life1.poll() is None or pytest.fail((tmp_path / "life1.log").read_text()))
         # The checkpoint of step 2 is written off the training loop: kill once it is in the bucket.
         _wait_for_checkpoint(cfg, 2, 60)
         assert stop(life1, kill) in (0, -9), (tmp_path / "life1.log").read_text()[-3000:]
-        life1_id = steps_of(_trainer_records(metrics))[0]["life"]
+        life1_id = steps_of(_trainer_records(metrics))[0].life
         send_batches(cfg, ids[3:])
         life2 = start_component(args, cfg_path, tmp_path / "life2.log")
-        metrics.until(lambda items: any(r.get("event") == "done" for r in _trainer_records(metrics)), 120,
+        metrics.until(lambda items: any(isinstance(r, TrainerDone) for r in _trainer_records(metrics)), 120,
                       "life 2 done",
-                      alive=lambda: life2.poll() is None or any(r.get("event") == "done" for r in _trainer_records(metrics))
+                      alive=lambda: life2.poll() is None or any(isinstance(r, TrainerDone) for r in _trainer_records(metrics))
                       or pytest.fail((tmp_path / "life2.log").read_text()))
         assert life2.wait(30) == 0, (tmp_path / "life2.log").read_text()[-3000:]
         # the JSON summary line (log lines of background threads may follow it)
@@ -94,37 +103,37 @@ def test_trainer_restart_resumes_from_checkpoint_without_retraining(test_cluster
         metrics.read()
         metrics.close()
     records = _trainer_records(metrics)
-    start2 = next(r for r in records if r.get("event") == "start" and r["life"] != life1_id)
-    ckpt_step = start2["step"]
-    one = [r for r in records if r["life"] == life1_id and "batch_id" in r]
-    two = [r for r in records if r["life"] == start2["life"] and "batch_id" in r]
-    assert [r["batch_id"] for r in one] == ids[:3]
+    start2 = next(r for r in records if isinstance(r, TrainerStart) and r.life != life1_id)
+    ckpt_step = start2.step
+    one = [r for r in records if isinstance(r, TrainerStep) and r.life == life1_id]
+    two = [r for r in records if isinstance(r, TrainerStep) and r.life == start2.life]
+    assert [r.batch_id for r in one] == ids[:3]
     if kill == signal.SIGKILL:
         assert ckpt_step == 2  # the checkpoint of step 2; step 3 died with the process
     else:
         assert ckpt_step == 3  # a clean stop checkpoints what it trained
-        assert not {r["batch_id"] for r in one} & {r["batch_id"] for r in two}  # nothing trained twice
+        assert not {r.batch_id for r in one} & {r.batch_id for r in two}  # nothing trained twice
     # The surviving lineage: life 1 up to its checkpoint, then life 2. Every batch exactly once.
-    lineage = [r["batch_id"] for r in one if r["step"] <= ckpt_step] + [r["batch_id"] for r in two]
+    lineage = [r.batch_id for r in one if r.step <= ckpt_step] + [r.batch_id for r in two]
     assert lineage == ids
-    assert [r["step"] for r in two] == list(range(ckpt_step + 1, 7))
+    assert [r.step for r in two] == list(range(ckpt_step + 1, 7))
     assert result["step"] == 6 and result["finished"]
     # versions only move forward, and the last one is in the weight store
-    versions = [r["version"] for r in records if "batch_id" in r]
+    versions = [r.version for r in records if isinstance(r, TrainerStep)]
     assert versions == sorted(versions) and len(set(versions)) == len(versions)
     assert WeightStore.from_config(cfg, "policy").latest_version() == result["version"]
     # each announcement names the last batch in its weights, so that the dataflow counts staleness from
     # it: a step's, its batch; life 2's first version (the checkpoint, republished after a SIGKILL), the
     # checkpoint's last batch
     weights = read_to_end(cfg, {(Topics(cfg.run).weights("policy"), 0): 0}).messages
-    trained_through = {int(m.obj["version"]): m.obj.get("batch_id") for m in weights}
-    assert all(trained_through[r["version"]] == r["batch_id"] for r in records if "batch_id" in r)
-    assert trained_through[start2["version"]] == ids[ckpt_step - 1] and trained_through[0] is None
+    trained_through = {m.record.version: m.record.batch_id for m in weights}  # announcements, typed at decode
+    assert all(trained_through[r.version] == r.batch_id for r in records if isinstance(r, TrainerStep))
+    assert trained_through[start2.version] == ids[ckpt_step - 1] and trained_through[0] is None
     for r in two:
-        assert r["wait_s"] >= 0 and r["step_s"] > 0 and r["publish_bytes"] > 0 and r["tokens"] == 12
-        assert 0 < r["publish_s"] < 60  # step end -> its version announced
+        assert r.wait_s >= 0 and r.step_s > 0 and r.publish_bytes > 0 and r.tokens == 12
+        assert 0 < r.publish_s < 60  # step end -> its version announced
         # each batch: 2 groups of rewards 0, 1 (advantage never 0), all trained on
-        assert r["zero_adv_frac"] == 0.0 and r["trained_trajectories"] == r["trajectories"] == 4
+        assert r.zero_adv_frac == 0.0 and r.trained_trajectories == r.trajectories == 4
 
 
 def _wait_for_checkpoint(cfg, step: int, timeout_s: float) -> None:
@@ -185,11 +194,11 @@ def test_fresh_trainer_warm_starts_with_the_recipe_sft_then_a_restart_does_not(t
         metrics.until(lambda items: len(_trainer_records(metrics)) >= 2, 30, "two start records")
     finally:
         metrics.close()
-    starts = {r["life"]: r for r in _trainer_records(metrics) if r.get("event") == "start"}
+    starts = {r.life: r for r in _trainer_records(metrics) if isinstance(r, TrainerStart)}
     one, two = starts[first["life"]], starts[second["life"]]
-    assert "SFT warm start (2 steps" in one["origin"] and one["warm_start"]["sft_steps"] == 2
-    assert one["origin"].endswith("published as v0")
-    assert two["origin"] == "weight store version 0" and "warm_start" not in two
+    assert "SFT warm start (2 steps" in one.origin and one.warm_start["sft_steps"] == 2
+    assert one.origin.endswith("published as v0")
+    assert two.origin == "weight store version 0" and two.warm_start is None
 
 
 def test_trainer_bootstrapped_from_the_store_publishes_v1_as_a_delta(test_cluster):
@@ -220,8 +229,8 @@ def test_trainer_bootstrapped_from_the_store_publishes_v1_as_a_delta(test_cluste
     assert result["finished"] and result["version"] == 1 and result["skipped"]["invalid"] == 1
     # the dataflow hears that the record it served as a batch trains no step (its run is one batch longer)
     written = read_to_end(cfg, {(Topics(cfg.run).metrics, 0): 0}).messages
-    events = [m.obj for m in written if m.obj.get("event") == "skipped"]
-    assert [(e["reason"], e["batch_id"], e["policy"]) for e in events] == [("invalid", "other-1", "policy")]
+    events = [m.record for m in written if isinstance(m.record, TrainerSkipped)]
+    assert [(e.reason, e.batch_id, e.policy) for e in events] == [("invalid", "other-1", "policy")]
     # each of the trainer's records went through its typed model, under its own schema name
     assert sorted(m.schema_name for m in written) == ["trainer-done", "trainer-skipped", "trainer-start",
                                                       "trainer-step"]
@@ -308,14 +317,14 @@ def test_a_two_rank_trainer_reads_each_batch_once_and_resumes_on_one_rank(test_c
         one = _run_trainer_in_process(cfg, make_recipe(cfg.run, trainer={"steps": 6, "checkpoint_every": 2}),
                                       stop_first=False)
         assert (one["step"], one["ranks"]) == (6, 1)
-        metrics.until(lambda items: sum(r.get("event") == "done" for r in _trainer_records(metrics)) == 2, 60,
+        metrics.until(lambda items: sum(isinstance(r, TrainerDone) for r in _trainer_records(metrics)) == 2, 60,
                       "both lives done")
     finally:
         metrics.close()
     records = _trainer_records(metrics)
-    starts = [r for r in records if r.get("event") == "start"]
-    assert [s["life"] for s in starts] == [group[0]["life"], one["life"]]  # one start record per life
-    assert starts[1]["origin"] == "checkpoint step 4 (version 4)"
-    steps = [(r["life"], r["step"], r["batch_id"]) for r in records if "batch_id" in r and not r.get("event")]
+    starts = [r for r in records if isinstance(r, TrainerStart)]
+    assert [s.life for s in starts] == [group[0]["life"], one["life"]]  # one start record per life
+    assert starts[1].origin == "checkpoint step 4 (version 4)"
+    steps = [(r.life, r.step, r.batch_id) for r in records if isinstance(r, TrainerStep)]
     assert steps == [(group[0]["life"], i + 1, f"b{i}") for i in range(4)] + [(one["life"], 5, "b4"), (one["life"], 6, "b5")]
-    assert [r["batch_id"] for r in records if r.get("event") == "skipped"] == ["b1"]
+    assert [r.batch_id for r in records if isinstance(r, TrainerSkipped)] == ["b1"]
