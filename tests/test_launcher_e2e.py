@@ -17,6 +17,8 @@ from process_helpers import children, pid_alive
 from waiting import wait_until
 
 from astraflow.launcher.cluster import write_cluster_file
+from astraflow.records.control import SupervisorEvent, TrainerDone, TrainerStep
+from astraflow.report.plot import typed_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -60,14 +62,14 @@ def test_killed_components_are_restarted_and_the_run_finishes(tmp_path: Path, te
     rc = launcher.wait(220)
     out = launcher.output
     assert rc == 0, out[-3000:]
-    records = launcher.records()
-    restarts = [r for r in records if r.get("kind") == "supervisor"]
+    records = typed_records(launcher.records())
+    restarts = [r for r in records if isinstance(r, SupervisorEvent)]
     # Each victim restarted once. Not in kill order: on a quiet machine the trainer can be past step 4
     # when the node dies, so two kills land within one backoff and restart in the supervisor's order.
-    assert sorted((r["component"], r["event"], r["returncode"], r["restarts"]) for r in restarts) == sorted(
+    assert sorted((r.component, r.event, r.returncode, r.restarts) for r in restarts) == sorted(
         (component, "restart", -signal.SIGKILL, 1) for _, component in KILLS), restarts
-    steps = [r["step"] for r in records if r.get("component") == "trainer" and not r.get("event") and "step" in r]
-    assert max(steps) == KILL_RUN_STEPS and any(r.get("event") == "done" for r in records)
+    steps = [r.step for r in records if isinstance(r, TrainerStep)]
+    assert max(steps) == KILL_RUN_STEPS and any(isinstance(r, TrainerDone) for r in records)
     assert "Traceback" not in out
     for _, component in KILLS:
         assert "restarts" in out and f"{component}=1" in out, out[-2000:]
@@ -136,9 +138,9 @@ def test_killed_embedded_servers_are_restarted(tmp_path: Path) -> None:
     rc = launcher.wait(220)
     out = launcher.output
     assert rc == 0, out[-3000:]
-    records = launcher.records()
-    restarts = [(r["component"], r["event"], r["restarts"]) for r in records if r.get("kind") == "supervisor"]
-    steps = [r["step"] for r in records if r.get("component") == "trainer" and not r.get("event") and "step" in r]
+    records = typed_records(launcher.records())
+    restarts = [(r.component, r.event, r.restarts) for r in records if isinstance(r, SupervisorEvent)]
+    steps = [r.step for r in records if isinstance(r, TrainerStep)]
     assert max(steps) == KILL_RUN_STEPS and "Traceback" not in out
     for server in ("tansu", "seaweedfs"):
         assert (server, "restart", 1) in restarts, restarts
