@@ -22,6 +22,8 @@ from astraflow.launcher.cluster import write_cluster_file
 from astraflow.log import Topics
 from astraflow.log.lag import committed_offsets
 from astraflow.objstore import ObjectStore
+from astraflow.records.control import DataflowCounters, NodeStatus, SupervisorEvent, TrainerDone, TrainerStep
+from astraflow.report.plot import typed_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 duckdb = pytest.importorskip("duckdb")
@@ -72,20 +74,18 @@ def test_run_leaves_an_archive_duckdb_and_polars_read(tmp_path: Path, test_clust
     assert "supervisor: archive was killed by signal 9 (SIGKILL); restart 1" in log, log[-2000:]
     assert '"rows"' in log.rsplit("supervisor:", 1)[1], log[-2000:]  # the restarted one stopped cleanly
     assert not pid_alive(victim)
-    records = launcher.records()
-    restarts = [(r["component"], r["event"], r["returncode"], r["restarts"]) for r in records
-                if r.get("kind") == "supervisor"]
+    records = typed_records(launcher.records())
+    restarts = [(r.component, r.event, r.returncode, r.restarts) for r in records if isinstance(r, SupervisorEvent)]
     assert restarts == [("archive", "restart", -signal.SIGKILL, 1)], restarts
-    step_records = [r for r in records if r.get("component") == "trainer" and not r.get("event") and "step" in r]
-    assert max(r["step"] for r in step_records) == STEPS
+    step_records = [r for r in records if isinstance(r, TrainerStep)]  # reward_mean, publish_bytes, ... typed
+    assert max(r.step for r in step_records) == STEPS
     # What any run leaves (this test is also the plain `astraflow run` end-to-end check).
-    assert all("reward_mean" in r and "publish_bytes" in r for r in step_records)
-    assert any(r.get("event") == "done" for r in records) and any(r.get("component") == "raas" for r in records)
+    assert any(isinstance(r, TrainerDone) for r in records) and any(isinstance(r, NodeStatus) for r in records)
     assert (run_dir / "report.png").read_bytes()[:4] == b"\x89PNG"
     for name in ("dataflow", "trainer-policy", "raas-default-0"):
         assert (run_dir / "logs" / f"{name}.log").exists()
     assert leftover_processes(str(run_dir)) == []
-    counters = [r for r in records if r.get("component") == "dataflow" and r.get("kind") == "dataflow"][-1]["counters"]
+    counters = [r for r in records if isinstance(r, DataflowCounters)][-1].counters
     batched = sum(v for k, v in counters.items() if k.endswith(".trajectories_batched"))
     assert batched > 0
 
