@@ -31,6 +31,8 @@ from waiting import wait_until
 
 from astraflow.launcher.restarts import NO_RESTART, RestartBook, RestartPolicy
 from astraflow.launcher.supervisor import ChildExited, ChildSpec, ProcessGroup
+from astraflow.records.control import SupervisorEvent
+from astraflow.report.plot import typed_records
 
 # A component stand-in: writes its pid and its helper's pid, then sleeps until signalled.
 SLEEPER = textwrap.dedent("""
@@ -210,7 +212,7 @@ def _metrics(path: Path) -> list[dict]:
 
 def test_report_png_from_metrics_jsonl(tmp_path: Path) -> None:
     from astraflow.report import load_metrics, write_report
-    from astraflow.report.plot import node_throughput, trainer_steps, typed_records
+    from astraflow.report.plot import node_throughput, trainer_steps
 
     _metrics(tmp_path / "metrics.jsonl")
     records = load_metrics(tmp_path / "metrics.jsonl")
@@ -330,8 +332,8 @@ def test_launch_fails_when_a_restart_budget_is_exhausted(tmp_path: Path, test_cl
     assert "restart budget exhausted" in result.reason and str(log) in result.reason
     assert "CUDA out of memory" in result.reason
     run_dir = tmp_path / test_cluster.run
-    records = [r for r in load_metrics(run_dir / "metrics.jsonl") if r.get("kind") == "supervisor"]
-    assert [(r["component"], r["event"], r["returncode"], r["restarts"]) for r in records] == [
+    records = [r for r in typed_records(load_metrics(run_dir / "metrics.jsonl")) if isinstance(r, SupervisorEvent)]
+    assert [(r.component, r.event, r.returncode, r.restarts) for r in records] == [
         ("trainer-policy", "restart", 7, 1), ("trainer-policy", "restart", 7, 2), ("trainer-policy", "failed", 7, 2)]
     pids = _pids_from_log(run_dir / "logs/dataflow.log") + _pids_from_log(run_dir / "logs/raas-default-0.log")
     assert not any(pid_alive(p) for p in pids)
