@@ -76,5 +76,9 @@ down: install
 bench-log: install
 	nice -n 10 $(VENV)/bin/python benchmarks/log_storage_engines.py
 
+# ruff, then dead code: no function without a caller outside the tests (vulture; scripts/dead_code.py),
+# then the house: no circle of imports across packages, none climbing a floor (scripts/house.py).
 lint: install
 	$(VENV)/bin/ruff check astraflow connectors tests benchmarks
+	$(PY) scripts/dead_code.py
+	$(PY) scripts/house.py --check

@@ -23,6 +23,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from astraflow.records.control import TRAINER_RECORDS, ControlRecord, DataflowCounters, NodeStatus
 from astraflow.testing.runs import RunRecords, batch_index, trainer_steps
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,28 +92,28 @@ def summarize(rec: RunRecords, *, warmup_steps: int, node_pool: dict[str, str] |
         if len(measured) < 2:
             raise RuntimeError(f"run {rec.run_id}: policy {p} has only {len(steps)} step records "
                                f"({rec.reason}); nothing to measure")
-        t0, t1 = measured[0]["time"], measured[-1]["time"]
+        t0, t1 = measured[0].time, measured[-1].time
         window = t1 - t0
         windows.append((t0, t1))
         # The trainer loop's own clock: wait for a batch + step + hand-off to the publisher. (Record
         # timestamps are taken when a version's upload finished, which lags by a varying amount.)
-        loop_s = [s["wait_s"] + s["step_s"] + s.get("publish_blocked_s", 0.0) for s in measured[1:]]
+        loop_s = [s.wait_s + s.step_s + s.publish_blocked_s for s in measured[1:]]
         per_policy[p] = {
             "steps": len(steps),
             "iteration_s": round(statistics.mean(loop_s), 3),
             "iteration_s_p50": round(statistics.median(loop_s), 3),
             "iteration_s_by_records": round(window / (len(measured) - 1), 3),
-            "trainer_idle_fraction": round(sum(s["wait_s"] for s in measured[1:]) / sum(loop_s), 3),
-            "step_s_mean": round(statistics.mean(s["step_s"] for s in measured[1:]), 3),
-            "staleness_max_reported": max(s["staleness_max"] for s in steps),
+            "trainer_idle_fraction": round(sum(s.wait_s for s in measured[1:]) / sum(loop_s), 3),
+            "step_s_mean": round(statistics.mean(s.step_s for s in measured[1:]), 3),
+            "staleness_max_reported": max(s.staleness_max for s in steps),
         }
     lo, hi = max(w[0] for w in windows), min(w[1] for w in windows)
     spans = episode_spans(rec.trajectories)
     idle = {n: round(1.0 - busy_seconds(s, lo, hi) / (hi - lo), 3) for n, s in sorted(spans.items())}
     in_window = [t for t in rec.trajectories if lo <= t.created_at <= hi]
     lengths = [len(t.response_ids) for t in rec.trajectories]
-    dataflow = [r for r in rec.metrics if r.get("kind") == "dataflow" and isinstance(r.get("counters"), dict)]
-    counters = dataflow[-1]["counters"] if dataflow else {}
+    dataflow = [r for r in rec.metrics if isinstance(r, DataflowCounters)]
+    counters = dataflow[-1].counters if dataflow else {}
     dropped = {k.split(".", 1)[1]: v for k, v in counters.items()
                if k.startswith("trajectories.") and v and k.split(".", 1)[1] in
                ("stale", "expired", "in_dropped_group", "unknown_task", "duplicate", "unknown_policy")}
@@ -160,13 +161,13 @@ def summarize(rec: RunRecords, *, warmup_steps: int, node_pool: dict[str, str] |
     return out
 
 
-def _node_counter(metrics: list[dict], suffix: str) -> int:
+def _node_counter(metrics: list[ControlRecord], suffix: str) -> int:
     """The nodes' cumulative workflow counter (``<policy><suffix>``), summed over nodes and policies at
     each node's last metrics record."""
     last: dict[str, dict] = {}
     for r in metrics:
-        if r.get("component") == "raas" and isinstance(r.get("workflow"), dict):
-            last[r.get("node_id", "")] = r["workflow"]
+        if isinstance(r, NodeStatus):
+            last[r.node_id] = r.workflow
     return sum(v for counters in last.values() for k, v in counters.items() if k.endswith(suffix))
 
 
@@ -183,14 +184,14 @@ def pool_figures(rec: RunRecords, node_pool: dict[str, str], warmup_steps: int) 
     refresh: dict[str, list[float]] = defaultdict(list)
     lag: dict[str, list[int]] = defaultdict(list)
     for r in rec.metrics:
-        if r.get("component") == "trainer" and "version" in r and "policy" in r:
-            latest[r["policy"]] = max(latest.get(r["policy"], 0), int(r["version"]))
-        elif r.get("component") == "raas" and r.get("pool"):
-            if r.get("refresh_s"):
-                refresh[r["pool"]].append(float(r["refresh_s"]))
-            for pol, v in (r.get("versions") or {}).items():
+        if isinstance(r, TRAINER_RECORDS):
+            latest[r.policy] = max(latest.get(r.policy, 0), r.version)
+        elif isinstance(r, NodeStatus):
+            if r.refresh_s:
+                refresh[r.pool].append(r.refresh_s)
+            for pol, v in r.versions.items():
                 if pol in latest:
-                    lag[r["pool"]].append(max(0, latest[pol] - int(v)))
+                    lag[r.pool].append(max(0, latest[pol] - v))
     return {
         p: {
             "trajectories_per_iteration": per_iter[p],

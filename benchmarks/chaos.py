@@ -73,6 +73,17 @@ from pathlib import Path
 from typing import Any
 
 from astraflow.process import child_processes
+from astraflow.records.control import (
+    ControlRecord,
+    ControlRecordError,
+    DataflowCounters,
+    SupervisorEvent,
+    TrainerDone,
+    TrainerSkipped,
+    TrainerStart,
+    TrainerStep,
+    parse_control,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "examples" / "recipes" / "math.yaml"
@@ -127,10 +138,11 @@ class Launcher:
         with open(self.out_path, "w") as out:
             self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, cwd=work)
         self._pos = 0
-        self._records: list[dict] = []
+        self._records: list[ControlRecord] = []
 
-    def records(self) -> list[dict]:
-        """metrics.jsonl so far (read incrementally; a partly written last line waits)."""
+    def records(self) -> list[ControlRecord]:
+        """metrics.jsonl's typed records so far (read incrementally; a partly written last line waits;
+        a user's untyped figures are left out)."""
         path = self.run_dir / "metrics.jsonl"
         if path.exists():
             with open(path, "rb") as f:
@@ -139,8 +151,8 @@ class Launcher:
             end = data.rfind(b"\n") + 1
             for line in data[:end].splitlines():
                 try:
-                    self._records.append(json.loads(line))
-                except ValueError:
+                    self._records.append(parse_control(None, None, json.loads(line)))
+                except (ValueError, ControlRecordError):
                     pass
             self._pos += end
         return self._records
@@ -158,8 +170,9 @@ class Launcher:
         return self.out_path.read_text(errors="replace")[-n:]
 
 
-def is_step(r: dict) -> bool:
-    return r.get("component") == "trainer" and not r.get("event") and "step" in r and "batch_id" in r
+def _restart_of(r: ControlRecord, component: str, since: float) -> bool:
+    return (isinstance(r, SupervisorEvent) and r.component == component and r.event == "restart"
+            and r.time >= since)
 
 
 def parse_schedule(text: str | None, rounds: int, every: int, first: int) -> list[tuple[int, str]]:
@@ -185,16 +198,14 @@ def drive(launcher: Launcher, schedule: list[tuple[int, str]], deadline: float) 
             if launcher.proc.poll() is not None or time.monotonic() > deadline:
                 return kills
             recs = launcher.records()
-            prev_ok = not kills or any(
-                r.get("kind") == "supervisor" and r.get("component") == kills[-1]["component"]
-                and r.get("event") == "restart" and float(r.get("time", 0)) >= last_kill for r in recs)
-            reached = any(is_step(r) and r["step"] >= trigger and float(r.get("time", 0)) > last_kill for r in recs)
+            prev_ok = not kills or any(_restart_of(r, kills[-1]["component"], last_kill) for r in recs)
+            reached = any(isinstance(r, TrainerStep) and r.step >= trigger and r.time > last_kill for r in recs)
             if prev_ok and reached:
                 pid = launcher.victim_pid(kind)
                 if pid is not None:
                     break
             time.sleep(0.2)
-        before = max((r["step"] for r in recs if is_step(r)), default=0)
+        before = max((r.step for r in recs if isinstance(r, TrainerStep)), default=0)
         last_kill = time.time()
         sigkill(pid)
         kills.append({"component": name, "type": kind, "trigger_step": trigger, "step_at_kill": before,
@@ -204,31 +215,27 @@ def drive(launcher: Launcher, schedule: list[tuple[int, str]], deadline: float) 
 
 
 # -- analysis ----------------------------------------------------------------------------------
-def recovery(kills: list[dict], records: list[dict]) -> None:
-    steps = [r for r in records if is_step(r)]
+def recovery(kills: list[dict], records: list[ControlRecord]) -> None:
+    steps = [r for r in records if isinstance(r, TrainerStep)]
     for k in kills:
         t = k["time"]
-        rs = [r for r in records if r.get("kind") == "supervisor" and r.get("component") == k["component"]
-              and r.get("event") == "restart" and float(r.get("time", 0)) >= t]
-        restart_t = min((float(r["time"]) for r in rs), default=None)
+        restart_t = min((r.time for r in records if _restart_of(r, k["component"], t)), default=None)
         k["restart_s"] = round(restart_t - t, 2) if restart_t else None
-        best = max((r["step"] for r in steps if float(r["time"]) < t), default=0)
-        after = [float(r["time"]) for r in steps
-                 if r["step"] > best and float(r["time"]) > max(t, restart_t or t)]
+        best = max((r.step for r in steps if r.time < t), default=0)
+        after = [r.time for r in steps if r.step > best and r.time > max(t, restart_t or t)]
         k["recovery_s"] = round(min(after) - t, 2) if after else None
 
 
-def batch_lives(records: list[dict]) -> dict[str, Any]:
-    starts = {r["life"]: int(r.get("step", 0)) for r in records
-              if r.get("component") == "trainer" and r.get("event") == "start"}
+def batch_lives(records: list[ControlRecord]) -> dict[str, Any]:
+    starts = {r.life: r.step for r in records if isinstance(r, TrainerStart)}
     order = []
     for r in records:
-        if r.get("component") == "trainer" and r.get("event") == "start" and r["life"] not in order:
-            order.append(r["life"])
+        if isinstance(r, TrainerStart) and r.life not in order:
+            order.append(r.life)
     trained: dict[str, list[tuple[int, int]]] = defaultdict(list)  # batch id -> [(life index, step)]
     for r in records:
-        if is_step(r) and r.get("life") in starts:
-            trained[r["batch_id"]].append((order.index(r["life"]), int(r["step"])))
+        if isinstance(r, TrainerStep) and r.life in starts:
+            trained[r.batch_id].append((order.index(r.life), r.step))
     retrained, twice = [], []
     for bid, uses in trained.items():
         uses = sorted(set(uses))
@@ -239,14 +246,14 @@ def batch_lives(records: list[dict]) -> dict[str, Any]:
                 twice.append({"batch_id": bid, "step": sa, "resumed_from": starts[order[lb]]})
             else:
                 retrained.append(bid)
-    skipped = [r for r in records if r.get("component") == "trainer" and r.get("event") == "skipped"]
+    skipped = [r for r in records if isinstance(r, TrainerSkipped)]
     # The final lineage: for each step, the batch of the last life that recorded it (a later life
     # resumed below that step re-trained it). A step with no record was trained and checkpointed by a
     # life that died before its step record (emitted after the version is published) went out.
     lineage: dict[int, str] = {}
     for r in records:
-        if is_step(r) and r.get("life") in starts:
-            lineage[int(r["step"])] = r["batch_id"]
+        if isinstance(r, TrainerStep) and r.life in starts:
+            lineage[r.step] = r.batch_id
     final = max(lineage, default=0)
     in_lineage = Counter(lineage.values())
     return {"trainer_lives": len(order), "resumed_from_steps": [starts[life] for life in order],
@@ -255,17 +262,18 @@ def batch_lives(records: list[dict]) -> dict[str, Any]:
             "in_final_lineage_twice": sorted(b for b, n in in_lineage.items() if n > 1),
             "steps_without_record": [s for s in range(1, final + 1) if s not in lineage],
             "lineage_ids": set(lineage.values()),
-            "skipped_duplicate": sum(1 for r in skipped if r.get("reason") == "duplicate")}
+            "skipped_duplicate": sum(1 for r in skipped if r.reason == "duplicate")}
 
 
-def accounting(records: list[dict], groups_per_batch: int, steps_trained: int, lineage_ids: set[str]) -> dict[str, Any]:
+def accounting(records: list[ControlRecord], groups_per_batch: int, steps_trained: int,
+               lineage_ids: set[str]) -> dict[str, Any]:
     last = None
     for r in records:
-        if r.get("component") == "dataflow" and r.get("kind") == "dataflow" and isinstance(r.get("counters"), dict):
+        if isinstance(r, DataflowCounters):
             last = r
     if last is None:
         return {"error": "no dataflow metrics record"}
-    c = Counter({k: v for k, v in last["counters"].items() if isinstance(v, (int, float))})
+    c = Counter(last.counters)
     emitted, finished, expired, in_flight = c["tasks.emitted"], c["tasks.finished"], c["tasks.expired"], c["tasks.in_flight"]
     dropped_groups = {k.split(":", 1)[1]: v for k, v in c.items() if k.startswith("trajectories.groups_dropped:") and v}
     batched = sum(v for k, v in c.items() if k.startswith("batches.") and k.endswith(".groups_batched"))
@@ -351,13 +359,12 @@ def main(argv: list[str] | None = None) -> int:
         wall = time.monotonic() - t0
         records = launcher.records()
         recovery(kills, records)
-        step_recs = [r for r in records if is_step(r)]
-        final_step = max((r["step"] for r in step_recs), default=0)
-        done = any(r.get("component") == "trainer" and r.get("event") == "done" and r.get("step") == args.steps
-                   for r in records)
+        final_step = max((r.step for r in records if isinstance(r, TrainerStep)), default=0)
+        done = any(isinstance(r, TrainerDone) and r.step == args.steps for r in records)
         finished = rc == 0 and done and final_step >= args.steps
-        restarts = Counter(r["component"] for r in records if r.get("kind") == "supervisor" and r.get("event") == "restart")
-        failed = [r["component"] for r in records if r.get("kind") == "supervisor" and r.get("event") == "failed"]
+        events = [r for r in records if isinstance(r, SupervisorEvent)]
+        restarts = Counter(r.component for r in events if r.event == "restart")
+        failed = [r.component for r in events if r.event == "failed"]
         batches = batch_lives(records)
         lineage_ids = batches.pop("lineage_ids")
         acct = accounting(records, int(rdata["dataflow"]["groups_per_batch"]), final_step, lineage_ids)

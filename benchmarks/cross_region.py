@@ -45,6 +45,7 @@ import yaml
 from _harness import ROOT, quantiles, summarize
 from _wan import SITE_DIR, WanLink
 
+from astraflow.records.control import ControlRecord, NodeStatus
 from astraflow.testing.runs import private_cluster, run_recipe, trainer_steps
 
 RECIPE = ROOT / "examples" / "recipes" / "sim_hetero.yaml"
@@ -142,7 +143,7 @@ class ReplicaProbe:
         return [max(0.0, self.seen[v] - ts) for v, ts in announced if v in self.seen and ts]
 
 
-def refresh_by_region(metrics: list[dict], run_id: str, node_region: dict[str, str]) -> dict[str, Any]:
+def refresh_by_region(metrics: list[ControlRecord], run_id: str, node_region: dict[str, str]) -> dict[str, Any]:
     """Per region: announcement -> serving (ms, merged samples of the nodes' records), the nodes'
     pull + load seconds, and the replica reader's figures (region B with a replica)."""
     topic = f"{run_id}.weights.policy:serving"
@@ -151,16 +152,17 @@ def refresh_by_region(metrics: list[dict], run_id: str, node_region: dict[str, s
     reader: dict[str, dict] = {}
     lags: dict[str, list[float]] = defaultdict(list)
     for r in metrics:
-        if r.get("component") != "raas" or r.get("node_id") not in node_region:
+        if not isinstance(r, NodeStatus) or r.node_id not in node_region:
             continue
-        region = node_region[r["node_id"]]
-        serving[region] += (r.get("handoff_ms") or {}).get(topic, {}).get("samples", [])
-        if r.get("refresh_s"):
-            refresh[region].append(float(r["refresh_s"]))
-        if r.get("region"):
-            reader[r["node_id"]] = r["region"]  # cumulative: the last record wins
-            if r["region"].get("lag_s") is not None:
-                lags[region].append(float(r["region"]["lag_s"]))
+        region = node_region[r.node_id]
+        if topic in r.handoff_ms:
+            serving[region] += r.handoff_ms[topic].get("samples", [])
+        if r.refresh_s:
+            refresh[region].append(r.refresh_s)
+        if r.region:
+            reader[r.node_id] = r.region  # cumulative: the last record wins
+            if r.region.get("lag_s") is not None:
+                lags[region].append(float(r.region["lag_s"]))
     out = {}
     for region in sorted(set(node_region.values())):
         nodes = [n for n, reg in node_region.items() if reg == region and n in reader]
@@ -214,7 +216,7 @@ def one_run(label: str, recipe, cfg, tmp: Path, link: WanLink, relays: dict[str,
         "ok": s["ok"],
         "every_pool_every_iteration": all(pools[p]["min_per_iteration"] > 0 for p in pools),
         "pools": {p: {"region": "a" if p in REGION_A_POOLS else "b", **v} for p, v in pools.items()},
-        "trainer_idle_per_iteration": [round(x["wait_s"] / max(1e-9, x["wait_s"] + x["step_s"]), 3) for x in steps],
+        "trainer_idle_per_iteration": [round(x.wait_s / max(1e-9, x.wait_s + x.step_s), 3) for x in steps],
         "trainer_idle_fraction": s["trainer_idle_fraction"],
         "iteration_s": s["iteration_s"],
         "staleness_hist": s["staleness_hist"],

@@ -195,8 +195,8 @@ def busy_fraction(recipe_path: str, timeout_s: float) -> dict:
         res = run_recipe(recipe, cfg, runs_dir=Path(tmp), label="gpu-rollout", timeout_s=timeout_s)
     steps = trainer_steps(res.metrics, policy)
     timed = steps[2:]
-    step_s, wait_s = sum(s["step_s"] for s in timed), sum(s["wait_s"] for s in timed)
-    rewards = [s["reward_mean"] for s in steps]
+    step_s, wait_s = sum(s.step_s for s in timed), sum(s.wait_s for s in timed)
+    rewards = [s.reward_mean for s in steps]
     k = max(1, min(20, len(rewards) // 2))
     return {"run_returncode": res.returncode, "run_wall_s": round(res.wall_s, 1), "trainer_steps": len(steps),
             "trainer_busy_fraction": round(step_s / (step_s + wait_s), 3) if timed else None,

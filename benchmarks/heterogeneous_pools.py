@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         rec = run_recipe(recipe, cfg, runs_dir=Path(tmp) / "runs", label="hetero", timeout_s=args.timeout)
     s = summarize(rec, warmup_steps=args.warmup, node_pool=node_pool)
     steps = trainer_steps(rec.metrics, "policy")[args.warmup:]
-    idle_per_iter = [round(x["wait_s"] / max(1e-9, x["wait_s"] + x["step_s"]), 3) for x in steps]
+    idle_per_iter = [round(x.wait_s / max(1e-9, x.wait_s + x.step_s), 3) for x in steps]
     pools = s["pools"]
     every = all(pools[p]["min_per_iteration"] > 0 for p in pools)
     for p in pools:

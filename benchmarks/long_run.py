@@ -68,7 +68,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import chaos
-from chaos import is_step
+
+from astraflow.records.control import (
+    ControlRecord,
+    DataflowCounters,
+    NodeStatus,
+    SupervisorEvent,
+    TrainerStep,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "examples" / "recipes" / "math.yaml"
@@ -154,7 +161,7 @@ class StorageProbe:
         from botocore.exceptions import BotoCoreError, ClientError
 
         from astraflow.dataflow.service import STATE_OBJECT
-        from astraflow.embedded.tansu import TANSU_BUCKET
+        from astraflow.log.trim import TANSU_BUCKET
         from astraflow.objstore.layout import RunLayout
 
         t0 = time.monotonic()
@@ -198,12 +205,12 @@ def sample_steps(steps: int, samples: int) -> list[int]:
 
 
 # -- analysis ----------------------------------------------------------------------------------
-def step_times(records: list[dict]) -> dict[int, dict]:
+def step_times(records: list[ControlRecord]) -> dict[int, TrainerStep]:
     """The last record of each trainer step."""
-    steps: dict[int, dict] = {}
+    steps: dict[int, TrainerStep] = {}
     for r in records:
-        if is_step(r):
-            steps[int(r["step"])] = r
+        if isinstance(r, TrainerStep):
+            steps[r.step] = r
     return dict(sorted(steps.items()))
 
 
@@ -211,9 +218,9 @@ def tenth_bounds(last_step: int) -> list[tuple[int, int]]:
     return [(round(k * last_step / TENTHS), round((k + 1) * last_step / TENTHS)) for k in range(TENTHS)]
 
 
-def _at_or_below(steps: dict[int, dict], step: int) -> tuple[int, float] | None:
+def _at_or_below(steps: dict[int, TrainerStep], step: int) -> tuple[int, float] | None:
     best = max((s for s in steps if s <= step), default=None)
-    return None if best is None else (best, float(steps[best]["time"]))
+    return None if best is None else (best, steps[best].time)
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -225,7 +232,7 @@ def _ratio(series: list[float | None]) -> float | None:
     return round(vals[-1] / vals[0], 3) if len(vals) >= 2 and vals[0] else None
 
 
-def per_tenth(steps: dict[int, dict]) -> dict[str, Any]:
+def per_tenth(steps: dict[int, TrainerStep]) -> dict[str, Any]:
     """s/step, step_s, wait_s and publish_s per tenth, and the tenths' end times."""
     if not steps:
         return {"s_per_step": [], "ratio": None, "ends": []}
@@ -237,26 +244,27 @@ def per_tenth(steps: dict[int, dict]) -> dict[str, Any]:
         rows["s_per_step"].append(round((b[1] - a[1]) / (b[0] - a[0]), 4) if a and b and b[0] > a[0] else None)
         rows["ends"].append(b[1] if b else None)
         inside = [r for s, r in steps.items() if lo < s <= hi]
-        for field in ("step_s", "wait_s", "publish_s"):
-            rows[field].append(_mean([float(r[field]) for r in inside if r.get(field) is not None]))
+        rows["step_s"].append(_mean([r.step_s for r in inside]))
+        rows["wait_s"].append(_mean([r.wait_s for r in inside]))
+        rows["publish_s"].append(_mean([r.publish_s for r in inside if r.publish_s is not None]))
     return {**rows, "ratio": _ratio(rows["s_per_step"])}
 
 
-def handoffs(records: list[dict], ends: list[float | None], run_id: str) -> dict[str, dict]:
+def handoffs(records: list[ControlRecord], ends: list[float | None], run_id: str) -> dict[str, dict]:
     """p50 of each consumer's hand-off samples per tenth (by record time), and last / first."""
     if not ends or ends[-1] is None:
         return {}
     merged: dict[str, list[list[float]]] = defaultdict(lambda: [[] for _ in ends])
     for r in records:
-        h = r.get("handoff_ms")
-        if not isinstance(h, dict) or not h:
-            continue
-        t = float(r.get("time") or 0)
+        if not isinstance(r, (TrainerStep, NodeStatus, DataflowCounters)) or not r.handoff_ms:
+            continue  # the records that carry hand-off figures
+        h = r.handoff_ms
+        t = r.time
         k = next((i for i, end in enumerate(ends) if end is not None and t <= end), None)
         if k is None:
             continue
         for topic, figures in h.items():
-            name = f"{r.get('component')} <- {topic.removeprefix(run_id + '.')}"
+            name = f"{r.component} <- {topic.removeprefix(run_id + '.')}"
             merged[name][k] += figures.get("samples") or [figures["p50"]] * int(figures.get("n", 0) > 0)
     out = {}
     for name, tenths in sorted(merged.items()):
@@ -299,7 +307,7 @@ def measure(storage: str, args: argparse.Namespace, work: Path) -> dict[str, Any
     try:
         while launcher.proc.poll() is None and time.monotonic() - t0 < args.timeout + 60:
             recs = launcher.records()
-            step = max([step] + [int(r["step"]) for r in recs[seen:] if is_step(r)])
+            step = max([step] + [r.step for r in recs[seen:] if isinstance(r, TrainerStep)])
             seen = len(recs)
             if args.kill_broker_at and step >= args.kill_broker_at and killed_at is None:
                 # Late in the run, long after retention removed records: the launcher restarts the broker.
@@ -343,8 +351,8 @@ def measure(storage: str, args: argparse.Namespace, work: Path) -> dict[str, Any
         "samples": ser, "growth": growth,
         "final": samples[-1] if samples else None,
         "broker_killed_at_step": killed_at,
-        "restarts": dict(Counter(r.get("component") for r in records
-                                 if r.get("kind") == "supervisor" and r.get("event") == "restart")),
+        "restarts": dict(Counter(r.component for r in records
+                                 if isinstance(r, SupervisorEvent) and r.event == "restart")),
     }
     if not finished:
         result["launcher_output_tail"] = launcher.output_tail(1500)

@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 from _cpu import ProcessCpu
 from _harness import ROOT, episode_spans, quantiles, summarize
 
+from astraflow.records.control import ControlRecord, DataflowCounters, NodeStatus, TrainerStep
 from astraflow.testing.runs import load_recipe, run_recipe
 
 RECIPE = ROOT / "examples" / "recipes" / "math.yaml"
@@ -75,18 +76,18 @@ def handoff_name(topic: str, run: str) -> str | None:
     return None
 
 
-def handoff_figures(metrics: list[dict], run: str, since: float) -> dict[str, dict]:
+def handoff_figures(metrics: list[ControlRecord], run: str, since: float) -> dict[str, dict]:
     """p50 / p99 per hand-off over the records written after ``since`` (the steady state)."""
     samples: dict[str, list[float]] = {name: [] for name in HANDOFFS}
     for rec in metrics:
-        if float(rec.get("time") or 0) < since or not isinstance(rec.get("handoff_ms"), dict):
-            continue
-        for topic, figures in rec["handoff_ms"].items():
+        if not isinstance(rec, (TrainerStep, NodeStatus, DataflowCounters)) or rec.time < since:
+            continue  # the records that carry hand-off figures
+        for topic, figures in rec.handoff_ms.items():
             name = handoff_name(topic, run)
             if name is not None:
                 samples[name] += figures.get("samples", [])
-        if rec.get("component") == "trainer" and rec.get("publish_s") is not None:
-            samples["step_to_announcement"].append(round(rec["publish_s"] * 1000, 1))
+        if isinstance(rec, TrainerStep) and rec.publish_s is not None:
+            samples["step_to_announcement"].append(round(rec.publish_s * 1000, 1))
     return {name: {**quantiles(xs), "n": len(xs)} if xs else {"n": 0} for name, xs in samples.items()}
 
 
@@ -102,12 +103,11 @@ def distributed(cfg, fetch_wait_ms: int, steps: int, warmup: int, runs_dir: Path
                          threads=threads)
     figures = summarize(rec, warmup_steps=warmup)
     policy = figures["policies"][recipe.policies[0].name]
-    trainer_steps = sorted((r for r in rec.metrics if r.get("component") == "trainer" and "step_s" in r),
-                           key=lambda r: r["step"])
-    since = trainer_steps[warmup]["time"] if len(trainer_steps) > warmup else 0.0
+    trainer_steps = sorted((r for r in rec.metrics if isinstance(r, TrainerStep)), key=lambda r: r.step)
+    since = trainer_steps[warmup].time if len(trainer_steps) > warmup else 0.0
     spans = episode_spans(rec.trajectories)
     measured = len(trainer_steps) - 1 - warmup
-    cpu_s = cpu.between(since, trainer_steps[-1]["time"]) if measured > 0 else {}
+    cpu_s = cpu.between(since, trainer_steps[-1].time) if measured > 0 else {}
     cpu_per_step = {role: round(s / measured, 4) for role, s in sorted(cpu_s.items(), key=lambda kv: -kv[1])}
     total = sum(cpu_s.values()) / measured if cpu_s else None
     return {

@@ -234,10 +234,11 @@ def per_rank_mode(cfg, shards, rank, world, layers, changed, versions):
     import torch.distributed as dist
     from safetensors.torch import save_file
 
-    from astraflow.delta import WeightAnnouncement, WeightStore, encode, read_header
+    from astraflow.delta import WeightStore, encode, read_header
     from astraflow.log import LogProducer, Topics, ensure_topics
     from astraflow.log.codec import WEIGHT_ANNOUNCEMENT_SCHEMA
     from astraflow.objstore import publish_manifest
+    from astraflow.records.control import WeightAnnouncement
 
     store = WeightStore.from_config(cfg, PER_RANK_POLICY)
     objects, layout = store.objects, store.layout

@@ -115,10 +115,12 @@ class AnnouncementWatch:
         self._thread.start()
 
     def _poll(self) -> None:
+        from astraflow.records.control import WeightAnnouncement
+
         while not self._stop.is_set():
             for m in self.consumer.poll(0.2):
-                if isinstance(m.obj, dict) and "version" in m.obj:
-                    self.seen[int(m.obj["version"])] = m.timestamp_ms
+                if isinstance(m.record, WeightAnnouncement):  # parsed at decode
+                    self.seen[m.record.version] = m.timestamp_ms
 
     def wait(self, version: int) -> int:
         while version not in self.seen:

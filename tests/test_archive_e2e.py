@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+from e2e_helpers import LauncherProcess, launcher_env, leftover_processes
 from process_helpers import children, pid_alive
-from test_launcher_e2e import LauncherProcess, _env, _leftovers
 
 from astraflow.archive.readers import archive_url, duckdb_connect, polars_storage_options
 from astraflow.archive.replay import ArchivedRun
@@ -22,6 +22,8 @@ from astraflow.launcher.cluster import write_cluster_file
 from astraflow.log import Topics
 from astraflow.log.lag import committed_offsets
 from astraflow.objstore import ObjectStore
+from astraflow.records.control import DataflowCounters, NodeStatus, SupervisorEvent, TrainerDone, TrainerStep
+from astraflow.report.plot import typed_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 duckdb = pytest.importorskip("duckdb")
@@ -58,7 +60,7 @@ def test_run_leaves_an_archive_duckdb_and_polars_read(tmp_path: Path, test_clust
     archive gives the online dataflow's counters."""
     cfg = test_cluster
     cluster_file = write_cluster_file(cfg, tmp_path / "cluster.yaml")
-    launcher = LauncherProcess(tmp_path, cfg.run, _env(cluster_file), STEPS, timeout_s=150, grace_s=15)
+    launcher = LauncherProcess(tmp_path, cfg.run, launcher_env(cluster_file), STEPS, timeout_s=150, grace_s=15)
     launcher.wait_for_step(1, timeout_s=90)
     victim = _archiver_pid(launcher)
     os.kill(victim, signal.SIGKILL)
@@ -72,20 +74,18 @@ def test_run_leaves_an_archive_duckdb_and_polars_read(tmp_path: Path, test_clust
     assert "supervisor: archive was killed by signal 9 (SIGKILL); restart 1" in log, log[-2000:]
     assert '"rows"' in log.rsplit("supervisor:", 1)[1], log[-2000:]  # the restarted one stopped cleanly
     assert not pid_alive(victim)
-    records = launcher.records()
-    restarts = [(r["component"], r["event"], r["returncode"], r["restarts"]) for r in records
-                if r.get("kind") == "supervisor"]
+    records = typed_records(launcher.records())
+    restarts = [(r.component, r.event, r.returncode, r.restarts) for r in records if isinstance(r, SupervisorEvent)]
     assert restarts == [("archive", "restart", -signal.SIGKILL, 1)], restarts
-    step_records = [r for r in records if r.get("component") == "trainer" and not r.get("event") and "step" in r]
-    assert max(r["step"] for r in step_records) == STEPS
+    step_records = [r for r in records if isinstance(r, TrainerStep)]  # reward_mean, publish_bytes, ... typed
+    assert max(r.step for r in step_records) == STEPS
     # What any run leaves (this test is also the plain `astraflow run` end-to-end check).
-    assert all("reward_mean" in r and "publish_bytes" in r for r in step_records)
-    assert any(r.get("event") == "done" for r in records) and any(r.get("component") == "raas" for r in records)
+    assert any(isinstance(r, TrainerDone) for r in records) and any(isinstance(r, NodeStatus) for r in records)
     assert (run_dir / "report.png").read_bytes()[:4] == b"\x89PNG"
     for name in ("dataflow", "trainer-policy", "raas-default-0"):
         assert (run_dir / "logs" / f"{name}.log").exists()
-    assert _leftovers(str(run_dir)) == []
-    counters = [r for r in records if r.get("component") == "dataflow" and r.get("kind") == "dataflow"][-1]["counters"]
+    assert leftover_processes(str(run_dir)) == []
+    counters = [r for r in records if isinstance(r, DataflowCounters)][-1].counters
     batched = sum(v for k, v in counters.items() if k.endswith(".trajectories_batched"))
     assert batched > 0
 
@@ -136,7 +136,7 @@ def test_run_leaves_an_archive_duckdb_and_polars_read(tmp_path: Path, test_clust
         [sys.executable, "-m", "astraflow.cli.main", "replay", cfg.run, "--recipe", str(run_dir / "recipe.yaml"),
          "--variant", "dapo={filters: [dynamic_sampling]}", "--variant", "fresh={max_staleness: 0}",
          "--plot", str(tmp_path / "replay.png"), "--json"],
-        check=False, env=_env(cluster_file), capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        check=False, env=launcher_env(cluster_file), capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert replay.returncode == 0, replay.stderr[-3000:]
     report = json.loads(replay.stdout.splitlines()[-1])
     own, dapo, fresh = report["configurations"]
@@ -154,7 +154,7 @@ def test_run_leaves_an_archive_duckdb_and_polars_read(tmp_path: Path, test_clust
     live = subprocess.run(
         [sys.executable, "-m", "astraflow.cli.main", "replay", cfg.run, "--recipe", str(run_dir / "recipe.yaml"),
          "--from-log", "--no-plot", "--json"],
-        check=False, env=_env(cluster_file), capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        check=False, env=launcher_env(cluster_file), capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert live.returncode == 0, live.stderr[-3000:]
     live_report = json.loads(live.stdout.splitlines()[-1])
     (live_own,) = live_report["configurations"]

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
+from e2e_helpers import launcher_env, tiny_recipe
 from fakes import make_trajectory
-from test_launcher_e2e import _env, tiny_recipe
 
 from astraflow.archive import Archiver
 from astraflow.archive.feed import feed_archive
@@ -99,7 +99,7 @@ def test_a_run_trains_from_another_runs_archive(tmp_path: Path, test_cluster) ->
     cmd = [sys.executable, "-m", "astraflow.cli.main", "run", str(recipe_path), "--from-archive", source.run,
            "--run-id", new_run, "--runs-dir", str(tmp_path / "runs"), "--no-live", "--timeout", "90",
            "--grace", "5", "--no-archive"]
-    proc = subprocess.run(cmd, check=False, env=_env(cluster_file), capture_output=True, text=True, timeout=130,
+    proc = subprocess.run(cmd, check=False, env=launcher_env(cluster_file), capture_output=True, text=True, timeout=130,
                           cwd=tmp_path)
     out = " ".join(proc.stdout.split())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from astraflow.records.control import SupervisorEvent
+from astraflow.report.plot import typed_records
 from astraflow.testing import bad_records
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,7 +30,7 @@ def test_bad_records_on_every_topic_are_dead_lettered_and_the_run_finishes(tmp_p
     out = result["_output"]
     assert result["run_finished"], out
     assert result["trainer_steps"] == STEPS, out
-    assert result["restarts"] == 0, [r for r in result["_records"] if r.get("kind") == "supervisor"]
+    assert result["restarts"] == 0, [r for r in typed_records(result["_records"]) if isinstance(r, SupervisorEvent)]
     topics = {"tasks.default", "trajectories", "batches.policy", "weights.policy", "metrics"}
     assert set(result["topics"]) == topics
     readers = bad_records.run_topics(test_cluster.run, "default", "policy")

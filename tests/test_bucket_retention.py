@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from astraflow.delta import WeightPublisher, WeightStore, WeightSubscriber
 from astraflow.objstore import ObjectStore
 from astraflow.recipe import TrainerSpec
+from astraflow.records.control import TrainerStep
 from astraflow.trainer.checkpoint import STEP_DIR_RE, CheckpointStore, TrainerCheckpoint
 
 pytestmark = pytest.mark.integration
@@ -132,15 +133,14 @@ def test_a_trainer_run_prunes_its_checkpoints_and_weights(test_cluster):
     GC's anchor, and the step records count the deletions."""
     import threading
 
-    from test_raas_support import make_recipe
-    from test_trainer_service import _send_batches
+    from raas_support import make_recipe, send_batches
 
     from astraflow.log import Topics
     from astraflow.log.range_reader import read_to_end
     from astraflow.trainer.service import run_trainer
 
     cfg = test_cluster
-    _send_batches(cfg, [f"b{i}" for i in range(12)])
+    send_batches(cfg, [f"b{i}" for i in range(12)])
     recipe = make_recipe(cfg.run, trainer={"steps": 12, "checkpoint_every": 2, "anchor_every": 5,
                                            "keep_checkpoints": 2, "weights_gc_every": 5})
     result = run_trainer(cfg, recipe, "policy", threading.Event(), poll_timeout_s=0.2)
@@ -157,11 +157,11 @@ def test_a_trainer_run_prunes_its_checkpoints_and_weights(test_cluster):
     sub = WeightSubscriber(cfg, "policy", "after-run", register=False)
     assert sub.pull()[1] == 12
 
-    records = [m.obj for m in read_to_end(cfg, {(Topics(cfg.run).metrics, 0): 0}).messages
-               if m.obj.get("component") == "trainer" and "loss" in m.obj]
+    records = [m.record for m in read_to_end(cfg, {(Topics(cfg.run).metrics, 0): 0}).messages
+               if isinstance(m.record, TrainerStep)]
     assert len(records) == 12
-    gc_deleted = [r["weights_gc_deleted"] for r in records]  # this life's totals as each step was reported
-    ckpt_deleted = [r["checkpoints_deleted"] for r in records]
+    gc_deleted = [r.weights_gc_deleted for r in records]  # this life's totals as each step was reported
+    ckpt_deleted = [r.checkpoints_deleted for r in records]
     assert gc_deleted == sorted(gc_deleted) and gc_deleted[-1] <= versions[0]
     assert ckpt_deleted == sorted(ckpt_deleted) and 0 < ckpt_deleted[-1] <= 4
     print("weights_gc_deleted", gc_deleted, "checkpoints_deleted", ckpt_deleted)

@@ -93,7 +93,7 @@ class _Records:
 def _trainer(saves) -> object:
     """The trainer service's checkpoint path with a stand-in backend, publisher, records and save (no
     broker, no bucket)."""
-    from test_raas_support import make_recipe
+    from raas_support import make_recipe
 
     from astraflow.trainer.parts import TrainerParts
     from astraflow.trainer.service import TrainerService

@@ -156,9 +156,9 @@ def test_a_malformed_skip_record_is_dead_lettered_by_the_dataflow_and_not_acted_
             producer.send_json(topics.metrics, "trainer.solver", obj, TrainerSkipped.SCHEMA_NAME,
                                TrainerSkipped.SCHEMA_VERSION).result(10)
         # the good record is the last on the topic's one partition: once it counts, the others were read
-        counted = _poll_until(metrics_c, lambda m: m.key == "dataflow" and m.obj.get("kind") == "dataflow"
-                              and m.obj["counters"].get("batches.solver.skipped_by_trainer", 0) >= 1)
-        assert counted and counted[0].obj["counters"]["batches.solver.skipped_by_trainer"] == 1
+        counted = _poll_until(metrics_c, lambda m: m.key == "dataflow" and isinstance(m.record, DataflowCounters)
+                              and m.record.counters.get("batches.solver.skipped_by_trainer", 0) >= 1)
+        assert counted and counted[0].record.counters["batches.solver.skipped_by_trainer"] == 1
     finally:
         stop.set()
         thread.join(30)

@@ -11,9 +11,14 @@ from fakes import make_trajectory
 from astraflow.dataflow import DataflowConfig
 from astraflow.dataflow.service import STATE_OBJECT, run_dataflow
 from astraflow.records import Task, Trajectory, batch, task, trajectory
-from astraflow.records.control import WeightAnnouncement, send_control
+from astraflow.records.control import DataflowCounters, WeightAnnouncement, send_control
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _counters(m) -> dict[str, int] | None:
+    """The dataflow's counters, when ``m`` is its counters record (typed at decode); None otherwise."""
+    return m.record.counters if isinstance(m.record, DataflowCounters) else None
 
 
 def traj(prompt_id: str, i: int, version: int, reward: float) -> Trajectory:
@@ -75,7 +80,7 @@ def test_duplicate_trained_once_stale_dropped_and_resume(test_cluster):
     try:
         assert sorted(read_tasks(tasks_c, 2)) == ["p0", "p1"]  # cap = 1 x (1+1)
         announce_version(prod, topics.weights("solver"), 3).result(10)
-        seen_v3 = read_until(metrics_c, 1, pred=lambda m: (m.obj or {}).get("versions", {}).get("solver") == 3)
+        seen_v3 = read_until(metrics_c, 1, pred=lambda m: _counters(m) is not None and m.record.versions.get("solver") == 3)
         assert seen_v3, "dataflow never saw the weight announcement"
         # the metrics contract: component and id on every record, kind names the dataflow's record
         assert {k: seen_v3[0].obj[k] for k in ("component", "id", "kind")} == {
@@ -161,7 +166,7 @@ def test_resume_onto_a_lost_log_reemits_in_flight_tasks_at_once(test_cluster, un
         # Wait until the dataflow has read them (its metrics say so), not a fixed time: on a loaded
         # machine its poll can come later than any sleep chosen here.
         with LogConsumer(cfg, topics.metrics, unique_name("metrics")) as metrics_c:
-            assert read_until(metrics_c, 1, pred=lambda m: ((m.obj or {}).get("counters") or {}).get(
+            assert read_until(metrics_c, 1, pred=lambda m: (_counters(m) or {}).get(
                 "trajectories.unknown_task") == 3), "the dataflow did not read the 3 trajectories"
         time.sleep(1.0)  # a checkpoint (every 0.5 s) after they were read
     finally:
@@ -300,17 +305,17 @@ def test_an_announcement_naming_its_last_batch_holds_emission_back_after_a_train
     def batches_made(n: int) -> None:
         """Wait until the dataflow made ``n`` batches: its trajectories and an announcement sent after them
         are on different topics, and it may read the announcement first."""
-        made = read_until(metrics_c, 1, pred=lambda m: (m.obj or {}).get("counters", {}).get(
-            "batches.solver.batches", 0) >= n)
+        made = read_until(metrics_c, 1, pred=lambda m: (_counters(m) or {}).get("batches.solver.batches", 0) >= n)
         assert made, f"the dataflow never made {n} batches"
 
     def announce(version: int, batch_id: str) -> int:
         """Announce ``version`` as trained through ``batch_id``; the tasks emitted once the dataflow read it."""
         announce_version(prod, topics.weights("solver"), version, batch_id).result(10)
         # the dataflow emits in the loop pass that reads the announcement, before its next metrics record
-        seen = read_until(metrics_c, 1, pred=lambda m: (m.obj or {}).get("versions", {}).get("solver") == version)
+        seen = read_until(metrics_c, 1, pred=lambda m: _counters(m) is not None
+                          and m.record.versions.get("solver") == version)
         assert seen, f"the dataflow never read v{version}'s announcement"
-        return seen[0].obj["counters"]["tasks.emitted"]
+        return seen[0].record.counters["tasks.emitted"]
 
     stop, th, result = start(cfg, section, dataset)
     try:
@@ -360,9 +365,9 @@ def test_told_the_trainers_step_count_the_dataflow_emits_nothing_for_after_the_l
         prod.send_table(topics.trajectories, "p0", trajectory.to_table([traj("p0", 0, 0, 1.0), traj("p0", 1, 0, 0.0)]),
                         trajectory.SCHEMA_NAME, trajectory.SCHEMA_VERSION).result(10)
         announce_version(prod, topics.weights("solver"), 1, "solver-00000000").result(10)
-        seen = read_until(metrics_c, 1, pred=lambda m: (m.obj or {}).get("versions", {}).get("solver") == 1
-                          and m.obj["counters"].get("batches.solver.batches") == 1)
-        assert seen and seen[0].obj["counters"]["tasks.emitted"] == 2
+        seen = read_until(metrics_c, 1, pred=lambda m: _counters(m) is not None and m.record.versions.get("solver") == 1
+                          and m.record.counters.get("batches.solver.batches") == 1)
+        assert seen and seen[0].record.counters["tasks.emitted"] == 2
         assert read_tasks(tasks_c, 1, timeout_s=2) == []
     finally:
         stop.set()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from test_dataflow import cfg, dataset, rollout, traj, varied
+from dataflow_helpers import cfg, dataset, rollout, traj, varied
 
 from astraflow.dataflow import Dataflow, DataflowConfig
 from astraflow.records import Task

@@ -31,6 +31,8 @@ from waiting import wait_until
 
 from astraflow.launcher.restarts import NO_RESTART, RestartBook, RestartPolicy
 from astraflow.launcher.supervisor import ChildExited, ChildSpec, ProcessGroup
+from astraflow.records.control import SupervisorEvent
+from astraflow.report.plot import typed_records
 
 # A component stand-in: writes its pid and its helper's pid, then sleeps until signalled.
 SLEEPER = textwrap.dedent("""
@@ -210,7 +212,7 @@ def _metrics(path: Path) -> list[dict]:
 
 def test_report_png_from_metrics_jsonl(tmp_path: Path) -> None:
     from astraflow.report import load_metrics, write_report
-    from astraflow.report.plot import node_throughput, trainer_steps, typed_records
+    from astraflow.report.plot import node_throughput, trainer_steps
 
     _metrics(tmp_path / "metrics.jsonl")
     records = load_metrics(tmp_path / "metrics.jsonl")
@@ -235,13 +237,13 @@ def test_report_of_empty_run(tmp_path: Path) -> None:
 def test_progress_folds_the_metrics_contract(tmp_path: Path) -> None:
     """The live view folds typed records, read back from metrics.jsonl's JSON with the one parse function."""
     from astraflow.launcher.progress import RunProgress
-    from astraflow.records.control import ControlRecordError, parse_metrics_json
+    from astraflow.records.control import ControlRecordError, parse_control
 
     p = RunProgress(run="r", steps=5, policies=["solver", "verifier"])
     for rec in _metrics(tmp_path / "m.jsonl"):
-        p.update(parse_metrics_json(rec))
+        p.update(parse_control(None, None, rec))
     p.update(dataflow_counters({"tasks.emitted": 9, "trajectories.dropped.stale": 2, "tasks.expired": 0}))
-    p.update(parse_metrics_json(autoscale_report(default=(1, 2)).to_json()))
+    p.update(parse_control(None, None, autoscale_report(default=(1, 2)).to_json()))
     assert p.autoscale is not None and p.autoscale.pools["default"].target_nodes == 2
     assert p.dataflow is not None and p.dataflow.counters["tasks.emitted"] == 9
     assert p.trainers["verifier"].step == 5 and "solver" in p.done and not p.all_done
@@ -250,13 +252,13 @@ def test_progress_folds_the_metrics_contract(tmp_path: Path) -> None:
     assert "solver: step 5/5 v5 reward 0.700 done" in line and "trajectories.dropped.stale=2" in line
     p.update(trainer_done("verifier", 5))
     assert p.all_done
-    p.update(parse_metrics_json(restart("raas-default-0").to_json()))
+    p.update(parse_control(None, None, restart("raas-default-0").to_json()))
     assert p.restarts == {"raas-default-0": 1} and "restarts raas-default-0=1" in p.summary_line()
     assert list(p.nodes) == ["raas-default-0"] and p.nodes["raas-default-0"].tokens_per_s == 305
     with pytest.raises(ControlRecordError, match="tokens_per_s"):  # a node's status without its rate
-        parse_metrics_json({k: v for k, v in node_status().to_json().items() if k != "tokens_per_s"})
+        parse_control(None, None, {k: v for k, v in node_status().to_json().items() if k != "tokens_per_s"})
     with pytest.raises(ControlRecordError):  # a user's own figures: no record kind of ours
-        parse_metrics_json({"component": "my-evaluator", "accuracy": 0.5})
+        parse_control(None, None, {"component": "my-evaluator", "accuracy": 0.5})
 
 
 def test_done_of_an_earlier_life_does_not_end_a_resumed_run() -> None:
@@ -330,8 +332,8 @@ def test_launch_fails_when_a_restart_budget_is_exhausted(tmp_path: Path, test_cl
     assert "restart budget exhausted" in result.reason and str(log) in result.reason
     assert "CUDA out of memory" in result.reason
     run_dir = tmp_path / test_cluster.run
-    records = [r for r in load_metrics(run_dir / "metrics.jsonl") if r.get("kind") == "supervisor"]
-    assert [(r["component"], r["event"], r["returncode"], r["restarts"]) for r in records] == [
+    records = [r for r in typed_records(load_metrics(run_dir / "metrics.jsonl")) if isinstance(r, SupervisorEvent)]
+    assert [(r.component, r.event, r.returncode, r.restarts) for r in records] == [
         ("trainer-policy", "restart", 7, 1), ("trainer-policy", "restart", 7, 2), ("trainer-policy", "failed", 7, 2)]
     pids = _pids_from_log(run_dir / "logs/dataflow.log") + _pids_from_log(run_dir / "logs/raas-default-0.log")
     assert not any(pid_alive(p) for p in pids)

@@ -12,39 +12,15 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
+from e2e_helpers import LauncherProcess, launcher_env, leftover_processes, tiny_recipe
 from process_helpers import children, pid_alive
 from waiting import wait_until
 
 from astraflow.launcher.cluster import write_cluster_file
+from astraflow.records.control import SupervisorEvent, TrainerDone, TrainerStep
+from astraflow.report.plot import typed_records
 
-ROOT = Path(__file__).parent.parent
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def tiny_recipe(tmp_path: Path, source: str = "math", steps: int = 2) -> Path:
-    data = yaml.safe_load((ROOT / "examples" / "recipes" / f"{source}.yaml").read_text())
-    data["dataset"]["samples"] = 4
-    data["dataflow"]["groups_per_batch"] = 4
-    data["trainer"].update(steps=steps, checkpoint_every=1)
-    data["eval"]["prompts"] = 20
-    for p in data["policies"]:
-        p["model"] = str(ROOT / "examples" / "models" / "tiny.yaml")
-        p["sft"]["steps"] = 5
-    path = tmp_path / f"tiny-{source}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
-def _env(cluster_file: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAFLOW_")}
-    env["ASTRAFLOW_CONFIG"] = str(cluster_file)
-    return env
-
-
-def _leftovers(marker: str) -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], check=True, capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if marker in line and "ps -eo" not in line]
 
 
 def test_astraflow_demo_tiny(tmp_path: Path, test_cluster) -> None:
@@ -54,7 +30,7 @@ def test_astraflow_demo_tiny(tmp_path: Path, test_cluster) -> None:
     recipe = tiny_recipe(tmp_path)
     cmd = [sys.executable, "-m", "astraflow.cli.main", "demo", "--recipes", str(recipe), "--steps", "2",
            "--runs-dir", str(tmp_path / "runs"), "--no-live"]
-    proc = subprocess.run(cmd, check=False, env=_env(cluster_file), capture_output=True, text=True, timeout=150, cwd=tmp_path)
+    proc = subprocess.run(cmd, check=False, env=launcher_env(cluster_file), capture_output=True, text=True, timeout=150, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (summary_path,) = (tmp_path / "runs").glob("*/summary.json")
     summary = json.loads(summary_path.read_text())
@@ -63,55 +39,6 @@ def test_astraflow_demo_tiny(tmp_path: Path, test_cluster) -> None:
     assert 0.0 <= row["before"]["accuracy"] <= 1.0 and row["final_version"] >= 2
     assert abs(row["delta"] - (row["after"]["accuracy"] - row["before"]["accuracy"])) < 1e-9
     assert "held-out accuracy" in proc.stdout and (summary_path.parent / "report.png").exists()
-
-
-# -- supervision: kill a component mid-run, stop the launcher mid-run ---------------------------
-class LauncherProcess:
-    """``astraflow run`` as a subprocess (output to a file: a full pipe would block it), with the
-    probes the supervision tests need."""
-
-    def __init__(self, tmp_path: Path, run_id: str, env: dict[str, str], steps: int, timeout_s: float = 100,
-                 grace_s: float = 5) -> None:
-        self.run_dir = tmp_path / "runs" / run_id
-        self.out_path = tmp_path / "launcher.out"
-        cmd = [sys.executable, "-m", "astraflow.cli.main", "run", str(tiny_recipe(tmp_path, steps=steps)),
-               "--run-id", run_id, "--runs-dir", str(tmp_path / "runs"), "--no-live", "--timeout", str(timeout_s),
-               "--grace", str(grace_s)]
-        with open(self.out_path, "w") as out:
-            self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
-
-    @property
-    def output(self) -> str:
-        """What the launcher printed, with rich's line wrapping undone."""
-        return " ".join(self.out_path.read_text().split())
-
-    def records(self) -> list[dict]:
-        path = self.run_dir / "metrics.jsonl"
-        lines = path.read_text().splitlines() if path.exists() else []
-        return [json.loads(line) for line in lines if line.endswith("}")]
-
-    def wait_for_step(self, step: int, timeout_s: float = 60.0) -> None:
-        """Until a trainer step record >= ``step`` reached metrics.jsonl: the kill point."""
-        def reached() -> bool:
-            assert self.proc.poll() is None, f"launcher ended early:\n{self.output[-3000:]}"
-            return any(r.get("component") == "trainer" and (r.get("step") or 0) >= step for r in self.records())
-
-        wait_until(reached, timeout_s, f"trainer step {step} in metrics.jsonl", interval_s=0.1,
-                   on_timeout=lambda: self.output[-3000:])
-
-    def component_pid(self, name: str) -> int:
-        """The pid of the component ``name`` (``dataflow``, ``trainer-policy``, ``raas-default-0``)."""
-        command = name.split("-")[0]
-        pids = [pid for pid, argv in children(self.proc.pid).items() if command in argv]
-        assert len(pids) == 1, f"{name}: {children(self.proc.pid)}"
-        return pids[0]
-
-    def wait(self, timeout_s: float) -> int:
-        try:
-            return self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise AssertionError(f"launcher still running after {timeout_s} s:\n{self.output[-3000:]}") from None
 
 
 KILLS = ((2, "raas-default-0"), (4, "dataflow"), (6, "trainer-policy"))
@@ -126,7 +53,7 @@ def test_killed_components_are_restarted_and_the_run_finishes(tmp_path: Path, te
     With ``max_staleness: 1`` the dataflow cannot run more than a batch or two ahead, so the steps after
     each kill need the restarted component."""
     cluster_file = write_cluster_file(test_cluster, tmp_path / "cluster.yaml")
-    launcher = LauncherProcess(tmp_path, test_cluster.run, _env(cluster_file), KILL_RUN_STEPS, timeout_s=200)
+    launcher = LauncherProcess(tmp_path, test_cluster.run, launcher_env(cluster_file), KILL_RUN_STEPS, timeout_s=200)
     victims = []
     for step, component in KILLS:
         launcher.wait_for_step(step, timeout_s=90)
@@ -135,20 +62,20 @@ def test_killed_components_are_restarted_and_the_run_finishes(tmp_path: Path, te
     rc = launcher.wait(220)
     out = launcher.output
     assert rc == 0, out[-3000:]
-    records = launcher.records()
-    restarts = [r for r in records if r.get("kind") == "supervisor"]
+    records = typed_records(launcher.records())
+    restarts = [r for r in records if isinstance(r, SupervisorEvent)]
     # Each victim restarted once. Not in kill order: on a quiet machine the trainer can be past step 4
     # when the node dies, so two kills land within one backoff and restart in the supervisor's order.
-    assert sorted((r["component"], r["event"], r["returncode"], r["restarts"]) for r in restarts) == sorted(
+    assert sorted((r.component, r.event, r.returncode, r.restarts) for r in restarts) == sorted(
         (component, "restart", -signal.SIGKILL, 1) for _, component in KILLS), restarts
-    steps = [r["step"] for r in records if r.get("component") == "trainer" and not r.get("event") and "step" in r]
-    assert max(steps) == KILL_RUN_STEPS and any(r.get("event") == "done" for r in records)
+    steps = [r.step for r in records if isinstance(r, TrainerStep)]
+    assert max(steps) == KILL_RUN_STEPS and any(isinstance(r, TrainerDone) for r in records)
     assert "Traceback" not in out
     for _, component in KILLS:
         assert "restarts" in out and f"{component}=1" in out, out[-2000:]
         log = (launcher.run_dir / "logs" / f"{component}.log").read_text()
         assert f"supervisor: {component} was killed by signal 9 (SIGKILL); restart 1" in log
-    assert not any(pid_alive(v) for v in victims) and _leftovers(str(launcher.run_dir)) == []
+    assert not any(pid_alive(v) for v in victims) and leftover_processes(str(launcher.run_dir)) == []
 
 
 def _embedded_env(state_dir: Path) -> dict[str, str]:
@@ -211,9 +138,9 @@ def test_killed_embedded_servers_are_restarted(tmp_path: Path) -> None:
     rc = launcher.wait(220)
     out = launcher.output
     assert rc == 0, out[-3000:]
-    records = launcher.records()
-    restarts = [(r["component"], r["event"], r["restarts"]) for r in records if r.get("kind") == "supervisor"]
-    steps = [r["step"] for r in records if r.get("component") == "trainer" and not r.get("event") and "step" in r]
+    records = typed_records(launcher.records())
+    restarts = [(r.component, r.event, r.restarts) for r in records if isinstance(r, SupervisorEvent)]
+    steps = [r.step for r in records if isinstance(r, TrainerStep)]
     assert max(steps) == KILL_RUN_STEPS and "Traceback" not in out
     for server in ("tansu", "seaweedfs"):
         assert (server, "restart", 1) in restarts, restarts

@@ -8,6 +8,7 @@ import time
 
 import pyarrow as pa
 import pytest
+from log_helpers import acked_count
 from waiting import wait_until
 
 from astraflow.config import (
@@ -97,7 +98,7 @@ def test_round_trip_with_headers_and_acked_offsets(test_cluster: ClusterConfig) 
     with LogProducer(test_cluster, "raas-1") as producer:
         acks = [producer.send_table(topic, f"k{i}", _table(i), *SCHEMA, policy="pi").result(20) for i in range(6)]
         ann = producer.send_json(topic, "v3", {"version": 3, "kind": "delta"}, *SCHEMA).result(20)
-        assert producer.ledger.acked_count() == {
+        assert acked_count(producer.ledger) == {
             (topic, p): sum(1 for a in acks + [ann] if a.partition == p) for p in {a.partition for a in acks + [ann]}
         }
     with LogConsumer(test_cluster, [topic], "g-roundtrip", expected_schemas={"trajectory": 1}) as consumer:
@@ -211,20 +212,17 @@ def test_commit_skips_past_nothing_unprocessed(test_cluster: ClusterConfig) -> N
         msgs = _drain(consumer, 3)
         assert consumer.commit([msgs[1], msgs[2]]) == {}  # record 0 still in flight
         assert consumer.commit([msgs[0]]) == {(topic, 0): 3}
-        # seek_committed: nothing uncommitted remains, so nothing is re-delivered.
-        consumer.seek_committed()
-        assert _quiet(consumer, 1.0) == []
+    assert committed_offsets(test_cluster, "g-prefix") == {(topic, 0): 3}  # nothing uncommitted remains
 
 
-def test_seek_committed_redelivers_uncommitted(test_cluster: ClusterConfig) -> None:
+def test_the_next_member_rereads_what_was_handed_out_but_not_committed(test_cluster: ClusterConfig) -> None:
     topic = Topics(test_cluster.run).tasks("seek")
     _produce(test_cluster, topic, 4).close()
     with LogConsumer(test_cluster, [topic], "g-seek") as consumer:
         msgs = _drain(consumer, 4)
         consumer.commit(msgs[:2])
-        consumer.seek_committed()
-        again = _drain(consumer, 2)
-        assert [m.offset for m in again] == [2, 3]
+    with LogConsumer(test_cluster, [topic], "g-seek") as again:
+        assert [m.offset for m in _drain(again, 2)] == [2, 3]
 
 
 def test_pause_and_resume(test_cluster: ClusterConfig) -> None:

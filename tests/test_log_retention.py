@@ -18,10 +18,9 @@ import yaml
 
 from astraflow.config import ClusterConfig, LogRetentionSettings
 from astraflow.embedded import EmbeddedStack
-from astraflow.embedded.tansu import TANSU_BUCKET, TANSU_CLUSTER_ID
 from astraflow.log.lag import groups_committed_offsets
 from astraflow.log.retention import LogRetention, run_readers, trim_points
-from astraflow.log.trim import TansuObjectTrimmer, trimmer_for
+from astraflow.log.trim import TANSU_BUCKET, TANSU_CLUSTER_ID, TansuObjectTrimmer, trimmer_for
 from astraflow.objstore import ObjectStore
 
 ROOT = Path(__file__).parent.parent

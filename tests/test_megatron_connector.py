@@ -9,6 +9,7 @@ import importlib.util
 
 import pytest
 import torch
+from megatron_helpers import _batch, _llama, _qwen2
 
 from connectors.megatron.convert import DecoderShape, hf_to_megatron, megatron_to_hf
 
@@ -17,24 +18,6 @@ needs_megatron = pytest.mark.skipif(importlib.util.find_spec("megatron") is None
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
                                                                 reason="needs a CUDA device"))]
 """CPU everywhere; CUDA where a GPU is (Megatron's own CUDA rotary embedding, NCCL group)."""
-
-
-def _qwen2(tied: bool = True):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(Qwen2Config(
-        vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=128, max_position_embeddings=64, tie_word_embeddings=tied)).eval()
-
-
-def _llama(tied: bool = False):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(1)
-    return LlamaForCausalLM(LlamaConfig(
-        vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
-        intermediate_size=96, max_position_embeddings=64, tie_word_embeddings=tied)).eval()
 
 
 def _assert_bit_exact_round_trip(hf_state: dict[str, torch.Tensor], shape: DecoderShape, style: str) -> None:
@@ -95,27 +78,6 @@ def test_smollm2_round_trip_is_bit_exact():
 
 
 # -- with megatron-core ---------------------------------------------------------------------------------
-
-
-def _batch(model, vocab: int = 300):
-    """2 groups x 4 samples with varied rewards; behaviour log-probs from ``model``."""
-    from astraflow.records import Trajectory
-
-    gen = torch.Generator().manual_seed(3)
-    out = []
-    for g in range(2):
-        prompt = torch.randint(1, vocab, (5 + g,), generator=gen).tolist()
-        for i in range(4):
-            resp = torch.randint(1, vocab, (2 + i,), generator=gen).tolist()
-            with torch.no_grad():
-                lp = torch.log_softmax(model(input_ids=torch.tensor([prompt + resp])).logits[0], -1)
-            out.append(Trajectory(
-                episode_id=f"t{g}/p/{i}", task_id=f"t{g}", group_id=f"t{g}/p", sample_index=i, policy="p",
-                prompt_ids=prompt, response_ids=resp,
-                logprobs=[float(lp[len(prompt) - 1 + j, t]) for j, t in enumerate(resp)],
-                versions=[0] * len(resp), loss_mask=[1] * len(resp), reward=float(i % 2 == 0), rewards={},
-                turn_bounds=[0, len(resp)], node_id="n", created_at=0.0, gen_seconds=0.0, task_type="t"))
-    return out
 
 
 @needs_megatron

@@ -20,13 +20,11 @@ machinery correctly: the same log-probs and the same update as one rank.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-from collections.abc import Iterator
 
 import pytest
 import torch
-from test_megatron_parallel import _check_group, _run_group
+from megatron_helpers import MODELS, _check_group, _run_group
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("megatron") is None,
@@ -35,51 +33,8 @@ pytestmark = [
 ]
 
 
-class _CudaDeviceToCpu(torch.overrides.TorchFunctionMode):
-    """``device="cuda"`` (or an index, as ``torch.cuda.current_device()`` returns) becomes the CPU."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = dict(kwargs or {})
-        device = kwargs.get("device")
-        if isinstance(device, int) or (device is not None and torch.device(device).type == "cuda"):
-            kwargs["device"] = "cpu"
-        if func is torch.Tensor.cuda:
-            return args[0]
-        return func(*args, **kwargs)
-
-
-class _NoStream:
-    def __init__(self, *args, **kwargs) -> None:
-        pass
-
-    def wait_stream(self, *args) -> None:
-        pass
-
-
-@contextlib.contextmanager
-def redirect_cuda_to_cpu() -> Iterator[None]:
-    """For a worker process only (it patches torch.cuda for good)."""
-    cpu_type = torch.Tensor.type
-
-    def cuda_type(self, *args, **kwargs):
-        name = cpu_type(self, *args, **kwargs)
-        if args or kwargs or not name.startswith("torch.") or name.startswith("torch.cuda."):
-            return name
-        return name.replace("torch.", "torch.cuda.", 1)
-
-    torch.cuda.current_device = lambda: "cpu"
-    torch.cuda.synchronize = lambda *a, **k: None
-    torch.cuda.Stream = _NoStream
-    torch.cuda.default_stream = torch.cuda.current_stream = lambda *a, **k: _NoStream()
-    torch.Tensor.type = cuda_type
-    with _CudaDeviceToCpu():
-        yield
-
-
 def test_megatrons_ddp_and_schedule_need_cuda_on_this_host():
     """Why the CPU path (connectors/megatron/torch_training.py) exists: the real error, unredirected."""
-    from test_megatron_parallel import MODELS
-
     from connectors.megatron.backend import MegatronBackend
     from connectors.megatron.megatron_training import MegatronTraining
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_megatron_parallel import LR, MODELS, _batch, _free_port
+from megatron_helpers import LR, MODELS, _batch, _free_port
 from update_agreement import update_disagreement
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("megatron") is None,

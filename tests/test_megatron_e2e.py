@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from e2e_helpers import launcher_env, tiny_recipe
 from run_records import read_trajectories, teacher_forced
-from test_launcher_e2e import _env, tiny_recipe
 
 from astraflow.launcher.cluster import write_cluster_file
 
@@ -54,7 +54,7 @@ def test_a_megatron_trainer_trains_a_run_served_by_the_hf_engine(tmp_path: Path,
     cmd = [sys.executable, "-m", "astraflow.cli.main", "run", str(_megatron_recipe(tmp_path, ranks, **backend)), "--run-id",
            test_cluster.run, "--runs-dir", str(tmp_path / "runs"), "--no-live", "--no-archive", "--timeout", "180",
            "--grace", "5"]
-    proc = subprocess.run(cmd, env=_env(cluster_file), capture_output=True, text=True, timeout=210, cwd=tmp_path,
+    proc = subprocess.run(cmd, env=launcher_env(cluster_file), capture_output=True, text=True, timeout=210, cwd=tmp_path,
                           check=False)
     trainer_log = run_dir / "logs" / "trainer-policy.log"
     trainer_log = trainer_log.read_text() if trainer_log.exists() else "(no trainer log)"

@@ -23,9 +23,6 @@ def test_other_keys_match_architecture() -> None:
     )
     assert lay.dataflow_key("replay/state.json") == "r-2.x/dataflow/replay/state.json"
     assert lay.claim_key("ab" * 32) == "r-2.x/claims/" + "ab" * 32
-    assert (
-        lay.archive_key("trajectories/part-00001.parquet") == "r-2.x/archive/trajectories/part-00001.parquet"
-    )
 
 
 def test_version_keys_sort_in_version_order() -> None:
@@ -67,7 +64,7 @@ def test_bad_versions_refused(version: object) -> None:
 @pytest.mark.parametrize("bad", ["", "/abs", "a//b", "a/../b", "./a", "a/", "sp ace"])
 def test_bad_relative_names_refused(bad: str) -> None:
     lay = RunLayout("r")
-    for build in (lambda n: lay.trainer_key("pi", n), lay.dataflow_key, lay.archive_key):
+    for build in (lambda n: lay.trainer_key("pi", n), lay.dataflow_key):
         with pytest.raises(ValueError, match="invalid"):
             build(bad)
     with pytest.raises(ValueError, match="invalid claim digest"):

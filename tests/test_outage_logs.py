@@ -71,7 +71,7 @@ def test_kafka_client_logs_become_outage_lines(caplog):
 @pytest.mark.integration
 @pytest.mark.slow
 def test_node_waits_out_a_lost_broker_and_bucket_quietly(tmp_path: Path):
-    from test_raas_support import (
+    from raas_support import (
         TopicReader,
         publish_v0,
         recipe_dict,

@@ -6,7 +6,7 @@ import signal
 import threading
 
 import pytest
-from test_raas_support import (
+from raas_support import (
     TopicReader,
     make_recipe,
     publish_v0,

@@ -7,7 +7,9 @@ import threading
 import time
 
 import pytest
-from test_raas_support import TopicReader, load_tiny_model, make_recipe
+from raas_support import TopicReader, load_tiny_model, make_recipe
+
+from astraflow.records.control import NodeStatus, TrainerDone, TrainerStep
 
 
 @pytest.mark.slow
@@ -57,12 +59,11 @@ def test_dataflow_node_and_trainer_close_the_loop(test_cluster):
         assert not isinstance(results.get(name), BaseException), results
     metrics = TopicReader(cfg, Topics(cfg.run).metrics)
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and not any(isinstance(r, dict) and r.get("event") == "done"
-                                                  for r in metrics.items):
+    while time.monotonic() < deadline and not any(isinstance(r, TrainerDone) for r in metrics.records):
         metrics.read()
     metrics.close()
-    steps = [r for r in metrics.items if r.get("component") == "trainer" and "batch_id" in r]
-    assert [r["step"] for r in steps] == [1, 2, 3]
-    nodes = [r for r in metrics.items if r.get("component") == "raas"]
-    assert nodes and max(r["trajectories"] for r in nodes) >= 8
-    assert max(r["versions"]["policy"] for r in nodes) >= 1  # the node followed the trainer
+    steps = [r for r in metrics.records if isinstance(r, TrainerStep)]
+    assert [r.step for r in steps] == [1, 2, 3]
+    nodes = [r for r in metrics.records if isinstance(r, NodeStatus)]
+    assert nodes and max(r.trajectories for r in nodes) >= 8
+    assert max(r.versions["policy"] for r in nodes) >= 1  # the node followed the trainer

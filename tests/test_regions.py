@@ -15,7 +15,8 @@ import time
 
 import pytest
 import torch
-from test_raas_support import TopicReader, make_recipe, send_tasks
+from raas_support import TopicReader, make_recipe, send_tasks
+from region_helpers import BucketReplica, sent_bytes
 from waiting import wait_until
 
 from astraflow.config import ClusterConfig, RegionSettings, S3Settings
@@ -28,7 +29,7 @@ POLICY = "policy"
 @pytest.fixture(scope="module")
 def regions(tmp_path_factory):
     """(origin server, replica) with replication running."""
-    from astraflow.embedded.replica import BucketReplica, SeaweedServer
+    from astraflow.embedded.replica import SeaweedServer
 
     root = tmp_path_factory.mktemp("regions")
     access, secret = "AF" + secrets.token_hex(6).upper(), secrets.token_urlsafe(20)
@@ -104,7 +105,7 @@ def test_node_serves_from_the_replica_and_waits_out_paused_replication(test_clus
     pub = WeightPublisher(cfg, POLICY, anchor_every=10)
     pub.publish(state, 0)
     pub.flush()
-    origin_sent, replica_sent = origin.sent_bytes(), replica.server.sent_bytes()
+    origin_sent, replica_sent = sent_bytes(origin), sent_bytes(replica.server)
     stop_event = threading.Event()
     node = RaasNode.from_config(node_cfg, recipe, "default", "node-b", stop_event, metrics_every_s=0.5)
     thread = threading.Thread(target=node.run, daemon=True)
@@ -138,8 +139,8 @@ def test_node_serves_from_the_replica_and_waits_out_paused_replication(test_clus
         assert stats.origin_bytes == 0 and stats.fallbacks == 0 and stats.timeouts == 0
         assert stats.lag_max_s >= 1.5
         assert stats.replica_bytes > 0
-        assert replica.server.sent_bytes() - replica_sent >= stats.replica_bytes
-        assert origin.sent_bytes() == origin_sent  # the origin served listings, not one object byte
+        assert sent_bytes(replica.server) - replica_sent >= stats.replica_bytes
+        assert sent_bytes(origin) == origin_sent  # the origin served listings, not one object byte
 
         def lag_reported(items):
             return any(r.get("node_id") == "node-b" and ((r.get("region") or {}).get("lag_s") or 0) >= 1.5
@@ -179,7 +180,7 @@ def test_origin_fallback_and_claims_while_replication_is_paused(test_cluster, re
             pub.flush()
         payload = secrets.token_bytes(50_000)
         key, digest = ClaimCheck(cfg).put(payload)
-        origin_sent = origin.sent_bytes()
+        origin_sent = sent_bytes(origin)
 
         reader = open_reader(fallback_cfg)
         assert isinstance(reader, RegionalStore)
@@ -187,7 +188,7 @@ def test_origin_fallback_and_claims_while_replication_is_paused(test_cluster, re
         served, version, _ = sub.pull()
         assert version == 0 and _bit_exact(served, state)
         assert reader.stats.fallbacks >= 2 and reader.stats.replica_bytes == 0  # manifest + anchor
-        assert origin.sent_bytes() - origin_sent >= reader.stats.origin_bytes > 0
+        assert sent_bytes(origin) - origin_sent >= reader.stats.origin_bytes > 0
         assert ClaimCheck(fallback_cfg).get(key, digest, len(payload)) == payload
 
         t0 = time.monotonic()

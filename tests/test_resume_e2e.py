@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_launcher_e2e import LauncherProcess
+from e2e_helpers import LauncherProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STEPS = 12

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from e2e_helpers import launcher_env
 from run_records import read_trajectories
-from test_launcher_e2e import _env
 
 from astraflow.launcher.cluster import write_cluster_file
 from astraflow.tasks.word_calc import TEMPLATES, evaluate_expression
@@ -79,7 +79,7 @@ def test_smollm2_recipe_trains_and_publishes_on_the_real_checkpoint(tmp_path: Pa
            "--runs-dir", str(tmp_path / "runs"), "--no-live", "--no-archive", "--timeout", str(RUN_TIMEOUT_S),
            "--grace", "5"]
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, env=_env(cluster_file), capture_output=True, text=True, timeout=RUN_TIMEOUT_S + 30,
+    proc = subprocess.run(cmd, env=launcher_env(cluster_file), capture_output=True, text=True, timeout=RUN_TIMEOUT_S + 30,
                           cwd=tmp_path, check=False)
     run_s = time.monotonic() - t0
     logs = {p.name: p.read_text()[-2000:] for p in sorted((run_dir / "logs").glob("*.log"))} \

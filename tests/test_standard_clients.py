@@ -11,9 +11,9 @@ import pytest
 from confluent_kafka import Consumer  # a dev dependency: missing, the test errors rather than skips
 
 from astraflow.config import ClusterConfig
-from astraflow.embedded.tansu import TANSU_CLUSTER_ID
 from astraflow.log import ArrowCodec, LogProducer, RecordMeta, ensure_topics
 from astraflow.log.standard_clients import LIBRDKAFKA_EMBEDDED_SETTINGS
+from astraflow.log.trim import TANSU_CLUSTER_ID
 
 FIRST_RECORD_BUDGET_S = 3.0
 """Issue 28's acceptance. Measured with these settings: 1.1-1.2 s (docs/running.md)."""

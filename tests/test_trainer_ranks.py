@@ -4,33 +4,12 @@ torch.distributed.checkpoint into the real bucket resume at another world size (
 
 from __future__ import annotations
 
-import signal
-import uuid
-
 import pytest
-from test_raas_support import load_tiny_model
+from process_helpers import launch_ranks
+from raas_support import load_tiny_model
 from update_agreement import update_disagreement
 
 pytestmark = pytest.mark.slow
-
-
-def _launch(fn, ranks: int, *args):
-    """``fn(*args)`` on ``ranks`` processes started by torch.distributed's elastic agent (the launcher
-    ``astraflow run`` uses, as a Python API); returns each rank's result by rank."""
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=ranks, run_id=uuid.uuid4().hex[:8],
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, start_method="spawn",
-                          monitor_interval=0.1)
-    # the agent installs its own SIGTERM/SIGINT/SIGHUP/SIGQUIT handlers in this (pytest's) process and
-    # leaves them: put back what was there, or later tests of signal handling see torch's
-    signals = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT]
-    before = {sig: signal.getsignal(sig) for sig in signals}
-    try:
-        return elastic_launch(config, fn)(*args)
-    finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
 
 
 def _batch(rewards: list[list[float]], tag: str = "b"):
@@ -98,7 +77,7 @@ def test_one_step_on_two_ranks_is_the_step_on_one_rank():
     from astraflow.trainer.torch_backend import TorchBackend
 
     start = load_tiny_model().state_dict()
-    group = _launch(_steps_on_group, 2, STEP_CASES)
+    group = launch_ranks(_steps_on_group, 2, STEP_CASES)
     for name in STEP_CASES:  # every rank reports the group's metrics; the full state is on rank 0 only
         timeless = [{k: v for k, v in group[r][name][0].items() if k != "step_seconds"} for r in (0, 1)]
         assert timeless[0] == timeless[1] and group[1][name][1] == {}, name
@@ -187,7 +166,7 @@ def test_a_two_rank_checkpoint_resumes_on_one_rank_and_a_one_rank_checkpoint_on_
         return list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
 
     # 2 ranks write step 1 (each rank its shards); 1 rank resumes it and takes the same next step
-    saved, after_two, pointer = _launch(_two_ranks_save_then_step, 2, test_cluster)[0]
+    saved, after_two, pointer = launch_ranks(_two_ranks_save_then_step, 2, test_cluster)[0]
     assert pointer["format"] == 3 and pointer["world_size"] == 2
     assert {f["key"].rsplit("/", 2)[1] for f in pointer["parts"]["shards"]} == {"rank-00000", "rank-00001"}
     one = TorchBackend(load_tiny_model(), {"lr": 1e-2}, group=SINGLE)
@@ -202,7 +181,7 @@ def test_a_two_rank_checkpoint_resumes_on_one_rank_and_a_one_rank_checkpoint_on_
     pointer = _save(one, SINGLE, test_cluster, 2)
     assert pointer["world_size"] == 1
     resumed_at = one.state_dict()
-    step, written_by, resumed, after = _launch(_two_ranks_resume_then_step, 2, test_cluster)[0]
+    step, written_by, resumed, after = launch_ranks(_two_ranks_resume_then_step, 2, test_cluster)[0]
     assert (step, written_by) == (2, 1) and same(resumed, resumed_at)
     one.step(_batch([[0.0, 1.0], [1.0, 0.0]], "z"))
     assert update_disagreement(resumed_at, one.state_dict(), after) < 1e-4
@@ -251,12 +230,12 @@ def test_full_single_rank_state_is_broadcast_into_the_shards():
     one = TorchBackend(load_tiny_model(), {"lr": 1e-2}, group=SINGLE)
     one.step(_batch([[0.0, 1.0], [1.0, 0.0]], "x"))
     model_state, optimizer_state = one.state_dict(), one.optimizer_state_dict()
-    loaded, after = _launch(_load_full_state_then_step, 2, model_state, optimizer_state)[0]
+    loaded, after = launch_ranks(_load_full_state_then_step, 2, model_state, optimizer_state)[0]
     assert all(torch.equal(loaded[k], model_state[k]) for k in model_state)
     one.step(_batch([[0.0, 1.0], [1.0, 0.0]], "y"))
     assert update_disagreement(model_state, one.state_dict(), after) < 1e-4  # the moments came along
     served = {k: v.to(torch.bfloat16) for k, v in model_state.items()}
-    loaded, _ = _launch(_load_full_state_then_step, 2, served, None)[0]
+    loaded, _ = launch_ranks(_load_full_state_then_step, 2, served, None)[0]
     assert all(torch.equal(loaded[k], served[k].float()) for k in served)
 
 
@@ -286,6 +265,6 @@ def test_one_fsdp2_rank_on_cuda_is_the_plain_backend():
     start = load_tiny_model().state_dict()
     plain = TorchBackend(load_tiny_model(), {**options, "device": "cuda"}, group=SINGLE)
     m1 = plain.step(_batch(rewards))
-    got = _launch(_fsdp_step_on_cuda, 1, options, rewards)[0]
+    got = launch_ranks(_fsdp_step_on_cuda, 1, options, rewards)[0]
     assert update_disagreement(start, plain.state_dict(), got["state"]) < 1e-3
     assert got["metrics"]["loss"] == pytest.approx(m1["loss"], rel=1e-4, abs=1e-6)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from e2e_helpers import LauncherProcess, launcher_env, tiny_recipe
 from process_helpers import children, pid_alive
 from run_records import read_trajectories, teacher_forced
-from test_launcher_e2e import LauncherProcess, _env, tiny_recipe
 
 from astraflow.launcher.cluster import write_cluster_file
 
@@ -79,7 +79,7 @@ def test_a_two_rank_run_finishes_and_the_node_serves_its_weights_bit_exactly(tmp
 
     steps = 4
     cluster_file = write_cluster_file(test_cluster, tmp_path / "cluster.yaml")
-    run = RankGroupRun(tmp_path, test_cluster.run, _env(cluster_file), steps)
+    run = RankGroupRun(tmp_path, test_cluster.run, launcher_env(cluster_file), steps)
     assert run.wait(240) == 0, run.output[-3000:]
     records = run.records()
     assert [r["step"] for r in _trainer_steps(records)] == list(range(1, steps + 1))
@@ -128,7 +128,7 @@ KILL_AT, KILL_RUN_STEPS = 4, 16
 
 def test_a_sigkilled_rank_restarts_the_group_without_retraining(tmp_path: Path, test_cluster) -> None:
     cluster_file = write_cluster_file(test_cluster, tmp_path / "cluster.yaml")
-    run = RankGroupRun(tmp_path, test_cluster.run, _env(cluster_file), KILL_RUN_STEPS, timeout_s=240)
+    run = RankGroupRun(tmp_path, test_cluster.run, launcher_env(cluster_file), KILL_RUN_STEPS, timeout_s=240)
     run.wait_for_step(KILL_AT, timeout_s=150)
     victim = run.rank_pid(1)
     first_life = {r["step"]: r["batch_id"] for r in _trainer_steps(run.records())}

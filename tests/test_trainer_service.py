@@ -5,38 +5,27 @@ from __future__ import annotations
 
 import json
 import signal
-import uuid
 
 import pytest
-from test_raas_support import TopicReader, load_tiny_model, recipe_dict, start_component, stop, write_files
+from raas_support import (
+    TopicReader,
+    load_tiny_model,
+    recipe_dict,
+    send_batches,
+    start_component,
+    stop,
+    trainer_batch,
+    write_files,
+)
 
-
-def _batch(policy: str, batch_id: str, groups: int = 2, samples: int = 2):
-    from astraflow.records import Batch, Trajectory
-
-    trajs = []
-    for g in range(groups):
-        prompt = [1, 5 + g, 6, 7]
-        for s in range(samples):
-            resp = [8 + s, 9, 2]
-            trajs.append(Trajectory(
-                episode_id=f"{batch_id}-{g}/{policy}/{s}", task_id=f"{batch_id}-{g}",
-                group_id=f"{batch_id}-{g}/{policy}", sample_index=s, policy=policy, prompt_ids=prompt,
-                response_ids=resp, logprobs=[-2.0] * 3, versions=[0] * 3, loss_mask=[1] * 3,
-                reward=float(s % 2)))
-    return Batch(batch_id=batch_id, policy=policy, trainer_version=0, trajectories=trajs)
-
-
-def _send_batches(cfg, ids: list[str], policy: str = "policy") -> None:
-    from astraflow.log import LogProducer, Topics, ensure_topics
-    from astraflow.records import batch
-
-    topic = Topics(cfg.run).batches(policy)
-    ensure_topics(cfg, {topic: 1})
-    with LogProducer(cfg, f"test-{uuid.uuid4().hex[:6]}") as prod:
-        for i in ids:
-            prod.send_table(topic, i, batch.to_table(_batch(policy, i)), batch.SCHEMA_NAME, batch.SCHEMA_VERSION)
-        prod.flush(30)
+from astraflow.records.control import (
+    TRAINER_RECORDS,
+    TrainerDone,
+    TrainerRecord,
+    TrainerSkipped,
+    TrainerStart,
+    TrainerStep,
+)
 
 
 def test_checkpoint_round_trip_and_corrupt_checkpoint_is_refused(test_cluster):
@@ -67,8 +56,8 @@ def test_checkpoint_round_trip_and_corrupt_checkpoint_is_refused(test_cluster):
         ckpts.load()
 
 
-def _trainer_records(reader: TopicReader) -> list[dict]:
-    return [r for r in reader.items if isinstance(r, dict) and r.get("component") == "trainer"]
+def _trainer_records(reader: TopicReader) -> list[TrainerRecord]:
+    return [r for r in reader.records if isinstance(r, TRAINER_RECORDS)]
 
 
 @pytest.mark.slow
@@ -82,26 +71,26 @@ def test_trainer_restart_resumes_from_checkpoint_without_retraining(test_cluster
     rd = recipe_dict(cfg.run, trainer={"steps": 6, "checkpoint_every": 2, "anchor_every": 10, "max_publish_lag": 2})
     cfg_path, recipe_path = write_files(tmp_path, cfg, rd)
     ids = [f"b{i}" for i in range(6)]
-    _send_batches(cfg, ids[:3])
+    send_batches(cfg, ids[:3])
     metrics = TopicReader(cfg, Topics(cfg.run).metrics)
     args = ["trainer", "--recipe", str(recipe_path), "--policy", "policy"]
     life1 = start_component(args, cfg_path, tmp_path / "life1.log")
     life2 = None
     try:
         def steps_of(life_records):
-            return [r for r in life_records if "batch_id" in r]
+            return [r for r in life_records if isinstance(r, TrainerStep)]
 
         metrics.until(lambda items: len(steps_of(_trainer_records(metrics))) >= 3, 120, "3 steps of life 1",
                       alive=lambda: life1.poll() is None or pytest.fail((tmp_path / "life1.log").read_text()))
         # The checkpoint of step 2 is written off the training loop: kill once it is in the bucket.
         _wait_for_checkpoint(cfg, 2, 60)
         assert stop(life1, kill) in (0, -9), (tmp_path / "life1.log").read_text()[-3000:]
-        life1_id = steps_of(_trainer_records(metrics))[0]["life"]
-        _send_batches(cfg, ids[3:])
+        life1_id = steps_of(_trainer_records(metrics))[0].life
+        send_batches(cfg, ids[3:])
         life2 = start_component(args, cfg_path, tmp_path / "life2.log")
-        metrics.until(lambda items: any(r.get("event") == "done" for r in _trainer_records(metrics)), 120,
+        metrics.until(lambda items: any(isinstance(r, TrainerDone) for r in _trainer_records(metrics)), 120,
                       "life 2 done",
-                      alive=lambda: life2.poll() is None or any(r.get("event") == "done" for r in _trainer_records(metrics))
+                      alive=lambda: life2.poll() is None or any(isinstance(r, TrainerDone) for r in _trainer_records(metrics))
                       or pytest.fail((tmp_path / "life2.log").read_text()))
         assert life2.wait(30) == 0, (tmp_path / "life2.log").read_text()[-3000:]
         # the JSON summary line (log lines of background threads may follow it)
@@ -114,37 +103,37 @@ def test_trainer_restart_resumes_from_checkpoint_without_retraining(test_cluster
         metrics.read()
         metrics.close()
     records = _trainer_records(metrics)
-    start2 = next(r for r in records if r.get("event") == "start" and r["life"] != life1_id)
-    ckpt_step = start2["step"]
-    one = [r for r in records if r["life"] == life1_id and "batch_id" in r]
-    two = [r for r in records if r["life"] == start2["life"] and "batch_id" in r]
-    assert [r["batch_id"] for r in one] == ids[:3]
+    start2 = next(r for r in records if isinstance(r, TrainerStart) and r.life != life1_id)
+    ckpt_step = start2.step
+    one = [r for r in records if isinstance(r, TrainerStep) and r.life == life1_id]
+    two = [r for r in records if isinstance(r, TrainerStep) and r.life == start2.life]
+    assert [r.batch_id for r in one] == ids[:3]
     if kill == signal.SIGKILL:
         assert ckpt_step == 2  # the checkpoint of step 2; step 3 died with the process
     else:
         assert ckpt_step == 3  # a clean stop checkpoints what it trained
-        assert not {r["batch_id"] for r in one} & {r["batch_id"] for r in two}  # nothing trained twice
+        assert not {r.batch_id for r in one} & {r.batch_id for r in two}  # nothing trained twice
     # The surviving lineage: life 1 up to its checkpoint, then life 2. Every batch exactly once.
-    lineage = [r["batch_id"] for r in one if r["step"] <= ckpt_step] + [r["batch_id"] for r in two]
+    lineage = [r.batch_id for r in one if r.step <= ckpt_step] + [r.batch_id for r in two]
     assert lineage == ids
-    assert [r["step"] for r in two] == list(range(ckpt_step + 1, 7))
+    assert [r.step for r in two] == list(range(ckpt_step + 1, 7))
     assert result["step"] == 6 and result["finished"]
     # versions only move forward, and the last one is in the weight store
-    versions = [r["version"] for r in records if "batch_id" in r]
+    versions = [r.version for r in records if isinstance(r, TrainerStep)]
     assert versions == sorted(versions) and len(set(versions)) == len(versions)
     assert WeightStore.from_config(cfg, "policy").latest_version() == result["version"]
     # each announcement names the last batch in its weights, so that the dataflow counts staleness from
     # it: a step's, its batch; life 2's first version (the checkpoint, republished after a SIGKILL), the
     # checkpoint's last batch
     weights = read_to_end(cfg, {(Topics(cfg.run).weights("policy"), 0): 0}).messages
-    trained_through = {int(m.obj["version"]): m.obj.get("batch_id") for m in weights}
-    assert all(trained_through[r["version"]] == r["batch_id"] for r in records if "batch_id" in r)
-    assert trained_through[start2["version"]] == ids[ckpt_step - 1] and trained_through[0] is None
+    trained_through = {m.record.version: m.record.batch_id for m in weights}  # announcements, typed at decode
+    assert all(trained_through[r.version] == r.batch_id for r in records if isinstance(r, TrainerStep))
+    assert trained_through[start2.version] == ids[ckpt_step - 1] and trained_through[0] is None
     for r in two:
-        assert r["wait_s"] >= 0 and r["step_s"] > 0 and r["publish_bytes"] > 0 and r["tokens"] == 12
-        assert 0 < r["publish_s"] < 60  # step end -> its version announced
+        assert r.wait_s >= 0 and r.step_s > 0 and r.publish_bytes > 0 and r.tokens == 12
+        assert 0 < r.publish_s < 60  # step end -> its version announced
         # each batch: 2 groups of rewards 0, 1 (advantage never 0), all trained on
-        assert r["zero_adv_frac"] == 0.0 and r["trained_trajectories"] == r["trajectories"] == 4
+        assert r.zero_adv_frac == 0.0 and r.trained_trajectories == r.trajectories == 4
 
 
 def _wait_for_checkpoint(cfg, step: int, timeout_s: float) -> None:
@@ -180,7 +169,7 @@ def test_fresh_trainer_warm_starts_with_the_recipe_sft_then_a_restart_does_not(t
     """`astraflow run RECIPE` alone: a fresh trainer runs the policy's `sft` before publishing v0 (in
     the publish dtype); a trainer that finds a stored version (the demo's v0) does not warm-start."""
     import torch
-    from test_raas_support import TINY_MODEL, make_recipe
+    from raas_support import TINY_MODEL, make_recipe
 
     from astraflow.delta import WeightSubscriber
     from astraflow.delta.store import WeightStore
@@ -205,18 +194,18 @@ def test_fresh_trainer_warm_starts_with_the_recipe_sft_then_a_restart_does_not(t
         metrics.until(lambda items: len(_trainer_records(metrics)) >= 2, 30, "two start records")
     finally:
         metrics.close()
-    starts = {r["life"]: r for r in _trainer_records(metrics) if r.get("event") == "start"}
+    starts = {r.life: r for r in _trainer_records(metrics) if isinstance(r, TrainerStart)}
     one, two = starts[first["life"]], starts[second["life"]]
-    assert "SFT warm start (2 steps" in one["origin"] and one["warm_start"]["sft_steps"] == 2
-    assert one["origin"].endswith("published as v0")
-    assert two["origin"] == "weight store version 0" and "warm_start" not in two
+    assert "SFT warm start (2 steps" in one.origin and one.warm_start["sft_steps"] == 2
+    assert one.origin.endswith("published as v0")
+    assert two.origin == "weight store version 0" and two.warm_start is None
 
 
 def test_trainer_bootstrapped_from_the_store_publishes_v1_as_a_delta(test_cluster):
     """v0 published by someone else (the demo) in the publish dtype: the trainer's v1 is a sparse
     delta on it, not a fresh anchor, and a node at v0 applies it bit for bit."""
     import torch
-    from test_raas_support import make_recipe
+    from raas_support import make_recipe
 
     from astraflow.delta import WeightSubscriber
     from astraflow.delta.publisher import WeightPublisher
@@ -233,15 +222,15 @@ def test_trainer_bootstrapped_from_the_store_publishes_v1_as_a_delta(test_cluste
     node.pull(0)
     ensure_topics(cfg, {Topics(cfg.run).batches("policy"): 1})
     with LogProducer(cfg, "test-dataflow") as prod:  # a record the trainer cannot train: another policy's batch
-        prod.send_table(Topics(cfg.run).batches("policy"), "other-1", batch.to_table(_batch("other", "other-1")),
+        prod.send_table(Topics(cfg.run).batches("policy"), "other-1", batch.to_table(trainer_batch("other", "other-1")),
                         batch.SCHEMA_NAME, batch.SCHEMA_VERSION).result(10)
-    _send_batches(cfg, ["b0"])
+    send_batches(cfg, ["b0"])
     result = _run_trainer_in_process(cfg, make_recipe(cfg.run, trainer={"steps": 1}), stop_first=False)
     assert result["finished"] and result["version"] == 1 and result["skipped"]["invalid"] == 1
     # the dataflow hears that the record it served as a batch trains no step (its run is one batch longer)
     written = read_to_end(cfg, {(Topics(cfg.run).metrics, 0): 0}).messages
-    events = [m.obj for m in written if m.obj.get("event") == "skipped"]
-    assert [(e["reason"], e["batch_id"], e["policy"]) for e in events] == [("invalid", "other-1", "policy")]
+    events = [m.record for m in written if isinstance(m.record, TrainerSkipped)]
+    assert [(e.reason, e.batch_id, e.policy) for e in events] == [("invalid", "other-1", "policy")]
     # each of the trainer's records went through its typed model, under its own schema name
     assert sorted(m.schema_name for m in written) == ["trainer-done", "trainer-skipped", "trainer-start",
                                                       "trainer-step"]
@@ -262,7 +251,7 @@ def test_a_checkpoint_is_saved_only_once_the_steps_it_covers_have_their_records_
     record's log timestamp (the producer's send time) is compared with the moment the real save began."""
     import time
 
-    from test_raas_support import make_recipe
+    from raas_support import make_recipe
 
     from astraflow.log import Topics
     from astraflow.log.range_reader import read_to_end
@@ -277,7 +266,7 @@ def test_a_checkpoint_is_saved_only_once_the_steps_it_covers_have_their_records_
         return save(self, ckpt)
 
     monkeypatch.setattr(CheckpointStore, "save", timed_save)
-    _send_batches(cfg, [f"b{i}" for i in range(4)])
+    send_batches(cfg, [f"b{i}" for i in range(4)])
     recipe = make_recipe(cfg.run, trainer={"steps": 4, "checkpoint_every": 2, "max_publish_lag": 2})
     result = _run_trainer_in_process(cfg, recipe, stop_first=False)
     assert result["finished"] and sorted(save_began) == [2, 4]
@@ -303,8 +292,8 @@ def test_a_two_rank_trainer_reads_each_batch_once_and_resumes_on_one_rank(test_c
     """Rank 0 alone is the batch topic's consumer: each batch (a re-sent copy skipped) is trained once
     by the group, the group's offsets are committed through its last record, one record stream comes
     out, and its sharded checkpoint resumes on a single-rank trainer, which trains only what follows."""
-    from test_raas_support import make_recipe
-    from test_trainer_ranks import _launch
+    from process_helpers import launch_ranks
+    from raas_support import make_recipe
 
     from astraflow.log import ConsumerGroups, Topics
     from astraflow.log.lag import committed_offsets
@@ -313,10 +302,10 @@ def test_a_two_rank_trainer_reads_each_batch_once_and_resumes_on_one_rank(test_c
 
     cfg = test_cluster
     topic = Topics(cfg.run).batches("policy")
-    _send_batches(cfg, ["b0", "b1", "b1", "b2", "b3"])  # b1 twice: a restarted dataflow re-sent it
+    send_batches(cfg, ["b0", "b1", "b1", "b2", "b3"])  # b1 twice: a restarted dataflow re-sent it
     metrics = TopicReader(cfg, Topics(cfg.run).metrics)
     try:
-        group = _launch(_trainer_rank, 2, cfg, make_recipe(cfg.run, trainer={"steps": 4, "checkpoint_every": 2}))
+        group = launch_ranks(_trainer_rank, 2, cfg, make_recipe(cfg.run, trainer={"steps": 4, "checkpoint_every": 2}))
         assert [(r["rank"], r["ranks"], r["step"], r["finished"]) for _, r in sorted(group.items())] == [
             (0, 2, 4, True), (1, 2, 4, True)]
         assert group[0]["life"] == group[1]["life"] and group[0]["skipped"]["duplicate"] == 1
@@ -324,21 +313,21 @@ def test_a_two_rank_trainer_reads_each_batch_once_and_resumes_on_one_rank(test_c
         checkpoints = CheckpointStore(ObjectStore.from_config(cfg), cfg.run, "policy")
         pointer = checkpoints.store.get_json(checkpoints._key("latest.json"))
         assert (pointer["format"], pointer["world_size"], pointer["step"]) == (3, 2, 4)
-        _send_batches(cfg, ["b4", "b5"])
+        send_batches(cfg, ["b4", "b5"])
         one = _run_trainer_in_process(cfg, make_recipe(cfg.run, trainer={"steps": 6, "checkpoint_every": 2}),
                                       stop_first=False)
         assert (one["step"], one["ranks"]) == (6, 1)
-        metrics.until(lambda items: sum(r.get("event") == "done" for r in _trainer_records(metrics)) == 2, 60,
+        metrics.until(lambda items: sum(isinstance(r, TrainerDone) for r in _trainer_records(metrics)) == 2, 60,
                       "both lives done")
     finally:
         metrics.close()
     records = _trainer_records(metrics)
-    starts = [r for r in records if r.get("event") == "start"]
-    assert [s["life"] for s in starts] == [group[0]["life"], one["life"]]  # one start record per life
-    assert starts[1]["origin"] == "checkpoint step 4 (version 4)"
-    steps = [(r["life"], r["step"], r["batch_id"]) for r in records if "batch_id" in r and not r.get("event")]
+    starts = [r for r in records if isinstance(r, TrainerStart)]
+    assert [s.life for s in starts] == [group[0]["life"], one["life"]]  # one start record per life
+    assert starts[1].origin == "checkpoint step 4 (version 4)"
+    steps = [(r.life, r.step, r.batch_id) for r in records if isinstance(r, TrainerStep)]
     assert steps == [(group[0]["life"], i + 1, f"b{i}") for i in range(4)] + [(one["life"], 5, "b4"), (one["life"], 6, "b5")]
-    assert [r["batch_id"] for r in records if r.get("event") == "skipped"] == ["b1"]
+    assert [r.batch_id for r in records if isinstance(r, TrainerSkipped)] == ["b1"]
 
 
 def test_a_kl_objective_takes_version_0_from_the_store_as_its_reference(test_cluster):
@@ -348,7 +337,7 @@ def test_a_kl_objective_takes_version_0_from_the_store_as_its_reference(test_clu
     import time
 
     import torch
-    from test_raas_support import TINY_MODEL, make_recipe
+    from raas_support import TINY_MODEL, make_recipe
 
     from astraflow.delta.publisher import WeightPublisher
     from astraflow.delta.store import WeightStore
@@ -360,17 +349,17 @@ def test_a_kl_objective_takes_version_0_from_the_store_as_its_reference(test_clu
     v0 = publishable(load_tiny_model().state_dict(), "bfloat16")
     with WeightPublisher(cfg, "policy", anchor_every=10) as pub:
         pub.publish(v0, 0)
-    _send_batches(cfg, ["b0", "b1", "b2"])
+    send_batches(cfg, ["b0", "b1", "b2"])
     kl = {"lr": 1e-2, "objective": {"kl": {"coef": 0.5, "estimator": "k3"}}}
     # an anchor per version and GC after each: v1 goes, v0 (the reference) is pinned
     recipe = make_recipe(cfg.run, trainer={"steps": 3, "anchor_every": 1, "weights_gc_every": 1},
                          policies=[{"name": "policy", "model": TINY_MODEL, "backend": kl}])
     result = _run_trainer_in_process(cfg, recipe, stop_first=False)
     assert result["finished"] and result["version"] == 3
-    steps = sorted((m.obj for m in read_to_end(cfg, {(Topics(cfg.run).metrics, 0): 0}).messages
-                    if m.schema_name == "trainer-step"), key=lambda r: r["step"])
-    assert [s["step"] for s in steps] == [1, 2, 3]
-    assert steps[0]["kl_ref"] == 0.0 and steps[1]["kl_ref"] > 0.0 and steps[1]["entropy"] > 0.0
+    steps = sorted((m.record for m in read_to_end(cfg, {(Topics(cfg.run).metrics, 0): 0}).messages
+                    if isinstance(m.record, TrainerStep)), key=lambda r: r.step)
+    assert [s.step for s in steps] == [1, 2, 3]
+    assert steps[0].kl_ref == 0.0 and steps[1].kl_ref > 0.0 and steps[1].entropy > 0.0
     store = WeightStore.from_config(cfg, "policy")
     deadline = time.monotonic() + 20
     while 1 in store.versions() and time.monotonic() < deadline:  # the GC runs on the publisher's thread

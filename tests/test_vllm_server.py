@@ -20,7 +20,7 @@ import time
 
 import pytest
 from engine_agreement import LOGPROB_TOL, PROMPTS, assert_generation_agrees, max_diff
-from test_vllm_engine import DEVICES, GPU_MEMORY_UTILIZATION
+from vllm_helpers import DEVICES, GPU_MEMORY_UTILIZATION
 
 POLICY = "policy"
 

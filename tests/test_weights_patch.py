@@ -13,9 +13,10 @@ import pytest
 import torch
 from waiting import wait_until
 
-from astraflow.delta import WeightAnnouncement, WeightPublisher
+from astraflow.delta import WeightPublisher, carried_manifest
 from astraflow.engines.simulated import SimulatedEngine
 from astraflow.raas.weights import WeightFollower
+from astraflow.records.control import WeightAnnouncement
 
 pytestmark = [pytest.mark.integration]
 POLICY = "pi"
@@ -242,9 +243,8 @@ def test_an_announced_refresh_takes_the_manifest_from_its_announcement(test_clus
     fields = {"policy": POLICY, "kind": "delta", "manifest": "k", "bytes": 1, "checksum": body["state_digest"]}
     for other in (WeightAnnouncement(version=99, **fields, manifest_body=body),  # v<served>'s body, not v99's
                   WeightAnnouncement(version=99, **fields, manifest_body={"policy": POLICY})):  # malformed
-        assert other.carried_manifest() is None
+        assert carried_manifest(other) is None
         follower._remember_manifest(POLICY, other)
     assert 99 not in store._manifests
     own = WeightAnnouncement(version=served, **fields, manifest_body=body)
-    assert own.carried_manifest() == store.manifest(served)
-    assert WeightAnnouncement.of({"version": "x"}) is None and WeightAnnouncement.of(None) is None
+    assert carried_manifest(own) == store.manifest(served)

@@ -59,7 +59,6 @@ class LiveRun(ArchivedRun):
             DataflowCounters,
             WeightAnnouncement,
             is_control,
-            parse_control,
         )
 
         topics = Topics(self.run)
@@ -92,8 +91,7 @@ class LiveRun(ArchivedRun):
                                             trajectory.from_table(m.table, lazy=True)))
                     elif not is_control(m.schema_name, m.schema_version):
                         continue  # untyped figures on the metrics topic
-                    elif isinstance(record := parse_control(m.schema_name, m.schema_version, m.obj),
-                                    WeightAnnouncement) and m.topic in weights:
+                    elif isinstance(record := m.record, WeightAnnouncement) and m.topic in weights:
                         events.append(Event(stamp, -1, m.offset, R.WEIGHTS, policy=weights[m.topic],
                                             version=record.version))
                     elif isinstance(record, DataflowCounters) and m.offset > counters_offset:

@@ -19,10 +19,7 @@ import pyarrow.parquet as pq
 from astraflow.records import batch, trajectory
 from astraflow.records.control import (
     ControlRecord,
-    ControlRecordError,
     WeightAnnouncement,
-    is_control,
-    parse_control,
 )
 from astraflow.records.schema import RecordSchemaError, conform
 
@@ -166,10 +163,7 @@ def batch_rows(m: Message) -> list[Rows]:
 def weight_rows(m: Message, policy: str) -> list[Rows]:
     """The announcement's row; :class:`RecordSchemaError` for a record on the topic that is not one (the
     consumer already dead-lettered one that claims to be an announcement and does not parse)."""
-    try:
-        announcement = parse_control(m.schema_name, m.schema_version, m.obj)
-    except ControlRecordError as exc:
-        raise RecordSchemaError(f"{m.topic}@{m.partition}/{m.offset}: {exc}") from None
+    announcement = m.record  # parsed at decode
     if not isinstance(announcement, WeightAnnouncement):
         raise RecordSchemaError(f"{m.topic}@{m.partition}/{m.offset}: a {m.schema_name!r} record, not a weight "
                                 "announcement")
@@ -182,8 +176,8 @@ def weight_rows(m: Message, policy: str) -> list[Rows]:
 
 def metric_rows(m: Message) -> list[Rows]:
     obj = m.obj if m.obj is not None else (m.value or b"").decode("utf-8", "replace")
-    if is_control(m.schema_name, m.schema_version):  # typed: parsed at decode, a bad one never gets here
-        index = parse_control(m.schema_name, m.schema_version, obj).index_fields()
+    if m.record is not None:  # typed: parsed at decode, a bad one never gets here
+        index = m.record.index_fields()
     else:  # a user's own figures (untyped JSON): the same keys where it has them
         index = {k: obj.get(k) for k in ControlRecord.INDEX_FIELDS} if isinstance(obj, dict) else {}
     row = {

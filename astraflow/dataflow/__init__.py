@@ -5,8 +5,8 @@ from astraflow.dataflow.autoscaler import AutoscaleConfig, autoscale_report, tar
 from astraflow.dataflow.batcher import BatchAssembler
 from astraflow.dataflow.config import DataflowConfig
 from astraflow.dataflow.emitter import TaskEmitter
-from astraflow.dataflow.group import Group
 from astraflow.dataflow.pipeline import Dataflow
+from astraflow.dataflow.plugins.group import Group
 from astraflow.dataflow.processor import GroupResult, TrajectoryProcessor
 
 __all__ = [

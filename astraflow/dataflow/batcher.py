@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from astraflow.dataflow.group import Group
 from astraflow.dataflow.plugins import BatchSampler
+from astraflow.dataflow.plugins.group import Group
 from astraflow.records import Batch
 
 

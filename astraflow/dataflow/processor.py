@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from astraflow.dataflow.dedup import EpisodeMemory
-from astraflow.dataflow.group import Group
 from astraflow.dataflow.plugins import TrajectoryFilter
+from astraflow.dataflow.plugins.group import Group
 from astraflow.records import Task, Trajectory
 
 

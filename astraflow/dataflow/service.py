@@ -57,7 +57,6 @@ from astraflow.records.control import (
     TrainerStep,
     WeightAnnouncement,
     is_control,
-    parse_control,
     send_control,
 )
 
@@ -345,8 +344,8 @@ def _ingest(df: Dataflow, m: Any, window: _Window) -> None:
 
 
 def _on_weights(df: Dataflow, policy: str, m: Any) -> None:
-    # The consumer expects only announcements here and dead-letters one that does not parse.
-    announcement = parse_control(m.schema_name, m.schema_version, m.obj)
+    # The consumer expects only announcements here, parsed at decode, and dead-letters one that does not parse.
+    announcement = m.record
     if isinstance(announcement, WeightAnnouncement):
         # The version and the batch it was trained through, together: a trainer restarted from an older
         # checkpoint republishes it as a fresh version, which must not open room before the re-anchoring.
@@ -356,7 +355,7 @@ def _on_weights(df: Dataflow, policy: str, m: Any) -> None:
 def _on_metrics(df: Dataflow, m: Any, window: _Window) -> None:
     if m.key == COMPONENT_ID or not is_control(m.schema_name, m.schema_version):
         return  # its own records, and untyped figures (which steer nothing)
-    record = parse_control(m.schema_name, m.schema_version, m.obj)  # parsed at decode: a bad one never gets here
+    record = m.record  # parsed at decode: a bad one never gets here
     if isinstance(record, TrainerSkipped):  # a duplicate or an invalid batch record
         df.batch_skipped(record.policy, record.batch_id)
     elif isinstance(record, TrainerStep):

@@ -1,7 +1,7 @@
 """Weight plane: bit-exact sparse deltas (codec), versioned anchors and deltas in the bucket
 (store), trainer-side publishing and rollout-side pulling."""
 
-from astraflow.delta.announcement import WeightAnnouncement
+from astraflow.delta.announcement import carried_manifest
 from astraflow.delta.codec import apply, apply_inplace, encode
 from astraflow.delta.errors import (
     BaseMismatchError,
@@ -36,13 +36,13 @@ __all__ = [
     "TensorEntry",
     "VersionExistsError",
     "VersionNotFoundError",
-    "WeightAnnouncement",
     "WeightPublisher",
     "WeightStore",
     "WeightStoreError",
     "WeightSubscriber",
     "apply",
     "apply_inplace",
+    "carried_manifest",
     "encode",
     "read_header",
 ]

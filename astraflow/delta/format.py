@@ -61,10 +61,6 @@ class TensorEntry:
             n *= d
         return n
 
-    @property
-    def payload_bytes(self) -> int:
-        return sum(s[1] for s in self.streams)
-
 
 @dataclass
 class DeltaHeader:

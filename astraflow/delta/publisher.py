@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Self
 import torch
 
 from astraflow.background_calls import BackgroundCalls
-from astraflow.delta.announcement import WeightAnnouncement
 from astraflow.delta.codec import encode
 from astraflow.delta.errors import PublisherError, VersionExistsError
 from astraflow.delta.format import read_header
@@ -45,6 +44,7 @@ from astraflow.delta.retention import RetentionPolicy
 from astraflow.delta.store import WeightStore, state_crcs
 from astraflow.log.codec import WEIGHT_ANNOUNCEMENT_SCHEMA
 from astraflow.outage import OUTAGE_DEADLINE_S, OutageReport, wait_out_outage
+from astraflow.records.control import WeightAnnouncement
 
 if TYPE_CHECKING:
     from astraflow.config import ClusterConfig

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, MutableMapping
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Self
 
 import torch
 
@@ -105,39 +105,10 @@ class WeightSubscriber:
         self.refused: dict[str, str] = {}
         """Objects refused (key -> reason, see :func:`refusal_reason`); plans avoid them."""
         self._state: dict[str, torch.Tensor] | None = None
-        self._consumer = None
 
     # -- versions --------------------------------------------------------------------------------
     def latest_version(self) -> int | None:
         return self.store.latest_version()
-
-    def wait_for_version(self, at_least: int, timeout_s: float = 30.0) -> int | None:
-        """Block until a version >= ``at_least`` is published (announcement, confirmed by the
-        bucket); return the latest version, or None on timeout."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            latest = self.latest_version()
-            if latest is not None and latest >= at_least:
-                return latest
-            if time.monotonic() >= deadline:
-                return None
-            consumer = self._announcements()
-            for msg in consumer.poll(timeout_s=min(1.0, max(0.0, deadline - time.monotonic()))):
-                consumer.commit([msg])
-
-    def _announcements(self) -> Any:
-        if self._consumer is None:
-            from astraflow.log import LogConsumer, Topics, ensure_topics
-            from astraflow.log.codec import WEIGHT_ANNOUNCEMENT_SCHEMA
-
-            topic = Topics(self.cfg.run).weights(self.policy)
-            ensure_topics(self.cfg, {topic: 1})
-            # One group per subscriber: every subscriber sees every announcement.
-            self._consumer = LogConsumer(
-                self.cfg, topic, f"{self.cfg.run}.weights.{self.policy}.{self.subscriber_id}",
-                {topic: WEIGHT_ANNOUNCEMENT_SCHEMA}, auto_offset_reset="latest",
-            )
-        return self._consumer
 
     # -- pulling ---------------------------------------------------------------------------------
     def pull(self, to_version: int | None = None, *, register: bool = True) -> tuple[dict[str, torch.Tensor], int, int]:
@@ -287,9 +258,6 @@ class WeightSubscriber:
         self._recorded_at = now
 
     def close(self, *, unregister: bool = True) -> None:
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
         if unregister and self.register:
             self.store.unregister_subscriber(self.subscriber_id)
 

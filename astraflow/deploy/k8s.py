@@ -20,64 +20,24 @@ topics``, idempotent): a pool's task topic needs as many partitions as the pool 
 
 from __future__ import annotations
 
-import hashlib
 import math
-import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
 
 from astraflow.config import ClusterConfig, ConfigError
+from astraflow.deploy.kit import K8sOptions, Kit, Manifest
 from astraflow.deploy.trainer_group import trainer_group
 from astraflow.launcher.plan import run_topics
-from astraflow.launcher.restarts import RestartPolicy
-from astraflow.launcher.runner import RunOptions
 from astraflow.log import ConsumerGroups, Topics
 from astraflow.log.consumer import AUTO_OFFSET_RESET
 from astraflow.recipe import PoolSpec, Recipe
 
-Manifest = dict[str, Any]
 HEADER = "# Rendered by `astraflow deploy k8s`: change the recipe or the cluster config and render again.\n"
-CONFIG_DIR = "/etc/astraflow"
-MODEL_CACHE = "/var/cache/astraflow/models"
-SECRET_FIELDS = {"kafka": ("sasl_username", "sasl_password"), "s3": ("access_key", "secret_key"),
-                 "region": ("access_key", "secret_key")}
-"""Cluster-config fields that go to the Secret (as ``ASTRAFLOW_<SECTION>_<FIELD>``), not the ConfigMap."""
 KEDA_SASL = {"PLAIN": "plaintext", "SCRAM-SHA-256": "scram_sha256", "SCRAM-SHA-512": "scram_sha512"}
 """kafka-python's SASL mechanism -> the KEDA kafka scaler's ``sasl``."""
-_DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-
-
-class K8sOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    image: str = "astraflow:local"
-    """Container image with AstraFlow, the recipe and what it names (``infra/Dockerfile`` builds one)."""
-    recipe_path: str
-    """The recipe's path inside the image (relative to its working directory, ``/app``)."""
-    namespace: str | None = None
-    """Namespace of every object (``None``: the one ``kubectl`` applies to)."""
-    archive: bool = True
-    """Deploy the archiver (Parquet of the run's log under ``<run>/archive/``), as ``astraflow run`` does."""
-    stop_grace_s: float = Field(default=RunOptions.grace_s, ge=0)
-    """Seconds between SIGTERM and SIGKILL beyond a node's drain time (the launcher's ``--grace``)."""
-    trainer_ranks_per_pod: int = Field(default=1, ge=1)
-    """Ranks of a multi-rank trainer (``trainer.ranks`` > 1) per pod: one torch.distributed.run agent
-    per pod starts this many workers (a machine's GPUs); ``trainer.ranks`` must be a multiple."""
-
-
-def k8s_name(*parts: str) -> str:
-    """A DNS-1123 label of at most 63 characters from a run id and component parts (``Math_1`` +
-    ``raas`` -> ``math-1-raas``); a longer one is cut and ends with a hash of the whole."""
-    name = "-".join(re.sub(r"[^a-z0-9-]+", "-", p.lower()).strip("-") for p in parts)
-    if len(name) > 63:
-        name = f"{name[:54].rstrip('-')}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
-    if not _DNS_LABEL.match(name):
-        raise ConfigError(f"Kubernetes name {name!r} (from {'/'.join(parts)}) is not a DNS label")
-    return name
 
 
 def render(recipe: Recipe, cfg: ClusterConfig, opts: K8sOptions) -> dict[str, list[Manifest]]:
@@ -87,7 +47,7 @@ def render(recipe: Recipe, cfg: ClusterConfig, opts: K8sOptions) -> dict[str, li
                           "ASTRAFLOW_KAFKA_BOOTSTRAP / ASTRAFLOW_S3_ENDPOINT) reachable from the pods")
     run = cfg.run
     recipe = recipe.model_copy(update={"run": run})
-    k = _Kit(run, opts)
+    k = Kit(run, opts)
     files: dict[str, list[Manifest]] = {
         "cluster.yaml": [k.config_map(cfg), *([k.trigger_auth()] if cfg.kafka.sasl_mechanism else [])],
         "credentials.yaml": [k.secret(cfg)],
@@ -134,7 +94,7 @@ def kafka_trigger(cfg: ClusterConfig, pool: PoolSpec) -> dict[str, Any]:
     }}
 
 
-def scaled_object(k: _Kit, cfg: ClusterConfig, pool: PoolSpec, partitions: int) -> Manifest:
+def scaled_object(k: Kit, cfg: ClusterConfig, pool: PoolSpec, partitions: int) -> Manifest:
     """The pool's Deployment scaled by KEDA on :func:`kafka_trigger` within :func:`pool_bounds`."""
     lo, hi = pool_bounds(pool, partitions)
     trigger = kafka_trigger(cfg, pool)
@@ -168,114 +128,6 @@ def _keda_security(cfg: ClusterConfig) -> dict[str, str]:
                               "needs them")
         out["sasl"] = KEDA_SASL[kafka.sasl_mechanism]
     return out
-
-
-class _Kit:
-    """Object names, labels and the pod template shared by every component of one run."""
-
-    def __init__(self, run: str, opts: K8sOptions) -> None:
-        self.run, self.opts = run, opts
-        self.prefix = k8s_name("astraflow", run)
-
-    def name(self, *parts: str) -> str:
-        return k8s_name(self.prefix, *parts)
-
-    def labels(self, component: str) -> dict[str, str]:
-        """``component`` is the launcher's name for it (dataflow, trainer-<policy>, raas-<pool>, archive)."""
-        return {"app.kubernetes.io/name": "astraflow", "app.kubernetes.io/instance": self.prefix,
-                "app.kubernetes.io/component": component}
-
-    def obj(self, api: str, kind: str, name: str, component: str, spec: dict[str, Any], field: str = "spec"
-            ) -> Manifest:
-        meta: dict[str, Any] = {"name": name, "labels": self.labels(component)}
-        if self.opts.namespace:
-            meta["namespace"] = self.opts.namespace
-        return {"apiVersion": api, "kind": kind, "metadata": meta, field: spec}
-
-    def config_map(self, cfg: ClusterConfig) -> Manifest:
-        exclude: dict[str, Any] = {"state_dir": True, **{s: set(f) for s, f in SECRET_FIELDS.items()}}
-        data = cfg.model_dump(mode="json", exclude_none=True, exclude=exclude)
-        text = yaml.safe_dump(data, sort_keys=False)
-        return self.obj("v1", "ConfigMap", self.name("cluster"), "config", {"cluster.yaml": text},
-                        field="data")
-
-    def secret(self, cfg: ClusterConfig) -> Manifest:
-        values = {}
-        for section, fields in SECRET_FIELDS.items():
-            settings = getattr(cfg, section)
-            for field in fields:
-                if settings is not None and getattr(settings, field):
-                    values[f"ASTRAFLOW_{section.upper()}_{field.upper()}"] = getattr(settings, field)
-        out = self.obj("v1", "Secret", self.name("credentials"), "config", values, field="stringData")
-        out["type"] = "Opaque"
-        return out
-
-    def trigger_auth(self) -> Manifest:
-        refs = [{"parameter": p, "name": self.name("credentials"), "key": f"ASTRAFLOW_KAFKA_SASL_{p.upper()}"}
-                for p in ("username", "password")]
-        return self.obj("keda.sh/v1alpha1", "TriggerAuthentication", self.name("kafka"), "config",
-                        {"secretTargetRef": refs})
-
-    def pod(self, component: str, args: list[str], *, restart: str = "Always", grace_s: float | None = None,
-            env: list[dict[str, Any]] | None = None, command: list[str] | None = None,
-            resources: dict[str, Any] | None = None, shm: bool = False) -> dict[str, Any]:
-        """``command`` (default ``astraflow``) and ``resources`` are the main container's; ``shm``: a
-        memory-backed ``/dev/shm`` for it (the container runtime's default is 64 MiB)."""
-        def container(name: str, argv: list[str], extra: list[dict[str, Any]],
-                      cmd: list[str] | None = None) -> dict[str, Any]:
-            return {"name": name, "image": self.opts.image, "imagePullPolicy": "IfNotPresent",
-                    "command": cmd or ["astraflow"], "args": argv,
-                    "env": [{"name": "ASTRAFLOW_CONFIG", "value": f"{CONFIG_DIR}/cluster.yaml"},
-                            {"name": "ASTRAFLOW_MODEL_CACHE", "value": MODEL_CACHE}, *extra],
-                    "envFrom": [{"secretRef": {"name": self.name("credentials")}}],
-                    "volumeMounts": [{"name": "cluster-config", "mountPath": CONFIG_DIR, "readOnly": True},
-                                     {"name": "model-cache", "mountPath": MODEL_CACHE}],
-                    "securityContext": {"allowPrivilegeEscalation": False}}
-
-        topics = ["deploy", "topics", "--recipe", self.opts.recipe_path]
-        main = container(component.split("-")[0], args, env or [], command)
-        volumes = [{"name": "cluster-config", "configMap": {"name": self.name("cluster")}},
-                   {"name": "model-cache", "emptyDir": {}}]
-        if resources:
-            main["resources"] = resources
-        if shm:
-            main["volumeMounts"].append({"name": "shm", "mountPath": "/dev/shm"})
-            volumes.append({"name": "shm", "emptyDir": {"medium": "Memory"}})
-        spec: dict[str, Any] = {
-            "restartPolicy": restart,
-            "securityContext": {"runAsNonRoot": True, "runAsUser": 10001},  # infra/Dockerfile's user
-            "initContainers": [container("topics", topics, [])],
-            "containers": [main],
-            "volumes": volumes,
-            "terminationGracePeriodSeconds": math.ceil(self.opts.stop_grace_s if grace_s is None
-                                                       else grace_s),
-        }
-        return {"metadata": {"labels": self.labels(component)}, "spec": spec}
-
-    def deployment(self, component: str, pod: dict[str, Any], **spec: Any) -> Manifest:
-        body = {**spec, "selector": {"matchLabels": self.labels(component)}, "template": pod}
-        return self.obj("apps/v1", "Deployment", self.name(component), component, body)
-
-    def singleton(self, component: str, args: list[str]) -> Manifest:
-        """One replica, the old one gone before the new one starts (one group member, one task emitter)."""
-        return self.deployment(component, self.pod(component, args), replicas=1,
-                               strategy={"type": "Recreate"})
-
-    def trainer(self, policy: str) -> Manifest:
-        component = f"trainer-{policy}"
-        pod = self.pod(component, ["trainer", "--recipe", self.opts.recipe_path, "--policy", policy],
-                       restart="OnFailure")
-        return self.obj("batch/v1", "Job", self.name(component), component,
-                        {"backoffLimit": RestartPolicy().max_restarts, "template": pod})
-
-    def pool(self, pool: PoolSpec) -> Manifest:
-        """No ``replicas``: the ScaledObject owns the count (re-applying the file does not reset it)."""
-        component = f"raas-{pool.name}"
-        pod = self.pod(component, ["raas", "--recipe", self.opts.recipe_path, "--pool", pool.name,
-                                   "--node-id", "$(POD_NAME)"],
-                       grace_s=pool.drain_timeout_s + self.opts.stop_grace_s,
-                       env=[{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}])
-        return self.deployment(component, pod)
 
 
 class _Dumper(yaml.SafeDumper):

@@ -26,11 +26,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from astraflow.config import ConfigError
+from astraflow.deploy.kit import Kit, Manifest
 from astraflow.launcher.restarts import RestartPolicy
 from astraflow.trainer.launch import rank_group_argv
 
 if TYPE_CHECKING:
-    from astraflow.deploy.k8s import Manifest, _Kit
     from astraflow.recipe import PolicySpec, Recipe
 
 RENDEZVOUS_PORT = 29400
@@ -46,7 +46,7 @@ def pods_of(ranks: int, ranks_per_pod: int) -> int:
     return ranks // ranks_per_pod
 
 
-def trainer_group(k: _Kit, recipe: Recipe, policy: PolicySpec, ranks_per_pod: int) -> list[Manifest]:
+def trainer_group(k: Kit, recipe: Recipe, policy: PolicySpec, ranks_per_pod: int) -> list[Manifest]:
     """The headless Service and the Indexed Job of ``policy``'s trainer over ``recipe.trainer.ranks`` ranks."""
     component = f"trainer-{policy.name}"
     pods = pods_of(recipe.trainer.ranks, ranks_per_pod)

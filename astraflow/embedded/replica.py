@@ -16,10 +16,7 @@ the bytes its S3 gateway served) on a port of its own.
 
 from __future__ import annotations
 
-import re
-import urllib.request
 from pathlib import Path
-from typing import Self
 
 from astraflow.embedded.ports import LOOPBACK, StackPorts, port_is_free
 from astraflow.embedded.seaweedfs import find_weed_bin, s3_answers, weed_argv, weed_env
@@ -29,12 +26,6 @@ from astraflow.embedded.supervisor import SupervisedProcess
 def filer_address(host: str, http_port: int, grpc_port: int) -> str:
     """A filer as ``weed`` tools name it: ``host:httpPort.grpcPort`` (the gRPC port is not derived)."""
     return f"{host}:{http_port}.{grpc_port}"
-
-
-def stack_filer_address(stack: dict) -> str:
-    """The filer of an embedded stack, from its ``stack.json`` contents (``ports``)."""
-    ports = stack["ports"]
-    return filer_address(LOOPBACK, ports["filer"], ports["filer_grpc"])
 
 
 class SeaweedServer:
@@ -94,13 +85,6 @@ class SeaweedServer:
     def stop(self) -> None:
         self.process.stop()
 
-    def sent_bytes(self, bucket: str = "astraflow") -> int:
-        """Bytes this server's S3 gateway has sent from ``bucket`` (its own Prometheus counter)."""
-        text = urllib.request.urlopen(f"http://{LOOPBACK}:{self.metrics_port}/metrics", timeout=5).read().decode()
-        pattern = rf'^SeaweedFS_s3_bucket_traffic_sent_bytes_total\{{bucket="{re.escape(bucket)}"\}} (\S+)$'
-        match = re.search(pattern, text, re.MULTILINE)
-        return int(float(match.group(1))) if match else 0
-
 
 class FilerSync:
     """``weed filer.sync -isActivePassive``: origin filer ``source`` -> replica filer ``target``,
@@ -148,51 +132,6 @@ class FilerSync:
     @property
     def running(self) -> bool:
         return self.process.alive()
-
-
-class BucketReplica:
-    """A replica SeaweedFS plus the ``filer.sync`` that feeds it from an origin filer."""
-
-    def __init__(self, state_dir: str | Path, origin_filer: str, access_key: str, secret_key: str, *,
-                 bucket: str = "astraflow", prefix: str = "", exclude: tuple[str, ...] = (),
-                 source_proxy: bool = False) -> None:
-        self.state_dir = Path(state_dir).absolute()
-        self.server = SeaweedServer(self.state_dir / "replica", access_key, secret_key, buckets=(bucket,),
-                                    name="seaweedfs-replica")
-        self.origin_filer = origin_filer
-        self.bucket = bucket
-        self._sync_options = {"prefix": prefix, "exclude": exclude, "source_proxy": source_proxy}
-        self.sync: FilerSync | None = None
-
-    @property
-    def endpoint(self) -> str:
-        return self.server.endpoint
-
-    def start(self) -> Self:
-        self.server.start()
-        self.sync = FilerSync(self.state_dir, self.origin_filer, self.server.filer, bucket=self.bucket,
-                              **self._sync_options)
-        self.sync.start()
-        return self
-
-    def pause(self) -> None:
-        """Stop replication (objects written on the origin meanwhile stay missing here)."""
-        if self.sync is not None:
-            self.sync.stop()
-
-    def resume(self) -> None:
-        if self.sync is not None:
-            self.sync.start()
-
-    def stop(self) -> None:
-        self.pause()
-        self.server.stop()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def _free_port(avoid: set[int], low: int = 20000, high: int = 32000) -> int:

@@ -22,12 +22,12 @@ from astraflow.embedded.supervisor import SupervisedProcess
 from astraflow.embedded.tansu import (
     DEFAULT_LOG_STORAGE,
     LOG_STORAGES,
-    TANSU_BUCKET,
     LogStorage,
     kafka_answers,
     tansu_argv,
     tansu_env,
 )
+from astraflow.log.trim import TANSU_BUCKET
 
 CREDENTIALS_FILE = "s3-credentials.json"
 DATA_BUCKET = "astraflow"

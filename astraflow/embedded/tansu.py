@@ -8,6 +8,7 @@ import subprocess
 from typing import Literal
 
 from astraflow.embedded.ports import LOOPBACK
+from astraflow.log.trim import TANSU_BUCKET, TANSU_CLUSTER_ID
 
 LogStorage = Literal["s3", "memory"]
 LOG_STORAGES: tuple[str, ...] = ("s3", "memory")
@@ -27,13 +28,6 @@ def default_log_storage() -> LogStorage:
     if value not in LOG_STORAGES:
         raise ValueError(f"{LOG_STORAGE_ENV} must be one of {', '.join(LOG_STORAGES)}, not {value!r}")
     return value  # type: ignore[return-value]
-
-# The broker's own bucket on the embedded S3 when the log is durable.
-TANSU_BUCKET = "tansu"
-TANSU_CLUSTER_ID = "tansu_cluster"
-"""The cluster id the broker is started with (Tansu's default, so older state dirs still read): its
-s3 log's keys start with ``clusters/<id>/`` (:mod:`astraflow.log.trim` deletes batches under it)."""
-
 
 TANSU_BIN_ENV = "ASTRAFLOW_TANSU_BIN"
 

@@ -121,10 +121,6 @@ ENGINES: Registry[Builder] = Registry(
 """Every engine by name: its options model and its builder (:class:`astraflow.registry.Builder`).
 Engines shipped as connectors are imported when a recipe names them."""
 
-CONNECTOR_ENGINES = ENGINES.connectors
-"""Engines shipped as connectors, by name: the module that registers each."""
-
-
 def register_engine(name: str, config: type[BaseEngineConfig]) -> Callable[[EngineBuilder], EngineBuilder]:
     """Decorator: register ``builder(config, model, *, version) -> Engine`` as engine ``name``
     with options ``config`` (whose ``type`` must be ``Literal[name]``)."""

@@ -44,8 +44,7 @@ class RunProgress:
     started: float = field(default_factory=time.monotonic)
 
     def update(self, record: ControlRecord) -> None:
-        """Fold one typed record (:func:`~astraflow.records.control.parse_control` or
-        :func:`~astraflow.records.control.parse_metrics_json` made it)."""
+        """Fold one typed record (:func:`~astraflow.records.control.parse_control` made it)."""
         self.records += 1
         match record:
             case SupervisorEvent(event="restart"):

@@ -46,8 +46,6 @@ from astraflow.records.control import (
     TrainerDone,
     TrainerStart,
     TrainerStep,
-    is_control,
-    parse_control,
 )
 
 if TYPE_CHECKING:
@@ -152,8 +150,7 @@ class _Monitor:
         for msg in batch:
             if isinstance(msg.obj, dict):
                 self.metrics.append(msg.obj)  # as written: metrics.jsonl keeps untyped figures too
-            if is_control(msg.schema_name, msg.schema_version):  # parsed at decode: a bad one never gets here
-                record = parse_control(msg.schema_name, msg.schema_version, msg.obj)
+            if (record := msg.record) is not None:  # a control record, parsed at decode (a bad one never gets here)
                 self.progress.update(record)
                 for subscriber in self.subscribers:
                     subscriber(record)

@@ -66,17 +66,19 @@ ExpectedSchemas = Mapping[str, "int | tuple[str, int] | frozenset[tuple[str, int
 that carries several kinds of record, e.g. ``<run>.metrics``). A topic entry wins over a schema-name entry."""
 
 JsonCheck = Callable[[Any], object]
-"""Validates a decoded JSON document of one schema; raises a :class:`~astraflow.log.errors.DecodeError`
-(whose ``reason`` goes into the dead letter) for one that breaks the schema."""
+"""Parses a decoded JSON document of one schema into its typed record; raises a
+:class:`~astraflow.log.errors.DecodeError` (whose ``reason`` goes into the dead letter) for one that
+breaks the schema."""
 
 _JSON_CHECKS: dict[tuple[str, int], JsonCheck] = {}
 
 
 def register_json_check(schema_name: str, schema_version: int, check: JsonCheck) -> None:
     """Have every decoder in this process run ``check`` on each JSON record of ``(schema_name,
-    schema_version)``: a record it refuses is dead-lettered like an undecodable one. The typed control
-    records register theirs (:mod:`astraflow.records.control`), so a consumer never hands one out that
-    its reader cannot parse."""
+    schema_version)``: a record it refuses is dead-lettered like an undecodable one, and what it returns
+    is handed out with the record (:attr:`Message.record <astraflow.log.message.Message.record>`). The
+    typed control records register theirs (:mod:`astraflow.records.control`), so a consumer hands each
+    out parsed, once, and never one that does not parse."""
     _JSON_CHECKS[(schema_name, schema_version)] = check
 
 
@@ -214,12 +216,15 @@ class ArrowCodec:
             raise PayloadError(f"value is not a JSON document ({len(value)} bytes): {exc}") from None
 
     def decode(self, meta: RecordMeta, payload: bytes | memoryview) -> pa.Table | Any:
-        """The table (Arrow) or object (JSON) that ``payload`` holds; a JSON record of a schema with a
-        registered check (:func:`register_json_check`) must pass it."""
+        """The table (Arrow) or object (JSON) that ``payload`` holds."""
         if meta.content_type == ARROW_STREAM:
             return self.decode_table(payload)
-        obj = self.decode_json(payload)
-        check = _JSON_CHECKS.get((meta.schema_name, meta.schema_version))
-        if check is not None:
-            check(obj)
-        return obj
+        return self.decode_json(payload)
+
+
+def checked_record(meta: RecordMeta, obj: Any) -> object | None:
+    """What the check registered for the record's schema (:func:`register_json_check`) makes of its JSON
+    document ``obj`` (a control record's model); None for a schema without one. Raises the check's
+    :class:`~astraflow.log.errors.DecodeError` for a document that breaks the schema."""
+    check = _JSON_CHECKS.get((meta.schema_name, meta.schema_version))
+    return None if check is None else check(obj)

@@ -229,11 +229,6 @@ class LogConsumer:
                 self._consumer.seek_to_beginning(tp)
         self._offsets.forget([(tp.topic, tp.partition) for tp in partitions])
 
-    def seek_committed(self) -> None:
-        """Re-position every assigned partition at its committed offset (or the beginning): records
-        handed out but not committed will be delivered again."""
-        self._seek_to_committed(self._consumer.assignment())
-
     # -- backpressure ------------------------------------------------------------------------------
     def pause(self) -> None:
         """Stop fetching (keep polling: the member stays in the group). Survives rebalances."""

@@ -10,7 +10,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from astraflow.log.claim_check import ClaimCheck
-from astraflow.log.codec import ARROW_STREAM, ArrowCodec, ExpectedSchemas, RecordMeta, check_schema
+from astraflow.log.codec import (
+    ARROW_STREAM,
+    ArrowCodec,
+    ExpectedSchemas,
+    RecordMeta,
+    check_schema,
+    checked_record,
+)
 from astraflow.log.errors import OversizedRecordError, PayloadError
 from astraflow.log.message import Message
 
@@ -69,7 +76,7 @@ class RecordDecoder:
         if meta.content_type == ARROW_STREAM:
             msg.table = decoded
         else:
-            msg.obj = decoded
+            msg.obj, msg.record = decoded, checked_record(meta, decoded)
         return msg
 
 

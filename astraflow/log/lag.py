@@ -57,11 +57,6 @@ class OffsetLedger:
         with self._lock:
             return dict(self._end)
 
-    def acked_count(self) -> dict[Partition, int]:
-        """(topic, partition) -> number of acknowledged records."""
-        with self._lock:
-            return dict(self._count)
-
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready snapshot, e.g. for a metrics record: ``{"end": {topic: {"0": n}}, "count": ...}``."""
         out: dict[str, Any] = {"end": {}, "count": {}}

@@ -27,6 +27,9 @@ class Message:
     policy: str | None = None
     table: pa.Table | None = None
     obj: Any = None
+    record: Any = None
+    """The JSON document as its typed record, parsed once at decode by the check registered for its
+    schema (a control record's model, :mod:`astraflow.records.control`); None for other records."""
     value: bytes | None = None
     value_bytes: int = 0
     """Size of the payload (the claim's size for a claim-checked record)."""

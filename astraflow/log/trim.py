@@ -31,6 +31,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Where the embedded broker (:mod:`astraflow.embedded.tansu`) keeps its s3 log: the layout this trimmer
+# deletes from, so it is stated here, below both.
+TANSU_BUCKET = "tansu"
+"""The broker's own bucket on the embedded S3 when the log is durable."""
+TANSU_CLUSTER_ID = "tansu_cluster"
+"""The cluster id the broker is started with (Tansu's default, so older state dirs still read): its
+s3 log's keys start with ``clusters/<id>/``."""
+
 
 @dataclass(frozen=True)
 class TrimResult:
@@ -87,7 +95,6 @@ class TansuObjectTrimmer(LogTrimmer):
 
 def trimmer_for(cfg: ClusterConfig) -> LogTrimmer | None:
     """The trimmer of ``cfg``'s broker, or None (said in the log) where AstraFlow does not trim it."""
-    from astraflow.embedded.tansu import TANSU_BUCKET, TANSU_CLUSTER_ID
     from astraflow.objstore import ObjectStore
 
     storage = cfg.kafka.embedded_log

@@ -112,9 +112,6 @@ class RunLayout:
         """``<run>/claims/<digest>``; ``digest`` is one path segment (e.g. a sha256 hex)."""
         return self.claims_prefix() + _check_name("claim digest", digest)
 
-    def archive_key(self, name: str) -> str:
-        return f"{self.run}/archive/{_check_relpath('archive object name', name)}"
-
     def archive_prefix(self, kind: str | None = None) -> str:
         """``<run>/archive/`` or, with ``kind``, ``<run>/archive/kind=<kind>/``."""
         base = f"{self.run}/archive/"

@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING
 
 from astraflow.engines.weight_update import FullState, InPlacePatch, PublishedVersion, UpdateRefusedError
 from astraflow.log.handoff import HandoffLatency
+from astraflow.records.control import WeightAnnouncement
 
 if TYPE_CHECKING:
     from astraflow.config import ClusterConfig
-    from astraflow.delta import WeightAnnouncement
     from astraflow.engines import Engine
     from astraflow.log import LogConsumer
     from astraflow.outage import OutageReport
@@ -320,13 +320,13 @@ class WeightFollower:
     def _poll_announcements(self, consumer: LogConsumer, by_topic: dict[str, str], pending: _Pending) -> None:
         """Read the announcements that arrived (briefly while a refresh runs, so that its end is seen
         soon): each makes its policy due, at the newest version named, and prefetches its manifest."""
-        from astraflow.delta import WeightAnnouncement
-
         for msg in consumer.poll(timeout_s=0.5 if pending.running is None else 0.1):
             if msg.topic not in by_topic:
                 continue
             policy = by_topic[msg.topic]
-            announcement = WeightAnnouncement.of(msg.obj)
+            # The consumer accepts only announcements, parsed at decode (one that does not parse is
+            # dead-lettered): the isinstance only narrows the type.
+            announcement = msg.record if isinstance(msg.record, WeightAnnouncement) else None
             pending.announce(policy, msg.topic, msg.timestamp_ms, announcement)
             if announcement is not None:
                 self._remember_manifest(policy, announcement)
@@ -352,7 +352,9 @@ class WeightFollower:
     def _remember_manifest(self, policy: str, announcement: WeightAnnouncement) -> None:
         """Give the policy's store the manifest an announcement carries, so that the refresh plans
         without reading it from the bucket (without one, or with one not its own, it is read there)."""
-        manifest = announcement.carried_manifest()
+        from astraflow.delta import carried_manifest
+
+        manifest = carried_manifest(announcement)
         if manifest is not None and manifest.policy == policy:
             self.subscribers[policy].store.remember(manifest)
         elif announcement.manifest_body is not None:

@@ -10,7 +10,7 @@ import json
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from astraflow.tasks.base import Dataset, Problem, build_dataset
+from astraflow.tasks.base import Dataset, Problem, seeded_dataset
 
 if TYPE_CHECKING:
     from astraflow.recipe import Recipe
@@ -19,10 +19,7 @@ if TYPE_CHECKING:
 
 def recipe_dataset(recipe: Recipe) -> Dataset:
     """The recipe's dataset, seeded with the recipe's seed unless its section sets one."""
-    spec = recipe.dataset
-    if spec.seed is None:
-        spec = spec.model_copy(update={"seed": recipe.seed})
-    return build_dataset(spec)
+    return seeded_dataset(recipe.dataset, recipe.seed)
 
 
 def task_of(problem: Problem, recipe: Recipe, prompt_id: str | None = None) -> Task:

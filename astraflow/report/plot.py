@@ -2,7 +2,7 @@
 
 Reads the typed records of ``metrics.jsonl`` (matplotlib Agg backend, no display needed): the trainers'
 step records and the nodes' status records, each line parsed with
-:func:`~astraflow.records.control.parse_metrics_json`; what does not parse (a user's own figures, a torn
+:func:`~astraflow.records.control.parse_control` (no headers: ``parse_control(None, None, line)``); what does not parse (a user's own figures, a torn
 last line's neighbours) is not plotted.
 """
 
@@ -18,7 +18,7 @@ from astraflow.records.control import (
     ControlRecordError,
     NodeStatus,
     TrainerStep,
-    parse_metrics_json,
+    parse_control,
 )
 
 
@@ -27,7 +27,7 @@ def typed_records(records: Iterable[dict[str, Any]]) -> list[ControlRecord]:
     out = []
     for r in records:
         try:
-            out.append(parse_metrics_json(r))
+            out.append(parse_control(None, None, r))
         except ControlRecordError:
             continue
     return out

@@ -196,3 +196,10 @@ def build_dataset(config: DatasetConfig | dict[str, Any] | str, **options: Any) 
     if isinstance(config, str):
         config = {"type": config, **options}
     return DATASETS.build(config)
+
+
+def seeded_dataset(config: DatasetConfig, default_seed: int) -> Dataset:
+    """The dataset of ``config``, seeded with ``default_seed`` (a recipe's seed) unless it sets its own."""
+    if config.seed is None:
+        config = config.model_copy(update={"seed": default_seed})
+    return build_dataset(config)

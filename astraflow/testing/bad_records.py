@@ -22,7 +22,6 @@ tests/test_bad_input.py and benchmarks/bad_input.py.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -35,6 +34,14 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+
+from astraflow.records.control import (
+    TRAINER_RECORDS,
+    DataflowCounters,
+    NodeStatus,
+    SupervisorEvent,
+    TrainerStep,
+)
 
 KINDS = ("garbage", "wrong-schema", "wrong-version", "truncated", "oversized", "claim-missing", "claim-corrupt")
 EXPECTED_REASON = {
@@ -232,6 +239,13 @@ def records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in lines if line.endswith("}")]
 
 
+def _typed(recs: list[dict]) -> list[Any]:
+    """The typed control records among ``recs`` (a user's untyped figures left out)."""
+    from astraflow.report.plot import typed_records
+
+    return typed_records(recs)
+
+
 def live_run(cfg: Any, tmp: Path, *, base_recipe: Path, model: Path, steps: int = 6,
              timeout_s: float = 120.0) -> dict[str, Any]:
     """Start ``astraflow run`` on :func:`tiny_recipe` (``base_recipe`` on ``model``) as run ``cfg.run``,
@@ -251,7 +265,7 @@ def live_run(cfg: Any, tmp: Path, *, base_recipe: Path, model: Path, steps: int 
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, cwd=tmp)
     try:
         deadline = time.monotonic() + 60
-        while not any(r.get("component") == "trainer" and (r.get("step") or 0) >= 1 for r in records(run_dir)):
+        while not any(isinstance(r, TrainerStep) for r in _typed(records(run_dir))):  # trainer step 1
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"no trainer step 1 (rc {proc.poll()}):\n{out_path.read_text()[-3000:]}")
             time.sleep(0.2)
@@ -261,29 +275,28 @@ def live_run(cfg: Any, tmp: Path, *, base_recipe: Path, model: Path, steps: int 
         if proc.poll() is None:
             proc.kill()
     recs = records(run_dir)
-    restarts = sum(1 for r in recs if r.get("kind") == "supervisor")
+    typed = _typed(recs)
+    restarts = sum(1 for r in typed if isinstance(r, SupervisorEvent))
     others = collect_dead_letters(cfg, injected, "default", "policy")
     summary = summarize(injected, "default", "policy", cfg.run, rc=rc, restarts=restarts, others=others,
                         seconds=time.monotonic() - t0)
-    summary["trainer_steps"] = max((r.get("step") or 0) for r in recs if r.get("component") == "trainer")
-    summary["invalid_records"] = _last_counter(recs, "invalid_records")
+    summary["trainer_steps"] = max(r.step for r in typed if isinstance(r, TRAINER_RECORDS))
+    summary["invalid_records"] = _last_counter(typed, "invalid_records")
     # Weight objects refused by the nodes (weights.refused.<reason>, weights.unreachable; none injected
     # here: tests/test_weights_refused.py corrupts a delta and an anchor under live followers).
     from astraflow.launcher.progress import RunProgress
-    from astraflow.records.control import ControlRecordError, parse_metrics_json
 
     progress = RunProgress(cfg.run, steps, ["policy"])
-    for r in recs:
-        with contextlib.suppress(ControlRecordError):  # untyped figures: not part of the view
-            progress.update(parse_metrics_json(r))
+    for r in typed:
+        progress.update(r)
     summary["weights_refused"] = progress.weight_refusals()
     return {**summary, "_output": " ".join(out_path.read_text().split())[-3000:], "_injected": injected,
             "_records": recs}
 
 
-def _last_counter(recs: list[dict], name: str) -> int:
+def _last_counter(recs: list[Any], name: str) -> int:
+    """The last value of the counter ``name`` in a node's or the dataflow's records."""
     for r in reversed(recs):
-        counters = r.get("counters")
-        if isinstance(counters, dict) and name in counters:
-            return int(counters[name])
+        if isinstance(r, (NodeStatus, DataflowCounters)) and name in r.counters:
+            return r.counters[name]
     return 0

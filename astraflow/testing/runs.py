@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from astraflow.records.control import ControlRecord, TrainerStep
+
 
 @contextlib.contextmanager
 def private_cluster(state_dir: Path | None = None) -> Iterator[Any]:
@@ -69,7 +71,8 @@ class RunRecords:
     wall_s: float
     returncode: int
     reason: str
-    metrics: list[dict[str, Any]]
+    metrics: list[ControlRecord]
+    """The typed records of the run's ``metrics.jsonl`` (a user's untyped figures left out)."""
     batches: dict[str, list[Any]]
     """Per policy, the Batch records in order."""
     trajectories: list[Any]
@@ -92,8 +95,9 @@ def run_recipe(recipe: Any, cfg: Any, *, runs_dir: Path, label: str, timeout_s: 
     res = launch(recipe, cfg, RunOptions(run_id=run_id, runs_dir=runs_dir, live=False, timeout_s=timeout_s,
                                          grace_s=10.0, threads=threads), console=console)
     from astraflow.report import load_metrics
+    from astraflow.report.plot import typed_records
 
-    metrics = load_metrics(res.metrics_path)
+    metrics = typed_records(load_metrics(res.metrics_path))
     run_cfg = cfg.model_copy(update={"run": run_id})
     policies = [p.name for p in recipe.policies]
     batches, trajs, announced = read_log(run_cfg, policies)
@@ -132,7 +136,7 @@ def read_log(cfg: Any, policies: list[str], *, idle_polls: int = 4) -> tuple[dic
                     trajs += traj_rec.from_table(m.table)
                 elif m.topic in by_batch_topic and m.table is not None:
                     batches[by_batch_topic[m.topic]].append(batch_rec.from_table(m.table))
-                elif m.topic in by_weight_topic and (announcement := WeightAnnouncement.of(m.obj)) is not None:
+                elif m.topic in by_weight_topic and isinstance(announcement := m.record, WeightAnnouncement):
                     # an announcement carries no time of its own: the log's timestamp is when it was sent
                     sent = None if m.timestamp_ms is None else m.timestamp_ms / 1000.0
                     announced[by_weight_topic[m.topic]].append((announcement.version, sent))
@@ -149,12 +153,12 @@ def read_log(cfg: Any, policies: list[str], *, idle_polls: int = 4) -> tuple[dic
 
 
 # -- reading the records ------------------------------------------------------------------------
-def trainer_steps(metrics: list[dict], policy: str) -> list[dict]:
+def trainer_steps(metrics: list[ControlRecord], policy: str) -> list[TrainerStep]:
     """The trainer's per-step records (last life wins for a step), ordered by step."""
     steps = {}
     for r in metrics:
-        if r.get("component") == "trainer" and r.get("policy") == policy and "step_s" in r:
-            steps[r["step"]] = r
+        if isinstance(r, TrainerStep) and r.policy == policy:
+            steps[r.step] = r
     return [steps[k] for k in sorted(steps)]
 
 

@@ -109,10 +109,6 @@ BACKENDS: Registry[Builder] = Registry(
 (:class:`astraflow.registry.Builder`). Backends shipped as connectors are imported when a recipe
 names them."""
 
-CONNECTOR_BACKENDS = BACKENDS.connectors
-"""Backends shipped as connectors, by name: the module that registers each."""
-
-
 def register_backend(name: str, config: type[BaseBackendConfig]) -> Callable[[BackendBuilder], BackendBuilder]:
     """Decorator: register ``builder(config, model) -> TrainerBackend`` as backend ``name`` with
     options ``config`` (whose ``type`` must be ``Literal[name]``)."""

@@ -252,8 +252,8 @@ class TrainerService:
         import torch
 
         from astraflow.models import load_policy_model, load_policy_tokenizer
-        from astraflow.recipe.data import recipe_dataset
         from astraflow.sft import warm_start
+        from astraflow.tasks.base import seeded_dataset
 
         in_place = self.spec.backend.type == "torch" and not self.group.distributed
         figures = None
@@ -264,8 +264,8 @@ class TrainerService:
             torch.manual_seed(self.recipe.seed)
             tokenizer = load_policy_tokenizer(self.recipe, self.policy)
             model = self.backend.model if in_place else load_policy_model(self.recipe, self.policy)
-            figures = warm_start(model, tokenizer, self.recipe, self.policy, dataset=recipe_dataset(self.recipe),
-                                 progress=False)
+            dataset = seeded_dataset(self.recipe.dataset, self.recipe.seed)  # the recipe's, as recipe_dataset builds it
+            figures = warm_start(model, tokenizer, self.recipe, self.policy, dataset=dataset, progress=False)
             log.info("trainer %s: SFT warm start done: %d steps in %.1fs, final loss %.3f", self.policy,
                      figures["sft_steps"], figures["sft_seconds"], figures["sft_final_loss"])
         if not in_place:

@@ -154,10 +154,6 @@ class PolicyClient:
         first = (eos,) if eos is not None else ()
         return first + tuple(t for t in self.end_of_turn_ids if t not in first)
 
-    @property
-    def has_chat_template(self) -> bool:
-        return bool(getattr(self.tokenizer, "chat_template", None))
-
     def render(self, messages: list[dict[str, str]]) -> list[int]:
         """A conversation as prompt ids (see :func:`render_messages`)."""
         return render_messages(self.tokenizer, messages)
@@ -200,13 +196,6 @@ class PolicyClient:
             self.counters["regenerated_tokens"] += len(gens[i].token_ids)
             gens[i] = g
         return gens
-
-    def generate_sync(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        """Blocking generation with explicit params (evaluation), stopping at end of turn."""
-        if params.stop_token_ids is None and self.stop_token_ids:
-            params = SamplingParams(max_new_tokens=params.max_new_tokens, temperature=params.temperature,
-                                    top_p=params.top_p, stop_token_ids=self.stop_token_ids)
-        return self.engine.generate(prompts, params)
 
 
 def policy_client(name: str, engine: Engine, tokenizer: Any, sampling: SamplingConfig | None = None,

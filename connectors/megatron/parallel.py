@@ -8,7 +8,6 @@ replicas, then pipeline stages, so global rank = ``tp_rank + tp * (dp_rank + dp 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -42,13 +41,6 @@ class Ranks:
 
         return cls(layout=layout, dp=ps.get_data_parallel_world_size(), tp_rank=ps.get_tensor_model_parallel_rank(),
                    pp_rank=ps.get_pipeline_model_parallel_rank(), dp_rank=ps.get_data_parallel_rank())
-
-
-def rank_device(configured: str) -> torch.device:
-    """The device of this rank: ``cuda`` is ``cuda:LOCAL_RANK`` under torch.distributed.run."""
-    if configured == "cuda" and "LOCAL_RANK" in os.environ:
-        return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-    return torch.device(configured)
 
 
 def init_parallel(device: torch.device, layout: Layout) -> Ranks:

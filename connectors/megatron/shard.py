@@ -1,9 +1,9 @@
 """A whole Megatron ``GPTModel`` state dict cut into the pieces each tensor / pipeline parallel rank
-holds, and put back together: the HF <-> Megatron conversion of :mod:`connectors.megatron.convert`,
+holds: the HF <-> Megatron conversion of :mod:`connectors.megatron.convert`,
 sharded the way megatron-core's parallel layers shard their weights.
 
-Pure tensor re-arrangement (no Megatron import, no process group), so ``unshard(shard(x)) == x``
-bit for bit. How Megatron's local layer spec splits a decoder across ``tp`` tensor-parallel ranks:
+Pure tensor re-arrangement (no Megatron import, no process group): the tests put the pieces back
+together bit for bit (``tests/megatron_helpers.py``). How Megatron's local layer spec splits a decoder across ``tp`` tensor-parallel ranks:
 
 * ``ColumnParallelLinear`` (``linear_qkv`` weight and bias, ``output_layer``) and
   ``VocabParallelEmbedding`` keep rows ``[r * n / tp, (r + 1) * n / tp)``. The fused QKV rows are
@@ -144,19 +144,4 @@ def shard(full: Mapping[str, torch.Tensor], shape: DecoderShape, layout: Layout,
             if where == stage:
                 t = _pad_vocab(tensor, padded) if key in VOCAB_KEYS else tensor
                 out[local] = tp_piece(t, tp_split(local), tp_rank, layout.tp)
-    return out
-
-
-def unshard(stages: list[list[Mapping[str, torch.Tensor]]], shape: DecoderShape, layout: Layout,
-            vocab: int) -> dict[str, torch.Tensor]:
-    """The whole-model state dict from ``stages[s][r]``, the state of tensor-parallel rank ``r`` on
-    stage ``s`` (the inverse of :func:`shard`; the last stage's tied copy is left out)."""
-    out: dict[str, torch.Tensor] = {}
-    for s, ranks in enumerate(stages):
-        for local in ranks[0]:
-            key = whole_name(local, s, shape, layout)
-            if key is None or local.endswith("_extra_state"):
-                continue
-            whole = tp_join([r[local] for r in ranks], tp_split(local))
-            out[key] = whole[:vocab] if key in VOCAB_KEYS else whole
     return out

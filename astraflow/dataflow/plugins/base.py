@@ -28,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from astraflow.dataflow.group import Group
+from astraflow.dataflow.plugins.group import Group
 from astraflow.records import Task
 from astraflow.registry import Registry
 

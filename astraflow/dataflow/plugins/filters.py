@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from astraflow.dataflow.group import Group
 from astraflow.dataflow.plugins.base import PluginOptions, TrajectoryFilter, register_plugin
+from astraflow.dataflow.plugins.group import Group
 from astraflow.dataflow.plugins.selectors import zero_variance
 
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from pydantic import Field
 
-from astraflow.dataflow.group import Group
 from astraflow.dataflow.plugins.base import BatchSampler, PluginOptions, register_plugin
+from astraflow.dataflow.plugins.group import Group
 from astraflow.dataflow.plugins.rng_state import rng_from_state, rng_to_state
 
 

@@ -1,12 +1,12 @@
 """Control records: the typed JSON records by which a component tells others what it did, each with its
 own schema name and version in the record's headers.
 
-Writers build a model and send it with :func:`send_control`; readers turn a record back into its model
-with :func:`parse_control`, the one parse function both sides share (:func:`parse_metrics_json` for a
-line of ``metrics.jsonl``, which has no headers). Importing this package registers each model's check
-with the codec (:func:`~astraflow.log.codec.register_json_check`), so a consumer dead-letters a record
-that claims a control schema but does not parse (reason ``bad-control-record``) instead of handing it to
-a reader. A record's JSON keys are the ones it had before it was typed, so the readers of the JSON itself
+Writers build a model and send it with :func:`send_control`; a record becomes its model again through
+:func:`parse_control`, the one parse function there is: a consumer runs it on each record at decode
+(importing this package registers it with the codec, :func:`~astraflow.log.codec.register_json_check`)
+and hands the model out as ``Message.record``, or dead-letters a record that claims a control schema
+but does not parse (reason ``bad-control-record``); a line of ``metrics.jsonl``, which has no headers,
+is parsed with ``parse_control(None, None, line)``. A record's JSON keys are the ones it had before it was typed, so the readers of the JSON itself
 (``metrics.jsonl``, the benchmarks, the archive's metric rows) read it as before.
 
 * ``<run>.metrics``: the trainer's ``start``, ``step``, ``skipped`` and ``done``
@@ -61,8 +61,13 @@ def _problems(exc: ValidationError) -> str:
 
 def parse_control(schema_name: str | None, schema_version: int | None, obj: Any) -> ControlRecord:
     """The record's model, from its headers' schema name and version and its JSON document; raises
-    :class:`ControlRecordError` for an unknown schema or a document that does not fit it."""
-    model = CONTROL_RECORDS.get((schema_name or "", schema_version or 0))
+    :class:`ControlRecordError` for an unknown schema or a document that does not fit it. Without a
+    schema name (a line of ``metrics.jsonl``: a record of ``<run>.metrics`` or a launcher's event, without
+    the log's headers) the model is known by the keys each kind has always had; a document none fits (a
+    user's untyped figures, a damaged line) raises :class:`ControlRecordError` too."""
+    if schema_name is None:
+        return _parse_metrics_line(obj)
+    model = CONTROL_RECORDS.get((schema_name, schema_version or 0))
     if model is None:
         raise ControlRecordError(f"no control record has schema {schema_name!r} v{schema_version} "
                                  f"(known: {sorted(CONTROL_RECORDS)})")
@@ -105,10 +110,7 @@ _METRICS_JSON: TypeAdapter[ControlRecord] = TypeAdapter(Annotated[
     Discriminator(_metrics_json_schema)])
 
 
-def parse_metrics_json(obj: Any) -> ControlRecord:
-    """A line of ``metrics.jsonl`` (a record of ``<run>.metrics`` or a launcher's event, without the
-    log's headers) as its model; raises :class:`ControlRecordError` for a document none fits (a user's
-    untyped figures, a damaged line)."""
+def _parse_metrics_line(obj: Any) -> ControlRecord:
     try:
         return _METRICS_JSON.validate_python(obj)
     except ValidationError as exc:
@@ -135,5 +137,5 @@ __all__ = [
     "CONTROL_RECORDS", "METRICS_TOPIC_SCHEMAS", "ActuatorEvent", "AutoscaleReport", "ControlRecord",
     "ControlRecordError", "DataflowCounters", "NodeStatus", "PoolReport", "SupervisorEvent", "TrainerDone",
     "TrainerRecord", "TrainerSkipped", "TrainerStart", "TrainerStep", "WeightAnnouncement", "is_control",
-    "parse_control", "parse_metrics_json", "send_control",
+    "parse_control", "send_control",
 ]

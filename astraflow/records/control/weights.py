@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from astraflow.log.codec import WEIGHT_ANNOUNCEMENT_SCHEMA
 from astraflow.records.control.base import ControlRecord
@@ -13,7 +13,7 @@ from astraflow.records.control.base import ControlRecord
 class WeightAnnouncement(ControlRecord):
     """A weight version is published (its manifest is in the bucket). Written by
     :class:`~astraflow.delta.WeightPublisher` after the manifest; read by RaaS nodes (which refresh to it;
-    they use :class:`astraflow.delta.WeightAnnouncement`, which adds the manifest it may carry), the
+    with :func:`astraflow.delta.carried_manifest`, the manifest it may carry), the
     dataflow (the version that staleness is counted from) and the archive (the weight timeline)."""
 
     SCHEMA_NAME: ClassVar[str] = WEIGHT_ANNOUNCEMENT_SCHEMA[0]
@@ -38,14 +38,6 @@ class WeightAnnouncement(ControlRecord):
     manifest_body: dict[str, Any] | None = None
     """The manifest itself, for models of up to ``ANNOUNCED_MANIFEST_MAX_TENSORS`` tensors, so that a
     subscriber following the topic need not read it back."""
-
-    @classmethod
-    def of(cls, obj: object) -> WeightAnnouncement | None:
-        """A record's JSON as an announcement, or None when it is not one."""
-        try:
-            return cls.model_validate(obj)
-        except ValidationError:
-            return None
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude_none=True)

@@ -109,6 +109,8 @@ class TopicReader:
 
         self.consumer = LogConsumer(cfg, topic, f"test-reader-{uuid.uuid4().hex[:8]}")
         self.items: list = []
+        self.records: list = []
+        """The typed control records among the items (``Message.record``, parsed at decode)."""
 
     def read(self, timeout_s: float = 0.5) -> list:
         from astraflow.records import trajectory
@@ -116,6 +118,8 @@ class TopicReader:
         new = []
         for m in self.consumer.poll(timeout_s=timeout_s, max_records=500):
             new.extend(trajectory.from_table(m.table) if m.table is not None else [m.obj])
+            if m.record is not None:
+                self.records.append(m.record)
         self.consumer.commit()
         self.items.extend(new)
         return new
@@ -131,3 +135,31 @@ class TopicReader:
 
     def close(self) -> None:
         self.consumer.close()
+
+
+def trainer_batch(policy: str, batch_id: str, groups: int = 2, samples: int = 2):
+    from astraflow.records import Batch, Trajectory
+
+    trajs = []
+    for g in range(groups):
+        prompt = [1, 5 + g, 6, 7]
+        for s in range(samples):
+            resp = [8 + s, 9, 2]
+            trajs.append(Trajectory(
+                episode_id=f"{batch_id}-{g}/{policy}/{s}", task_id=f"{batch_id}-{g}",
+                group_id=f"{batch_id}-{g}/{policy}", sample_index=s, policy=policy, prompt_ids=prompt,
+                response_ids=resp, logprobs=[-2.0] * 3, versions=[0] * 3, loss_mask=[1] * 3,
+                reward=float(s % 2)))
+    return Batch(batch_id=batch_id, policy=policy, trainer_version=0, trajectories=trajs)
+
+
+def send_batches(cfg, ids: list[str], policy: str = "policy") -> None:
+    from astraflow.log import LogProducer, Topics, ensure_topics
+    from astraflow.records import batch
+
+    topic = Topics(cfg.run).batches(policy)
+    ensure_topics(cfg, {topic: 1})
+    with LogProducer(cfg, f"test-{uuid.uuid4().hex[:6]}") as prod:
+        for i in ids:
+            prod.send_table(topic, i, batch.to_table(trainer_batch(policy, i)), batch.SCHEMA_NAME, batch.SCHEMA_VERSION)
+        prod.flush(30)

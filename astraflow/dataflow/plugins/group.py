@@ -1,4 +1,6 @@
-"""A group: the trajectories of one task and one policy whose advantages are normalised together."""
+"""A group: the trajectories of one task and one policy whose advantages are normalised together. The
+unit every dataflow plug-in sees, so it sits with their contracts (the dataflow builds groups, the
+plug-ins filter, sample and select them)."""
 
 from __future__ import annotations
 
