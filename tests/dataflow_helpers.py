@@ -6,6 +6,7 @@ from __future__ import annotations
 from fakes import make_trajectory
 
 from astraflow.dataflow import DataflowConfig
+from astraflow.dataflow.service import DataflowService
 from astraflow.records import Task, Trajectory
 
 
@@ -30,3 +31,9 @@ def varied(k: int) -> list[float]:
 def cfg(**kw) -> DataflowConfig:
     base = {"policies": ["solver"], "groups_per_batch": 2, "max_staleness": 1}
     return DataflowConfig.model_validate({**base, **kw})
+
+
+def run_dataflow(cfg, section, stop_event, *, dataset, stop_when_finished: bool = False, **options) -> dict[str, int]:
+    """A dataflow service run until ``stop_event`` (or, with ``stop_when_finished``, until nothing is
+    left); its final counters."""
+    return DataflowService(cfg, section, dataset, **options).run(stop_event, stop_when_finished=stop_when_finished)

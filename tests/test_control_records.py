@@ -10,10 +10,10 @@ import time
 
 import pytest
 from control_records_factory import autoscale_report, dataflow_counters, node_status
+from dataflow_helpers import run_dataflow
 from fakes import make_trajectory
 
 from astraflow.dataflow import DataflowConfig
-from astraflow.dataflow.service import run_dataflow
 from astraflow.log import ConsumerGroups, LogConsumer, LogProducer, Topics, ensure_topics
 from astraflow.log.codec import WEIGHT_ANNOUNCEMENT_SCHEMA
 from astraflow.records import Task, Trajectory, batch, trajectory

@@ -6,10 +6,11 @@ import threading
 import time
 
 import pytest
+from dataflow_helpers import run_dataflow
 from fakes import make_trajectory
 
 from astraflow.dataflow import DataflowConfig
-from astraflow.dataflow.service import STATE_OBJECT, run_dataflow
+from astraflow.dataflow.service import STATE_OBJECT
 from astraflow.records import Task, Trajectory, batch, task, trajectory
 from astraflow.records.control import DataflowCounters, WeightAnnouncement, send_control
 

@@ -15,8 +15,8 @@ from astraflow.records.control import NodeStatus, TrainerDone, TrainerStep
 @pytest.mark.slow
 def test_dataflow_node_and_trainer_close_the_loop(test_cluster):
     import torch
+    from dataflow_helpers import run_dataflow
 
-    from astraflow.dataflow.service import run_dataflow
     from astraflow.log import Topics
     from astraflow.raas import run_raas_node
     from astraflow.recipe.data import recipe_tasks

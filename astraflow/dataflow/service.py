@@ -87,34 +87,12 @@ class _Window:
         self.nodes: dict[str, set[str]] = defaultdict(set)
 
 
-def run_dataflow(
-    cfg: ClusterConfig,
-    section: DataflowConfig,
-    stop_event: threading.Event,
-    *,
-    dataset: Iterable[Task],
-    checkpoint_every_s: float = 5.0,
-    metrics_every_s: float = 2.0,
-    pools: Iterable[str] = ("default",),
-    stop_when_finished: bool = False,
-    train_steps: int | None = None,
-    archived: bool = True,
-) -> dict[str, int]:
-    """Run until ``stop_event`` is set (or, with ``stop_when_finished``, until the dataset is used
-    up and nothing is in flight); returns the final counters. Resumes from the bucket checkpoint.
-    ``train_steps``: the recipe's ``trainer.steps``, so that no task is emitted beyond what the run's
-    last batches need (:meth:`Dataflow.run_room`). ``archived``: the run has an archiver, whose group
-    log retention waits for."""
-    service = DataflowService(cfg, section, dataset, checkpoint_every_s=checkpoint_every_s,
-                              metrics_every_s=metrics_every_s, pools=pools, train_steps=train_steps,
-                              archived=archived)
-    return service.run(stop_event, stop_when_finished=stop_when_finished)
-
-
 class DataflowService:
     """One dataflow process: resumes the :class:`Dataflow` from its checkpoint in the bucket, recovers
-    what the log lost (:mod:`astraflow.dataflow.recovery`), then reads, emits and checkpoints in a
-    loop (:meth:`run`)."""
+    what the log lost (:mod:`astraflow.dataflow.recovery`), then reads, emits, checkpoints and trims the
+    run's log in a loop (:meth:`run`). ``train_steps``: the recipe's ``trainer.steps``, so that no task
+    is emitted beyond what the run's last batches need (:meth:`Dataflow.run_room`); ``archived``: the run
+    has an archiver, whose group log retention waits for."""
 
     def __init__(self, cfg: ClusterConfig, section: DataflowConfig, dataset: Iterable[Task], *,
                  checkpoint_every_s: float = 5.0, metrics_every_s: float = 2.0,
