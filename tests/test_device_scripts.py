@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import lzma
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import pytest
 DEVICE = Path(__file__).resolve().parents[1] / "scripts" / "device"
 sys.path.insert(0, str(DEVICE))
 
+import build_chunks
 import chunking
 import plan_calls
 import receive
@@ -112,3 +115,31 @@ def test_calls_carry_one_chunk_each_and_run_the_checks_once_complete(tmp_path, s
     assert [c["command"].rsplit(" ", 1)[-1] for c in plan[-2:]] == ["recipe", "heldout"]  # after the rollout checks
     assert plan[-1]["carry"] == plan[-2]["carry"] == []
     assert all(len(c["command"]) <= 2000 and c["timeout_s"] <= 600 for c in plan)
+
+
+def test_the_out_folder_need_not_exist_yet(tmp_path):
+    """A fresh clone has no .device: the builder still takes it, since .gitignore ignores it as a folder."""
+    repo = tmp_path / "clone"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / ".gitignore").write_text("/.device/\n")
+    assert build_chunks.out_problem(repo / ".device", repo) is None
+    assert not (repo / ".device").exists()
+    assert "git-ignored folder" in build_chunks.out_problem(repo / "chunks", repo)
+    assert "git-ignored folder" in build_chunks.out_problem(tmp_path / "elsewhere", repo)
+
+
+def test_receive_names_the_chunk_folder_it_expects(tmp_path, small_split, capsys):
+    out, _, _ = _build(tmp_path)
+    scratch = ["--scratch", str(tmp_path / "scratch")]
+    assert receive.main([str(out / "chunk-1"), *scratch]) == 3           # a typo: says what is there
+    err = capsys.readouterr().err
+    assert "does not exist" in err and ".device/chunk-NN" in err and "chunk-01, chunk-02" in err
+    renamed = tmp_path / "carried" / "mychunk"
+    shutil.copytree(out / "chunk-02", renamed)
+    assert receive.main([str(renamed), *scratch]) == 3                   # renamed: the manifest's names
+    err = capsys.readouterr().err
+    assert "'mychunk'" in err and "chunk-01, chunk-02" in err and "keep the name" in err
+    assert not (tmp_path / "scratch").exists()
+    usage = subprocess.run(["bash", str(DEVICE / "receive.sh")], check=False, capture_output=True, text=True)
+    assert usage.returncode == 3 and ".device/chunk-01" in usage.stderr

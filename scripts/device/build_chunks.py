@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import site
 import subprocess
 import sys
 import tomllib
@@ -53,8 +54,27 @@ def tree_bytes(repo: Path) -> int:
     return sum((repo / p).stat().st_size for p in paths if (repo / p).is_file())
 
 
+def out_problem(out: Path, repo: Path) -> str | None:
+    """Why ``out`` cannot hold the chunks (None: it can): it must be a git-ignored folder inside the
+    repo, since `carry` names paths in the repo and a folder that is not ignored would travel with
+    every call. It need not exist yet (a fresh clone): the trailing slash asks git about a folder,
+    which is what `/.device/` in .gitignore matches."""
+    ignored = subprocess.run(["git", "check-ignore", "-q", f"{out}/"], cwd=repo, check=False,
+                             capture_output=True).returncode == 0
+    if out.is_relative_to(repo) and ignored:
+        return None
+    return (f"--out {out} must be a git-ignored folder inside {repo} (e.g. .device, ignored by .gitignore): "
+            "`carry` names paths in the repo, and a folder that is not ignored would travel with every call")
+
+
 def venv_site(venv: Path) -> list[Path]:
     return sorted(venv.glob("lib/python3*/site-packages"))
+
+
+def pinned_site() -> list[Path]:
+    """Where the versions to send are read: the repo's .venv, else (a fresh clone, another venv) the
+    environment running this script."""
+    return venv_site(REPO / ".venv") or [Path(p) for p in site.getsitepackages()]
 
 
 def xz_cached(src: Path, name: str, cache: Path) -> Path:
@@ -79,7 +99,7 @@ def rollout_items(cache: Path, already: dict[str, Path]) -> tuple[list[chunking.
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     reqs = [Requirement(r) for r in project["dependencies"] + project["optional-dependencies"]["gguf"]]
     roots = [r for r in reqs if r.name not in NOT_WHEELS]
-    pins = wheels.installed_versions(venv_site(REPO / ".venv"))
+    pins = wheels.installed_versions(pinned_site())
     print("rollout: resolving AstraFlow's wheels", flush=True)
     resolved = wheels.resolve(roots, cache / "wheels", pins, already)
     items = [chunking.make_item(f"wheels/{p.name}", p, "wheel", "rollout") for p in resolved.values()]
@@ -107,7 +127,7 @@ def vllm_items(cache: Path, src: Path, level: str,
     roots = [Requirement(f"{n}{specs[n].specifier}") if n in specs else Requirement(n)
              for n in VLLM_IMPORT_ROOTS]
     pins = wheels.installed_versions(venv_site(REPO / ".venv-vllm"))
-    pins.update(wheels.installed_versions(venv_site(REPO / ".venv")))
+    pins.update(wheels.installed_versions(pinned_site()))
     print("vllm: resolving its import wheels", flush=True)
     resolved = wheels.resolve(roots, cache / "wheels", pins, already)
     items = [chunking.make_item(f"wheels/{p.name}", p, "wheel", "vllm") for p in resolved.values()]
@@ -140,10 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--limit-mib {args.limit_mib} is over the tool's {HARD_LIMIT_MIB} MiB")
     limit = int(args.limit_mib * chunking.MIB)
     out = (args.out if args.out.is_absolute() else Path.cwd() / args.out).resolve()
-    ignored = subprocess.run(["git", "check-ignore", "-q", str(out)], cwd=REPO, check=False).returncode == 0
-    if not out.is_relative_to(REPO) or not ignored:
-        ap.error(f"--out {out} must be a git-ignored folder inside {REPO}: `carry` names paths in the repo, "
-                 "and a folder that is not ignored would travel with every call")
+    if problem := out_problem(out, REPO):
+        ap.error(problem)
     tree = tree_bytes(REPO)
     print(f"working tree that travels with every call: {tree / 1e6:.1f} MB", flush=True)
 
