@@ -146,7 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", type=Path, default=Path("/tmp/device-build"))
     ap.add_argument("--limit-mib", type=float, default=60.0,
                     help="chunk + working tree must stay under this (the tool's limit is 64 MiB)")
-    ap.add_argument("--recipe-cap-s", type=int, default=480, help="cap of the real-model recipe step")
+    ap.add_argument("--recipe-cap-s", type=int, default=None,
+                    help="cap of the real-model recipe step (default: what is left of --budget-s)")
+    ap.add_argument("--budget-s", type=int, default=plan_calls.BUDGET_S,
+                    help="device time the plan's worst case must fit (a lease: 900 s; default: %(default)s)")
     args = ap.parse_args(argv)
 
     groups = [g.strip() for g in args.groups.split(",") if g.strip()]
@@ -192,9 +195,16 @@ def main(argv: list[str] | None = None) -> int:
     total = sum(s for _, s in sizes)
     print(f"  total {total / 1e6:.1f} MB in {len(sizes)} chunks\n")
     rel = os.path.relpath(out, REPO)
-    calls = plan_calls.calls(manifest, rel, args.recipe_cap_s)
-    print(plan_calls.render(calls, total, len(sizes)))
-    (out / "calls.json").write_text(json.dumps(calls, indent=1))
+    try:
+        planned, spare, cap = plan_calls.calls(manifest, rel, args.recipe_cap_s, args.budget_s)
+    except plan_calls.OverBudget as e:
+        (out / "calls.json").unlink(missing_ok=True)
+        print(f"ERROR: refused, no calls.json written: {e}", file=sys.stderr)
+        return 1
+    print(plan_calls.render(planned, spare, total, len(sizes), args.budget_s))
+    (out / "calls.json").write_text(json.dumps({"worst_case_s": plan_calls.worst_case_s(planned),
+                                                "budget_s": args.budget_s, "recipe_cap_s": cap,
+                                                "calls": planned, "if_time_is_left": spare}, indent=1))
     return 0
 
 
