@@ -19,6 +19,7 @@ import build_chunks
 import chunking
 import plan_calls
 import receive
+import vllm_strip
 
 KIB = 1024
 
@@ -195,3 +196,13 @@ def test_receive_names_the_chunk_folder_it_expects(tmp_path, small_split, capsys
     assert not (tmp_path / "scratch").exists()
     usage = subprocess.run(["bash", str(DEVICE / "receive.sh")], check=False, capture_output=True, text=True)
     assert usage.returncode == 3 and ".device/chunk-01" in usage.stderr
+
+
+def test_the_dense_strip_drops_the_moe_ops_and_keeps_hoppers_attention():
+    names = ["vllm/_C_stable_libtorch.abi3.so", "vllm/_moe_C_stable_libtorch.abi3.so", "vllm/vllm-rs",
+             "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so", "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so",
+             "vllm/third_party/deep_gemm/x.hpp", "vllm/platforms/cuda.py"]
+    fa3, moe = "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so", "vllm/_moe_C_stable_libtorch.abi3.so"
+    moe_level, dense, most = (set(vllm_strip.dropped(names, level)) for level in ("moe", "dense", "max"))
+    assert moe not in moe_level and dense == moe_level | {moe} and most == dense | {fa3}
+    assert not {"vllm/_C_stable_libtorch.abi3.so", "vllm/platforms/cuda.py"} & most

@@ -140,8 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=REPO / ".device", help="chunk folder (git-ignored)")
     ap.add_argument("--with", dest="groups", default="rollout",
                     help="comma-separated groups, packed in this order: rollout, vllm (default: rollout)")
-    ap.add_argument("--vllm-strip", choices=sorted(vllm_strip.LEVELS), default="default",
-                    help="default: drop FA2, vllm-rs, sm100/deep_gemm; max: also _moe_C and FA3")
+    ap.add_argument("--vllm-strip", choices=sorted(vllm_strip.LEVELS), default="dense",
+                    help="moe: drop FA2, vllm-rs, sm100/deep_gemm; dense (default): also the MoE ops (dense "
+                         "models only; FA3 kept); max: also FA3 (attention on Triton)")
     ap.add_argument("--vllm-wheel", type=Path, default=VLLM_WHEEL)
     ap.add_argument("--cache", type=Path, default=Path("/tmp/device-build"))
     ap.add_argument("--limit-mib", type=float, default=60.0,

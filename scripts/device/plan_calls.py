@@ -25,7 +25,8 @@ START_S = 40            # the machine's start (gpu-playbook.md)
 TRANSFER_S = (13, 25)   # a 50-60 MB transfer with a short command (gpu-playbook.md)
 NO_CHUNK_TRANSFER_S = 10  # a call carrying only the ~3 MB working tree (a guess: not measured)
 RECEIVE_S = 5           # receive.sh on a chunk that completes no group: copy + sha256 of <= 60 MB
-INSTALL_S = 20          # ... on one that completes a group: also joins, unpacks, pip installs (rehearsal: <= 10 s)
+INSTALL_S = 20          # ... on one that completes a group: also joins, unpacks, pip installs (rehearsal
+                        # on 2 loaded cores: 8.8 s for vLLM's, 19.9 s for the rollout group's)
 BETWEEN_CALLS_S = 5     # the session's turn between two calls, while the machine is held (a guess)
 GIVE_BACK_S = 10        # closing the lease (a guess)
 CALL_MARGIN_S = 60      # a call's timeout_s over its own worst case (a limit: it costs only if used)
