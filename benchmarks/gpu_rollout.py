@@ -15,7 +15,8 @@ where vLLM is importable; its start-up reported apart):
   (its between-steps check is tests/test_vllm_engine.py's);
 * with ``--recipe``: the trainer's busy fraction in a whole ``astraflow run`` of that recipe
   (step seconds / (step + wait seconds), from its step records, first two steps left out) and the
-  mean reward over its first and last steps.
+  mean reward over its first and last steps; ``--run-metrics PATH`` prints the same of a finished
+  run's metrics.jsonl (e.g. the recipe's, brought back from the GPU machine) and nothing else.
 
     python benchmarks/gpu_rollout.py                          # the CPU, small: 1 and 8 rows x 16 tokens
     python benchmarks/gpu_rollout.py --device cuda --rows 1,32,128 --tokens 128 --paths eager,graphs,vllm
@@ -201,18 +202,26 @@ def busy_fraction(recipe_path: str, timeout_s: float) -> dict:
     """A whole run of ``recipe_path`` on a private embedded stack: the trainer's busy fraction and rewards."""
     import tempfile
 
-    from astraflow.testing.runs import load_recipe, private_cluster, run_recipe, trainer_steps
+    from astraflow.testing.runs import load_recipe, private_cluster, run_recipe
 
     recipe = load_recipe(recipe_path)
-    policy = recipe.policies[0].name
     with tempfile.TemporaryDirectory(prefix="af-gpu-rollout-") as tmp, private_cluster() as cfg:
         res = run_recipe(recipe, cfg, runs_dir=Path(tmp), label="gpu-rollout", timeout_s=timeout_s)
-    steps = trainer_steps(res.metrics, policy)
+    return {"run_returncode": res.returncode, "run_wall_s": round(res.wall_s, 1),
+            **run_summary(res.metrics, recipe.policies[0].name)}
+
+
+def run_summary(metrics: list[dict], policy: str) -> dict:
+    """From a run's metrics records: the trainer's steps, busy fraction (step seconds / (step + wait
+    seconds), first two steps left out) and mean reward over the first and last (up to 20) steps."""
+    from astraflow.testing.runs import trainer_steps
+
+    steps = trainer_steps(metrics, policy)
     timed = steps[2:]
     step_s, wait_s = sum(s["step_s"] for s in timed), sum(s["wait_s"] for s in timed)
     rewards = [s["reward_mean"] for s in steps]
     k = max(1, min(20, len(rewards) // 2))
-    return {"run_returncode": res.returncode, "run_wall_s": round(res.wall_s, 1), "trainer_steps": len(steps),
+    return {"trainer_steps": len(steps),
             "trainer_busy_fraction": round(step_s / (step_s + wait_s), 3) if timed else None,
             "reward_first": round(statistics.mean(rewards[:k]), 3) if rewards else None,
             "reward_last": round(statistics.mean(rewards[-k:]), 3) if rewards else None, "reward_window": k}
@@ -258,7 +267,16 @@ def main() -> None:
     ap.add_argument("--refresh-step", type=int, default=4, help="the decoding step a refresh starts during")
     ap.add_argument("--recipe", default=None, help="also run this recipe and report the trainer's busy fraction")
     ap.add_argument("--recipe-timeout-s", type=float, default=480.0)
+    ap.add_argument("--run-metrics", default=None,
+                    help="only summarise a finished run's metrics.jsonl (e.g. the recipe-vllm-metrics.jsonl "
+                         "gpu_checks.sh brings back): trainer steps, busy fraction, reward first / last")
+    ap.add_argument("--policy", default="policy", help="the policy --run-metrics summarises")
     args = ap.parse_args()
+    if args.run_metrics:
+        from astraflow.report import load_metrics
+
+        print(json.dumps({"run_metrics": args.run_metrics, **run_summary(load_metrics(args.run_metrics), args.policy)}))
+        return
     cuda = args.device.startswith("cuda")
     args.rows = [int(r) for r in (args.rows or ("1,32,128" if cuda else "1,8")).split(",")]
     args.tokens = args.tokens or (128 if cuda else 16)
