@@ -81,7 +81,7 @@ def _build(manifest: dict, rel_out: str, recipe_cap_s: int, heldout: bool) -> tu
             planned.append(_call([f"{rel_out}/{name}"], receive, size, (), receive_s, recipe_cap_s))
         else:
             planned.append(_call([f"{rel_out}/{name}"], f"{receive} && {_check(('rollout',), recipe_cap_s)}",
-                                 f"{size}, then the rollout checks: gpu_rollout.py ({'eager, graphs, vLLM' if 'vllm' in groups else 'eager, graphs'}), pytest -k cuda",
+                                 f"{size}, then the rollout checks: gpu_rollout.py ({'graphs, eager, vLLM' if 'vllm' in groups else 'graphs, eager'}), pytest -k cuda",
                                  ("rollout",), receive_s, recipe_cap_s))
     planned.append(_call([], _check((recipe,), recipe_cap_s), f"{recipe}: the real-model recipe, capped at {recipe_cap_s} s",
                          (recipe,), 0, recipe_cap_s))
