@@ -10,7 +10,10 @@ import yaml
 from astraflow.config import ConfigError
 from astraflow.recipe import Recipe
 
-RECIPES = sorted((Path(__file__).parent.parent / "examples" / "recipes").glob("*.yaml"))
+ALL_RECIPES = sorted((Path(__file__).parent.parent / "examples" / "recipes").glob("*.yaml"))
+NEEDS_VLLM = {"smollm2_word_calc_vllm_cuda.yaml"}
+"""Recipes whose engine is vLLM: they validate only where vLLM is installed (tests/test_vllm_compat.py)."""
+RECIPES = [p for p in ALL_RECIPES if p.name not in NEEDS_VLLM]
 MINIMAL = {"policies": [{"name": "policy"}]}
 
 
@@ -33,6 +36,17 @@ def test_shipped_recipes_validate(path: Path) -> None:
 def test_shipped_recipes_exist() -> None:
     names = {p.stem for p in RECIPES}
     assert {"math", "solver_verifier"} <= names
+    assert NEEDS_VLLM <= {p.name for p in ALL_RECIPES}
+
+
+@pytest.mark.parametrize("name", sorted(NEEDS_VLLM))
+def test_a_vllm_recipe_without_vllm_is_refused_naming_the_package(name: str) -> None:
+    from connectors.vllm.config import vllm_available
+
+    if vllm_available():
+        pytest.skip("vLLM is installed here: tests/test_vllm_compat.py validates the recipe")
+    with pytest.raises(ConfigError, match=r"pools\.0\.engine.*needs the vllm package"):
+        Recipe.load(Path(__file__).parent.parent / "examples" / "recipes" / name)
 
 
 def test_unknown_field_is_named(tmp_path: Path) -> None:

@@ -93,3 +93,17 @@ def test_the_cuda_smoke_recipe_validates_where_vllm_is_installed():
     engine = recipe.pool("default").engine
     assert (engine.type, engine.device) == ("vllm", "cuda")
     assert Path(recipe.policies[0].model).is_absolute() and Path(recipe.policies[0].model).exists()
+
+
+def test_the_smollm2_vllm_cuda_recipe_validates_where_vllm_is_installed():
+    """examples/recipes/smollm2_word_calc_vllm_cuda.yaml (scripts/device/gpu_checks.sh recipe-vllm):
+    trainer and vLLM on one GPU, vLLM's share of its memory set so both fit."""
+    from pathlib import Path
+
+    from astraflow.recipe import Recipe
+
+    recipe = Recipe.load(Path(__file__).parent.parent / "examples" / "recipes" / "smollm2_word_calc_vllm_cuda.yaml")
+    engine = recipe.pool("default").engine
+    assert (engine.type, engine.device, engine.dtype) == ("vllm", "cuda", "float32")
+    assert engine.gpu_memory_utilization <= 0.5 and recipe.policies[0].backend.device == "cuda"
+    assert engine.max_num_seqs >= recipe.pool("default").concurrency * recipe.dataset.samples

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import site
 import subprocess
 import sys
 import tomllib
@@ -53,8 +54,27 @@ def tree_bytes(repo: Path) -> int:
     return sum((repo / p).stat().st_size for p in paths if (repo / p).is_file())
 
 
+def out_problem(out: Path, repo: Path) -> str | None:
+    """Why ``out`` cannot hold the chunks (None: it can): it must be a git-ignored folder inside the
+    repo, since `carry` names paths in the repo and a folder that is not ignored would travel with
+    every call. It need not exist yet (a fresh clone): the trailing slash asks git about a folder,
+    which is what `/.device/` in .gitignore matches."""
+    ignored = subprocess.run(["git", "check-ignore", "-q", f"{out}/"], cwd=repo, check=False,
+                             capture_output=True).returncode == 0
+    if out.is_relative_to(repo) and ignored:
+        return None
+    return (f"--out {out} must be a git-ignored folder inside {repo} (e.g. .device, ignored by .gitignore): "
+            "`carry` names paths in the repo, and a folder that is not ignored would travel with every call")
+
+
 def venv_site(venv: Path) -> list[Path]:
     return sorted(venv.glob("lib/python3*/site-packages"))
+
+
+def pinned_site() -> list[Path]:
+    """Where the versions to send are read: the repo's .venv, else (a fresh clone, another venv) the
+    environment running this script."""
+    return venv_site(REPO / ".venv") or [Path(p) for p in site.getsitepackages()]
 
 
 def xz_cached(src: Path, name: str, cache: Path) -> Path:
@@ -79,7 +99,7 @@ def rollout_items(cache: Path, already: dict[str, Path]) -> tuple[list[chunking.
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     reqs = [Requirement(r) for r in project["dependencies"] + project["optional-dependencies"]["gguf"]]
     roots = [r for r in reqs if r.name not in NOT_WHEELS]
-    pins = wheels.installed_versions(venv_site(REPO / ".venv"))
+    pins = wheels.installed_versions(pinned_site())
     print("rollout: resolving AstraFlow's wheels", flush=True)
     resolved = wheels.resolve(roots, cache / "wheels", pins, already)
     items = [chunking.make_item(f"wheels/{p.name}", p, "wheel", "rollout") for p in resolved.values()]
@@ -107,7 +127,7 @@ def vllm_items(cache: Path, src: Path, level: str,
     roots = [Requirement(f"{n}{specs[n].specifier}") if n in specs else Requirement(n)
              for n in VLLM_IMPORT_ROOTS]
     pins = wheels.installed_versions(venv_site(REPO / ".venv-vllm"))
-    pins.update(wheels.installed_versions(venv_site(REPO / ".venv")))
+    pins.update(wheels.installed_versions(pinned_site()))
     print("vllm: resolving its import wheels", flush=True)
     resolved = wheels.resolve(roots, cache / "wheels", pins, already)
     items = [chunking.make_item(f"wheels/{p.name}", p, "wheel", "vllm") for p in resolved.values()]
@@ -120,13 +140,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=REPO / ".device", help="chunk folder (git-ignored)")
     ap.add_argument("--with", dest="groups", default="rollout",
                     help="comma-separated groups, packed in this order: rollout, vllm (default: rollout)")
-    ap.add_argument("--vllm-strip", choices=sorted(vllm_strip.LEVELS), default="default",
-                    help="default: drop FA2, vllm-rs, sm100/deep_gemm; max: also _moe_C and FA3")
+    ap.add_argument("--vllm-strip", choices=sorted(vllm_strip.LEVELS), default="dense",
+                    help="moe: drop FA2, vllm-rs, sm100/deep_gemm; dense (default): also the MoE ops (dense "
+                         "models only; FA3 kept); max: also FA3 (attention on Triton)")
     ap.add_argument("--vllm-wheel", type=Path, default=VLLM_WHEEL)
     ap.add_argument("--cache", type=Path, default=Path("/tmp/device-build"))
     ap.add_argument("--limit-mib", type=float, default=60.0,
                     help="chunk + working tree must stay under this (the tool's limit is 64 MiB)")
-    ap.add_argument("--recipe-cap-s", type=int, default=480, help="cap of the real-model recipe step")
+    ap.add_argument("--recipe-cap-s", type=int, default=None,
+                    help="cap of the real-model recipe step (default: what is left of --budget-s)")
+    ap.add_argument("--budget-s", type=int, default=plan_calls.BUDGET_S,
+                    help="device time the plan's worst case must fit (a lease: 900 s; default: %(default)s)")
     args = ap.parse_args(argv)
 
     groups = [g.strip() for g in args.groups.split(",") if g.strip()]
@@ -140,10 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--limit-mib {args.limit_mib} is over the tool's {HARD_LIMIT_MIB} MiB")
     limit = int(args.limit_mib * chunking.MIB)
     out = (args.out if args.out.is_absolute() else Path.cwd() / args.out).resolve()
-    ignored = subprocess.run(["git", "check-ignore", "-q", str(out)], cwd=REPO, check=False).returncode == 0
-    if not out.is_relative_to(REPO) or not ignored:
-        ap.error(f"--out {out} must be a git-ignored folder inside {REPO}: `carry` names paths in the repo, "
-                 "and a folder that is not ignored would travel with every call")
+    if problem := out_problem(out, REPO):
+        ap.error(problem)
     tree = tree_bytes(REPO)
     print(f"working tree that travels with every call: {tree / 1e6:.1f} MB", flush=True)
 
@@ -174,9 +196,16 @@ def main(argv: list[str] | None = None) -> int:
     total = sum(s for _, s in sizes)
     print(f"  total {total / 1e6:.1f} MB in {len(sizes)} chunks\n")
     rel = os.path.relpath(out, REPO)
-    calls = plan_calls.calls(manifest, rel, args.recipe_cap_s)
-    print(plan_calls.render(calls, total, len(sizes)))
-    (out / "calls.json").write_text(json.dumps(calls, indent=1))
+    try:
+        planned, spare, cap = plan_calls.calls(manifest, rel, args.recipe_cap_s, args.budget_s)
+    except plan_calls.OverBudget as e:
+        (out / "calls.json").unlink(missing_ok=True)
+        print(f"ERROR: refused, no calls.json written: {e}", file=sys.stderr)
+        return 1
+    print(plan_calls.render(planned, spare, total, len(sizes), args.budget_s))
+    (out / "calls.json").write_text(json.dumps({"worst_case_s": plan_calls.worst_case_s(planned),
+                                                "budget_s": args.budget_s, "recipe_cap_s": cap,
+                                                "calls": planned, "if_time_is_left": spare}, indent=1))
     return 0
 
 

