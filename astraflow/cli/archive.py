@@ -70,8 +70,9 @@ def cmd_archive(args: argparse.Namespace) -> int:
     retention = LogRetention.for_run(cfg, pools, policies) if args.trim_log else None
     if retention is not None:
         retention.start()
-    # The embedded S3 server frees a deleted object's disk only when asked to compact its volumes.
-    vacuum = VolumeVacuum(cfg.s3.embedded_master).start() if cfg.s3.embedded_master else None
+    # The embedded S3 server frees a deleted object's disk only when asked to compact its volumes: the
+    # component that trims the log asks (the dataflow, or this archiver with --trim-log).
+    vacuum = VolumeVacuum(cfg.s3.embedded_master).start() if cfg.s3.embedded_master and args.trim_log else None
     try:
         stats = archiver.run(stop, idle_exit_s=args.idle_exit)
     finally:

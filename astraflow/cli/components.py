@@ -121,12 +121,20 @@ def cmd_trainer(args: argparse.Namespace) -> int:
 
 def cmd_dataflow(args: argparse.Namespace) -> int:
     from astraflow.dataflow.service import DataflowService
+    from astraflow.embedded.vacuum import VolumeVacuum
     from astraflow.recipe.data import recipe_tasks
 
     cfg, recipe, stop = _setup(args)
     service = DataflowService(cfg, recipe.dataflow, recipe_tasks(recipe), pools=[p.name for p in recipe.pools],
                               train_steps=recipe.trainer.steps, archived=args.archived)
-    counters = service.run(stop, stop_when_finished=args.until_finished)
+    # The run's storage upkeep goes with the log's trimming: the embedded S3 server frees a deleted
+    # object's disk (trimmed log batches, collected weights, old checkpoints) only when asked to compact.
+    vacuum = VolumeVacuum(cfg.s3.embedded_master).start() if cfg.s3.embedded_master else None
+    try:
+        counters = service.run(stop, stop_when_finished=args.until_finished)
+    finally:
+        if vacuum is not None:
+            vacuum.stop()
     retention = service.retention.stats.as_dict() if service.retention is not None else None
     print(json.dumps({**counters, **({"log_retention": retention} if retention else {})}))
     return 0

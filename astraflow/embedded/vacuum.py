@@ -6,7 +6,8 @@ and ``weed mini``'s own schedule vacuumed once early in a run and then not again
 the math recipe left 2.5 GB on disk for ~35 MB of live objects (``benchmarks/long_run.py``, 26
 November). Asked through the master's ``/vol/vacuum`` every minute, it compacts every volume whose
 deleted share is above the threshold, and the state dir stays within a minute's churn of the live
-data. The archiver, the run's storage upkeep, does the asking where the bucket is the embedded one.
+data. The component that trims the run's log (the dataflow; the archiver with ``--trim-log``) does the
+asking where the bucket is the embedded one, so a run without an archiver stays small on disk too.
 """
 
 from __future__ import annotations
