@@ -181,6 +181,39 @@ def test_sigterm_mid_run_stops_everything_with_130(tmp_path: Path) -> None:
     assert not (state_dir / "stack.json").exists() and _stack_pids(state_dir) == []
 
 
+INTERRUPT_EXIT_S = 10.0
+"""Ctrl+C to the prompt, components and the embedded stack stopped (issue 39): at most this long."""
+
+
+def test_ctrl_c_exits_within_10_s_and_the_run_resumes(tmp_path: Path) -> None:
+    """SIGINT (what Ctrl+C sends) mid-run on an embedded stack the run started: exit status 130 within
+    ``INTERRUPT_EXIT_S``, nothing left running; then ``--run-id`` of the same run resumes from its
+    checkpoint and finishes."""
+    state_dir = tmp_path / "state"
+    env = _embedded_env(state_dir)
+    first = LauncherProcess(tmp_path, "ctrl-c", env, 200)
+    first.wait_for_step(2, timeout_s=90)
+    pids = set(children(first.proc.pid))
+    t0 = time.monotonic()
+    first.proc.send_signal(signal.SIGINT)
+    rc = first.wait(60)
+    exit_s = time.monotonic() - t0
+    out = first.output
+    assert rc == 130 and "Traceback" not in out and "interrupted (SIGINT)" in out, out[-3000:]
+    assert exit_s <= INTERRUPT_EXIT_S, f"exit took {exit_s:.1f} s:\n{out[-3000:]}"
+    assert [p for p in pids if pid_alive(p)] == [] and _stack_pids(state_dir) == []
+    trained = max(r["step"] for r in first.records() if r.get("component") == "trainer" and "step" in r)
+    first_lives = {r.get("life") for r in first.records()}
+
+    second = LauncherProcess(tmp_path, "ctrl-c", env, trained + 2)
+    assert second.wait(150) == 0, second.output[-3000:]
+    # The durable log keeps the first life's metrics, which the second launcher reads again.
+    after = [r for r in second.records() if r.get("life") not in first_lives]
+    start = next(r for r in after if r.get("component") == "trainer" and r.get("event") == "start")
+    assert start["origin"].startswith("checkpoint step "), start
+    assert any(r.get("event") == "done" and r.get("life") == start["life"] for r in after)
+
+
 def test_sigterm_during_stack_start_up_leaves_nothing(tmp_path: Path) -> None:
     state_dir = tmp_path / "state"
     launcher = LauncherProcess(tmp_path, "early", _embedded_env(state_dir), 2)

@@ -65,7 +65,12 @@ class RunOptions:
     """Override ``nodes`` per pool."""
     runs_dir: Path = Path("runs")
     grace_s: float = 15.0
-    """Seconds between SIGTERM and SIGKILL when stopping components."""
+    """Seconds between SIGTERM and SIGKILL when stopping components at the end of a run."""
+    interrupt_grace_s: float = 4.0
+    """The same after Ctrl+C / SIGTERM (at most ``grace_s``): a person waits for the prompt, and a
+    component killed mid-stop loses nothing a resumed run needs (a node's uncommitted tasks are
+    delivered again, a trainer resumes from its last complete checkpoint). A node's drain (its pool's
+    ``drain_timeout_s``, up to 30 s) would otherwise hold the exit for the whole ``grace_s``."""
     timeout_s: float | None = None
     """Stop the run (non-zero exit) if not done after this many seconds."""
     live: bool | None = None
@@ -164,10 +169,13 @@ class _Monitor:
         self.metrics.append(record.to_json())
         self.progress.update(record)
 
-    def close(self) -> None:
-        """Drain what the components wrote just before the stop (last steps, done events), close."""
+    def close(self, drain_s: float = 30.0) -> None:
+        """Drain what the components wrote just before the stop (last steps, done events), for at
+        most about ``drain_s`` seconds, close."""
+        deadline = time.monotonic() + drain_s
+        poll_s = min(1.0, max(drain_s / 4, 0.1))
         with contextlib.suppress(Exception):
-            while self.absorb(1.0, 5000):
+            while self.absorb(poll_s, 5000) and time.monotonic() < deadline:
                 pass
         with contextlib.suppress(Exception):
             self.consumer.close()
@@ -283,6 +291,7 @@ def _launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console, guard
     if (hint := slot_shortfall(recipe)) is not None and not opts.from_archive:
         console.print(f"[yellow]note:[/yellow] {escape(hint)}", highlight=False)
     monitor = None
+    reason = ""
     try:
         monitor = _Monitor(cfg, run_id, progress, metrics_path,
                            warn=lambda m: console.print(f"[yellow]{escape(m)}[/yellow]", highlight=False))
@@ -315,10 +324,11 @@ def _launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console, guard
         console.print(f"[yellow]interrupted ({signal_name(exc)}): stopping {len(group.alive())} components "
                       f"...[/yellow]", highlight=False)
     finally:
+        interrupted = reason == "interrupted"
         with guard.shielded():
-            codes = group.stop()
+            codes = group.stop(min(opts.grace_s, opts.interrupt_grace_s) if interrupted else None)
             if monitor is not None:
-                monitor.close()
+                monitor.close(drain_s=1.0 if interrupted else 30.0)
     with guard.shielded():
         restarts = {k: v for w in watched for k, v in w.restarts().items()}
         return _finish(run_id, run_dir, progress, monitor, restarts, codes, reason, rc, t0, console)
