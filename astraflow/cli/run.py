@@ -86,6 +86,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Ctrl+C / SIGTERM at any moment: one line, exit status 130, nothing left running (the
     launcher stops its components, ``open_cluster`` the embedded stack it started)."""
     from rich.console import Console
+    from rich.markup import escape
 
     from astraflow.launcher import RunOptions, launch
     from astraflow.launcher.cluster import open_run_cluster
@@ -113,7 +114,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                           highlight=False)
             return 130
         except (RuntimeError, ValueError) as exc:
-            console.print(f"[red]astraflow run failed:[/red] {exc}", highlight=False)
+            # One line on stderr, however long (a path, a port list): rich would wrap it at the width.
+            Console(stderr=True).print(f"[red]astraflow run failed:[/red] {escape(str(exc))}", highlight=False,
+                                       soft_wrap=True)
             return 1
     return result.returncode
 
