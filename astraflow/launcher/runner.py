@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -66,7 +67,7 @@ class RunOptions:
     runs_dir: Path = Path("runs")
     grace_s: float = 15.0
     """Seconds between SIGTERM and SIGKILL when stopping components at the end of a run."""
-    interrupt_grace_s: float = 4.0
+    interrupt_grace_s: float = 3.0
     """The same after Ctrl+C / SIGTERM (at most ``grace_s``): a person waits for the prompt, and a
     component killed mid-stop loses nothing a resumed run needs (a node's uncommitted tasks are
     delivered again, a trainer resumes from its last complete checkpoint). A node's drain (its pool's
@@ -331,7 +332,17 @@ def _launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console, guard
                 monitor.close(drain_s=1.0 if interrupted else 30.0)
     with guard.shielded():
         restarts = {k: v for w in watched for k, v in w.restarts().items()}
-        return _finish(run_id, run_dir, progress, monitor, restarts, codes, reason, rc, t0, console)
+        # Interrupted: the components are down and the metrics drained, so the stack started for the
+        # run stops while the report is drawn (its owner's later ``down`` then finds nothing to stop).
+        stopping = None
+        if reason == "interrupted" and opts.stack is not None:
+            stopping = threading.Thread(target=opts.stack.down, name="stack-down", daemon=True)
+            stopping.start()
+        try:
+            return _finish(run_id, run_dir, progress, monitor, restarts, codes, reason, rc, t0, console)
+        finally:
+            if stopping is not None:
+                stopping.join()
 
 
 def _feed_from_archive(recipe: Recipe, cfg: ClusterConfig, source: str, console) -> Recipe:
