@@ -181,6 +181,26 @@ def test_sigterm_mid_run_stops_everything_with_130(tmp_path: Path) -> None:
     assert not (state_dir / "stack.json").exists() and _stack_pids(state_dir) == []
 
 
+def _assert_step_figures(records: list[dict], max_new_tokens: int) -> None:
+    """The figures peers log, in a real run's trainer step records, consistent with each other: a batch
+    with any response cut at the cap has its longest response at the cap, one with every response cut has
+    its mean there too; the torch backend's clip share and behaviour KL are there."""
+    from astraflow.records.control import TrainerStep, parse_metrics_json
+
+    steps = [parse_metrics_json(r) for r in records if r.get("component") == "trainer" and "batch_id" in r]
+    assert steps and all(isinstance(s, TrainerStep) for s in steps)
+    for s in steps:
+        assert s.truncated_frac is not None and 0.0 <= s.truncated_frac <= 1.0, s
+        assert s.response_len_max is not None and 1 <= s.response_len_max <= max_new_tokens, s
+        assert s.response_len_mean is not None and 1.0 <= s.response_len_mean <= s.response_len_max, s
+        if s.truncated_frac > 0:
+            assert s.response_len_max == max_new_tokens, s
+        if s.truncated_frac == 1.0:
+            assert s.response_len_mean == max_new_tokens, s
+        assert s.clip_frac is not None and 0.0 <= s.clip_frac <= 1.0 and s.behav_kl is not None, s
+        assert 0.0 < s.busy_fraction <= 1.0, s
+
+
 INTERRUPT_EXIT_S = 10.0
 """Ctrl+C to the prompt, components and the embedded stack stopped (issue 39): at most this long."""
 
@@ -203,6 +223,7 @@ def test_ctrl_c_exits_within_10_s_and_the_run_resumes(tmp_path: Path) -> None:
     assert exit_s <= INTERRUPT_EXIT_S, f"exit took {exit_s:.1f} s:\n{out[-3000:]}"
     assert [p for p in pids if pid_alive(p)] == [] and _stack_pids(state_dir) == []
     trained = max(r["step"] for r in first.records() if r.get("component") == "trainer" and "step" in r)
+    _assert_step_figures(first.records(), max_new_tokens=3)  # the tiny math recipe's cap
     first_lives = {r.get("life") for r in first.records()}
 
     second = LauncherProcess(tmp_path, "ctrl-c", env, trained + 2)
