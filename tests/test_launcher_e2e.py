@@ -71,12 +71,12 @@ class LauncherProcess:
     probes the supervision tests need."""
 
     def __init__(self, tmp_path: Path, run_id: str, env: dict[str, str], steps: int, timeout_s: float = 100,
-                 grace_s: float = 5) -> None:
+                 grace_s: float = 5, extra_args: tuple[str, ...] = ()) -> None:
         self.run_dir = tmp_path / "runs" / run_id
         self.out_path = tmp_path / "launcher.out"
         cmd = [sys.executable, "-m", "astraflow.cli.main", "run", str(tiny_recipe(tmp_path, steps=steps)),
                "--run-id", run_id, "--runs-dir", str(tmp_path / "runs"), "--no-live", "--timeout", str(timeout_s),
-               "--grace", str(grace_s)]
+               "--grace", str(grace_s), *extra_args]
         with open(self.out_path, "w") as out:
             self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
 
@@ -205,14 +205,37 @@ INTERRUPT_EXIT_S = 10.0
 """Ctrl+C to the prompt, components and the embedded stack stopped (issue 39): at most this long."""
 
 
+PROMETHEUS_GAUGES = {
+    "dataflow": 'astraflow_dataflow_counters_counters{component="dataflow",id="dataflow",name="tasks.emitted"}',
+    "trainer-policy": 'astraflow_trainer_step_truncated_frac{component="trainer",id="trainer.policy",policy="policy"}',
+    "raas-default-0": ('astraflow_node_status_tokens_per_s{component="raas",id="raas-default-0",'
+                       'node_id="raas-default-0",pool="default"}'),
+    "archive": 'astraflow_archiver_records{component="archive"}',
+}
+"""One gauge each component's ``/metrics`` must serve mid-run (``astraflow run --prometheus``)."""
+
+
+def _scrape_every_component(run_dir: Path) -> None:
+    import urllib.request
+
+    targets = json.loads((run_dir / "prometheus.json").read_text())
+    assert sorted(t["labels"]["component"] for t in targets) == sorted(PROMETHEUS_GAUGES), targets
+    for t in targets:
+        with urllib.request.urlopen(f"http://{t['targets'][0]}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        assert PROMETHEUS_GAUGES[t["labels"]["component"]] in text, (t, text[-3000:])
+
+
 def test_ctrl_c_exits_within_10_s_and_the_run_resumes(tmp_path: Path) -> None:
     """SIGINT (what Ctrl+C sends) mid-run on an embedded stack the run started: exit status 130 within
     ``INTERRUPT_EXIT_S``, nothing left running; then ``--run-id`` of the same run resumes from its
-    checkpoint and finishes."""
+    checkpoint and finishes. The first run also serves Prometheus from every component (scraped before
+    the signal) and its step records carry the figures peers log."""
     state_dir = tmp_path / "state"
     env = _embedded_env(state_dir)
-    first = LauncherProcess(tmp_path, "ctrl-c", env, 200)
+    first = LauncherProcess(tmp_path, "ctrl-c", env, 200, extra_args=("--prometheus",))
     first.wait_for_step(2, timeout_s=90)
+    _scrape_every_component(first.run_dir)
     pids = set(children(first.proc.pid))
     t0 = time.monotonic()
     first.proc.send_signal(signal.SIGINT)

@@ -62,11 +62,15 @@ def _archive(args: argparse.Namespace, cfg, run: str, recipe, policies: list[str
     from astraflow.embedded.vacuum import VolumeVacuum
     from astraflow.log.client_logs import summarise_kafka_logs
     from astraflow.log.retention import LogRetention
+    from astraflow.prometheus import serve_prometheus
 
     summarise_kafka_logs(cfg.kafka.bootstrap or "?")
     stop = _stop_on_signals()
     archiver = Archiver(cfg, policies, max_records=args.max_records, max_bytes=int(args.max_mb * 1024 * 1024),
                         flush_s=args.flush_s)
+    prometheus = serve_prometheus(cfg.prometheus, "archive")
+    if prometheus is not None:
+        prometheus.add_source("archiver", archiver.stats.as_dict)
     # The archiver is the log's last reader: once it and the run's other groups have committed past a
     # record, the log need not keep it (the task topics only where the recipe names the pools).
     pools = [p.name for p in recipe.pools] if recipe is not None else []

@@ -42,6 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="torch threads per component process (default: the cores this process may use, "
                      "divided among the trainers and nodes, at least 1)")
     run.add_argument("--no-live", action="store_true", help="print progress lines instead of a live table")
+    run.add_argument("--prometheus", action="store_true",
+                     help="every component serves Prometheus /metrics on a free loopback port; the targets "
+                     "in runs/<run>/prometheus.json (file_sd format); needs the prometheus extra")
     run.add_argument("--no-archive", action="store_true",
                      help="do not start the archiver (Parquet of the run's log under <run>/archive/)")
     run.add_argument("--from-archive", metavar="RUN",
@@ -103,7 +106,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             opts = RunOptions(run_id=args.run_id, steps=args.steps, nodes=parse_nodes(args.nodes),
                               runs_dir=args.runs_dir, grace_s=args.grace, timeout_s=args.timeout,
                               live=False if args.no_live else None, archive=not args.no_archive,
-                              from_archive=args.from_archive, threads=args.threads,
+                              from_archive=args.from_archive, threads=args.threads, prometheus=args.prometheus,
                               restart=RestartPolicy(max_restarts=args.max_restarts))
             with open_run_cluster(load_cluster(args), log_storage=args.log_storage,
                                   announce=lambda m: console.print(m, highlight=False)) as cluster:

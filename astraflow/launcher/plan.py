@@ -205,3 +205,24 @@ def _cli(cluster_file: Path) -> list[str]:
 
 def cluster_for_run(cfg: ClusterConfig, run_id: str) -> ClusterConfig:
     return cfg.model_copy(update={"run": run_id})
+
+
+def with_prometheus_ports(specs: list[ChildSpec], run_dir: Path) -> list[ChildSpec]:
+    """``specs`` each with a free loopback port for its ``/metrics`` (``ASTRAFLOW_PROMETHEUS_PORT``, kept
+    across its restarts), and ``run_dir/prometheus.json`` listing them in Prometheus's file-based service
+    discovery format (``file_sd_configs``), labelled with the component."""
+    import dataclasses
+    import json
+    import socket
+
+    out, targets = [], []
+    for spec in specs:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        env = {**spec.env, "ASTRAFLOW_PROMETHEUS_PORT": str(port), "ASTRAFLOW_PROMETHEUS_HOST": "127.0.0.1"}
+        out.append(dataclasses.replace(spec, env=env))
+        targets.append({"targets": [f"127.0.0.1:{port}"], "labels": {"component": spec.name}})
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "prometheus.json").write_text(json.dumps(targets, indent=2))
+    return out

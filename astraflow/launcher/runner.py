@@ -33,6 +33,7 @@ from astraflow.launcher.plan import (
     run_topics,
     slot_shortfall,
     threads_per_component,
+    with_prometheus_ports,
     write_recipe,
 )
 from astraflow.launcher.progress import RunProgress
@@ -86,6 +87,8 @@ class RunOptions:
     (:mod:`astraflow.archive.feed`): only trainers (and the archiver) start, no dataflow, no node."""
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     """Backoff and budget for restarting a component (or a server of ``stack``) that dies."""
+    prometheus: bool = False
+    """Each component serves ``/metrics`` on a free loopback port, listed in ``<run>/prometheus.json``."""
     stack: EmbeddedStack | None = None
     """The embedded stack started for this run (``open_run_cluster``): its servers are restarted
     like components. None when the run uses a stack or cluster it did not start."""
@@ -278,6 +281,8 @@ def _launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console, guard
     metrics_path = run_dir / "metrics.jsonl"
     specs = component_specs(recipe, recipe_file, cluster_file, run_dir, threads=opts.threads,
                             archive=opts.archive, rollouts=not opts.from_archive)
+    if opts.prometheus:
+        specs = with_prometheus_ports(specs, run_dir)
     group = ProcessGroup(grace_s=opts.grace_s, restart=opts.restart)
     watched: list[_Supervised] = [group]
     if opts.stack is not None:
@@ -289,6 +294,9 @@ def _launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console, guard
     console.print(f"[bold]run {run_id}[/bold]: {len(specs)} components "
                   f"({', '.join(s.name for s in specs)}), {opts.threads} torch "
                   f"thread{'s' if opts.threads != 1 else ''} each; logs in {run_dir / 'logs'}")
+    if opts.prometheus:
+        console.print(f"Prometheus: each component's /metrics, targets in {run_dir / 'prometheus.json'}",
+                      highlight=False)
     if (hint := slot_shortfall(recipe)) is not None and not opts.from_archive:
         console.print(f"[yellow]note:[/yellow] {escape(hint)}", highlight=False)
     monitor = None
