@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from process_helpers import children, pid_alive
+from tensorboard_events import read_scalars
 from waiting import wait_until
 
 from astraflow.launcher.cluster import write_cluster_file
@@ -22,8 +23,9 @@ ROOT = Path(__file__).parent.parent
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def tiny_recipe(tmp_path: Path, source: str = "math", steps: int = 2) -> Path:
+def tiny_recipe(tmp_path: Path, source: str = "math", steps: int = 2, extra: dict | None = None) -> Path:
     data = yaml.safe_load((ROOT / "examples" / "recipes" / f"{source}.yaml").read_text())
+    data.update(extra or {})
     data["dataset"]["samples"] = 4
     data["dataflow"]["groups_per_batch"] = 4
     data["trainer"].update(steps=steps, checkpoint_every=1)
@@ -71,10 +73,10 @@ class LauncherProcess:
     probes the supervision tests need."""
 
     def __init__(self, tmp_path: Path, run_id: str, env: dict[str, str], steps: int, timeout_s: float = 100,
-                 grace_s: float = 5, extra_args: tuple[str, ...] = ()) -> None:
+                 grace_s: float = 5, extra_args: tuple[str, ...] = (), recipe_extra: dict | None = None) -> None:
         self.run_dir = tmp_path / "runs" / run_id
         self.out_path = tmp_path / "launcher.out"
-        cmd = [sys.executable, "-m", "astraflow.cli.main", "run", str(tiny_recipe(tmp_path, steps=steps)),
+        cmd = [sys.executable, "-m", "astraflow.cli.main", "run", str(tiny_recipe(tmp_path, steps=steps, extra=recipe_extra)),
                "--run-id", run_id, "--runs-dir", str(tmp_path / "runs"), "--no-live", "--timeout", str(timeout_s),
                "--grace", str(grace_s), *extra_args]
         with open(self.out_path, "w") as out:
@@ -211,6 +213,7 @@ PROMETHEUS_GAUGES = {
     "raas-default-0": ('astraflow_node_status_tokens_per_s{component="raas",id="raas-default-0",'
                        'node_id="raas-default-0",pool="default"}'),
     "archive": 'astraflow_archiver_records{component="archive"}',
+    "sinks": 'astraflow_sinks_records{component="sinks"}',
 }
 """One gauge each component's ``/metrics`` must serve mid-run (``astraflow run --prometheus``)."""
 
@@ -230,10 +233,11 @@ def test_ctrl_c_exits_within_10_s_and_the_run_resumes(tmp_path: Path) -> None:
     """SIGINT (what Ctrl+C sends) mid-run on an embedded stack the run started: exit status 130 within
     ``INTERRUPT_EXIT_S``, nothing left running; then ``--run-id`` of the same run resumes from its
     checkpoint and finishes. The first run also serves Prometheus from every component (scraped before
-    the signal) and its step records carry the figures peers log."""
+    the signal), its step records carry the figures peers log, and its TensorBoard sink has them."""
     state_dir = tmp_path / "state"
     env = _embedded_env(state_dir)
-    first = LauncherProcess(tmp_path, "ctrl-c", env, 200, extra_args=("--prometheus",))
+    first = LauncherProcess(tmp_path, "ctrl-c", env, 200, extra_args=("--prometheus",),
+                            recipe_extra={"report": {"tensorboard": {"dir": str(tmp_path / "tb")}}})
     first.wait_for_step(2, timeout_s=90)
     _scrape_every_component(first.run_dir)
     pids = set(children(first.proc.pid))
@@ -247,6 +251,11 @@ def test_ctrl_c_exits_within_10_s_and_the_run_resumes(tmp_path: Path) -> None:
     assert [p for p in pids if pid_alive(p)] == [] and _stack_pids(state_dir) == []
     trained = max(r["step"] for r in first.records() if r.get("component") == "trainer" and "step" in r)
     _assert_step_figures(first.records(), max_new_tokens=3)  # the tiny math recipe's cap
+    scalars = read_scalars(tmp_path / "tb" / "ctrl-c")
+    steps = {r["step"]: r for r in first.records() if r.get("component") == "trainer" and "batch_id" in r}
+    assert dict(scalars["policy/reward_mean"]) == pytest.approx({s: r["reward_mean"] for s, r in steps.items()})
+    assert dict(scalars["policy/truncated_frac"]) == pytest.approx({s: r["truncated_frac"] for s, r in steps.items()})
+    assert "pool/default/tokens_per_s" in scalars, sorted(scalars)
     first_lives = {r.get("life") for r in first.records()}
 
     second = LauncherProcess(tmp_path, "ctrl-c", env, trained + 2)

@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "astraflow.cli.components", # raas, dataflow, trainer
     "astraflow.cli.run",        # run RECIPE, demo
     "astraflow.cli.archive",    # archive
+    "astraflow.cli.sinks",      # sinks
     "astraflow.cli.replay",     # replay RUN
     "astraflow.cli.runs",       # runs ls|show
     "astraflow.cli.deploy",     # deploy k8s|topics

@@ -170,6 +170,8 @@ def component_specs(recipe: Recipe, recipe_file: Path, cluster_file: Path, run_d
     if archive:
         specs.append(ChildSpec("archive", [*base, "archive", "--recipe", str(recipe_file)], env,
                                logs / "archive.log"))
+    if recipe.report.any:
+        specs.append(ChildSpec("sinks", [*base, "sinks", "--recipe", str(recipe_file)], env, logs / "sinks.log"))
     return specs
 
 
