@@ -461,3 +461,20 @@ def test_a_recipe_placing_models_on_a_missing_gpu_is_refused_naming_the_fields(t
         out = " ".join((proc.stdout + proc.stderr).split())
         assert proc.returncode == 1 and "pools.0.engine.device is 'cuda'" in out, out
         assert not state.exists() and not (tmp_path / "runs").exists()
+
+
+def test_prometheus_targets_give_each_component_a_port_and_list_them(tmp_path: Path) -> None:
+    """One port per component name, kept for a node started anew under the same name (the actuator),
+    and prometheus.json (file_sd format) rewritten as components come."""
+    from astraflow.launcher.plan import PrometheusTargets
+
+    targets = PrometheusTargets(tmp_path)
+    a = targets.serve(ChildSpec("dataflow", ["x"], {"K": "v"}, tmp_path / "a.log"))
+    b = targets.serve(ChildSpec("raas-p-0", ["y"], {}, tmp_path / "b.log"))
+    again = targets.serve(ChildSpec("raas-p-0", ["y"], {}, tmp_path / "b.log"))
+    port_a, port_b = int(a.env["ASTRAFLOW_PROMETHEUS_PORT"]), int(b.env["ASTRAFLOW_PROMETHEUS_PORT"])
+    assert a.env["K"] == "v" and a.env["ASTRAFLOW_PROMETHEUS_HOST"] == "127.0.0.1" and port_a != port_b
+    assert again.env == b.env
+    assert json.loads((tmp_path / "prometheus.json").read_text()) == [
+        {"targets": [f"127.0.0.1:{port_a}"], "labels": {"component": "dataflow"}},
+        {"targets": [f"127.0.0.1:{port_b}"], "labels": {"component": "raas-p-0"}}]

@@ -209,22 +209,33 @@ def cluster_for_run(cfg: ClusterConfig, run_id: str) -> ClusterConfig:
     return cfg.model_copy(update={"run": run_id})
 
 
-def with_prometheus_ports(specs: list[ChildSpec], run_dir: Path) -> list[ChildSpec]:
-    """``specs`` each with a free loopback port for its ``/metrics`` (``ASTRAFLOW_PROMETHEUS_PORT``, kept
-    across its restarts), and ``run_dir/prometheus.json`` listing them in Prometheus's file-based service
-    discovery format (``file_sd_configs``), labelled with the component."""
-    import dataclasses
-    import json
-    import socket
+class PrometheusTargets:
+    """Gives each component of a run a free loopback port for its ``/metrics``
+    (``ASTRAFLOW_PROMETHEUS_PORT``; the same port again for the same component name, e.g. a node the
+    actuator starts anew) and keeps ``run_dir/prometheus.json`` listing them in Prometheus's file-based
+    service discovery format (``file_sd_configs``, re-read by Prometheus as it changes), labelled with
+    the component."""
 
-    out, targets = [], []
-    for spec in specs:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        env = {**spec.env, "ASTRAFLOW_PROMETHEUS_PORT": str(port), "ASTRAFLOW_PROMETHEUS_HOST": "127.0.0.1"}
-        out.append(dataclasses.replace(spec, env=env))
-        targets.append({"targets": [f"127.0.0.1:{port}"], "labels": {"component": spec.name}})
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "prometheus.json").write_text(json.dumps(targets, indent=2))
-    return out
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / "prometheus.json"
+        self.ports: dict[str, int] = {}
+
+    def serve(self, spec: ChildSpec) -> ChildSpec:
+        """``spec`` with its port in its environment."""
+        import dataclasses
+        import json
+        import socket
+
+        if spec.name not in self.ports:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                self.ports[spec.name] = sock.getsockname()[1]
+            targets = [{"targets": [f"127.0.0.1:{port}"], "labels": {"component": name}}
+                       for name, port in self.ports.items()]
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(targets, indent=2))
+            tmp.replace(self.path)  # a scraper never reads half a file
+        env = {**spec.env, "ASTRAFLOW_PROMETHEUS_PORT": str(self.ports[spec.name]),
+               "ASTRAFLOW_PROMETHEUS_HOST": "127.0.0.1"}
+        return dataclasses.replace(spec, env=env)

@@ -25,6 +25,7 @@ from astraflow.launcher.actuator import Actuator
 from astraflow.launcher.actuator import describe as describe_actuation
 from astraflow.launcher.interrupts import interrupt_guard, signal_name
 from astraflow.launcher.plan import (
+    PrometheusTargets,
     cluster_for_run,
     component_specs,
     effective_recipe,
@@ -33,7 +34,6 @@ from astraflow.launcher.plan import (
     run_topics,
     slot_shortfall,
     threads_per_component,
-    with_prometheus_ports,
     write_recipe,
 )
 from astraflow.launcher.progress import RunProgress
@@ -281,8 +281,9 @@ def _launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console, guard
     metrics_path = run_dir / "metrics.jsonl"
     specs = component_specs(recipe, recipe_file, cluster_file, run_dir, threads=opts.threads,
                             archive=opts.archive, rollouts=not opts.from_archive)
-    if opts.prometheus:
-        specs = with_prometheus_ports(specs, run_dir)
+    prometheus = PrometheusTargets(run_dir) if opts.prometheus else None
+    if prometheus is not None:
+        specs = [prometheus.serve(s) for s in specs]
     group = ProcessGroup(grace_s=opts.grace_s, restart=opts.restart)
     watched: list[_Supervised] = [group]
     if opts.stack is not None:
@@ -305,8 +306,11 @@ def _launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console, guard
         monitor = _Monitor(cfg, run_id, progress, metrics_path,
                            warn=lambda m: console.print(f"[yellow]{escape(m)}[/yellow]", highlight=False))
         if not opts.from_archive and any(p.autoscale is not None for p in recipe.pools):
-            watched.append(_actuator(recipe, group, monitor, console, opts, lambda pool, i: node_spec(
-                recipe, recipe_file, cluster_file, run_dir, pool, i, threads=opts.threads)))
+            def scaled_node(pool: str, i: int) -> ChildSpec:
+                spec = node_spec(recipe, recipe_file, cluster_file, run_dir, pool, i, threads=opts.threads)
+                return prometheus.serve(spec) if prometheus is not None else spec
+
+            watched.append(_actuator(recipe, group, monitor, console, opts, scaled_node))
         for spec in specs:
             group.start(spec)
         live = None
