@@ -1,5 +1,5 @@
 """Metrics sinks fed from ``<run>.metrics`` (:mod:`astraflow.report.sinks.consumer`)."""
 
-from astraflow.report.sinks.config import ReportConfig, TensorBoardSinkConfig
+from astraflow.report.sinks.config import MLflowSinkConfig, ReportConfig, TensorBoardSinkConfig
 
-__all__ = ["ReportConfig", "TensorBoardSinkConfig"]
+__all__ = ["MLflowSinkConfig", "ReportConfig", "TensorBoardSinkConfig"]

@@ -23,6 +23,19 @@ class TensorBoardSinkConfig(BaseModel):
     """Seconds between flushes of the event file (TensorBoard shows what is flushed)."""
 
 
+class MLflowSinkConfig(BaseModel):
+    """An MLflow run per AstraFlow run, written through mlflow-skinny (the ``mlflow`` extra)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tracking_uri: str = "file:runs/mlruns"
+    """Where MLflow keeps runs: a local file store (``file:<dir>``, read by ``mlflow ui
+    --backend-store-uri``; its "maintenance mode" refusal is waived for it) or a tracking server
+    (``http://...``)."""
+    experiment: str = "astraflow"
+    """The MLflow experiment (created when missing); the MLflow run is named after the AstraFlow run."""
+
+
 class ReportConfig(BaseModel):
     """The metrics sinks of a run; none by default."""
 
@@ -31,8 +44,10 @@ class ReportConfig(BaseModel):
     tensorboard: TensorBoardSinkConfig | None = None
     """Scalars per trainer step (reward, truncated fraction, lengths, KL, clip share, grad norm,
     staleness, busy share, weight sync) and the nodes' tokens/s per pool."""
+    mlflow: MLflowSinkConfig | None = None
+    """The same scalars as MLflow metrics (``/`` in names kept), one MLflow run per AstraFlow run."""
 
     @property
     def any(self) -> bool:
         """Whether a sink is set (the launcher then starts the consumer)."""
-        return self.tensorboard is not None
+        return self.tensorboard is not None or self.mlflow is not None

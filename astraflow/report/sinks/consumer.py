@@ -45,6 +45,10 @@ def run_sinks(cfg: ClusterConfig, report: ReportConfig, stop: threading.Event, *
         from astraflow.report.sinks.tensorboard import TensorBoardSink
 
         sinks.append(TensorBoardSink(report.tensorboard, cfg.run))
+    if report.mlflow is not None:
+        from astraflow.report.sinks.mlflow import MLflowSink
+
+        sinks.append(MLflowSink(report.mlflow, cfg.run))
     topic = Topics(cfg.run).metrics
     consumer = LogConsumer(cfg, topic, f"{cfg.run}.sinks", {topic: METRICS_TOPIC_SCHEMAS},
                            auto_offset_reset="earliest", client_id=f"sinks-{cfg.run}", background=True)

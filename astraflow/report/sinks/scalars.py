@@ -29,8 +29,8 @@ class ScalarFolder:
     steps: list[int] = field(default_factory=list)
     pending: list[NodeStatus] = field(default_factory=list)
     """Node statuses not yet written: no trainer step at or after their time seen yet."""
-    node_rates: dict[str, tuple[str, float]] = field(default_factory=dict)
-    """node id -> (pool, tokens/s), as of the statuses written."""
+    node_rates: dict[str, list[tuple[float, str, float]]] = field(default_factory=dict)
+    """node id -> its statuses written so far as (time, pool, tokens/s), sorted by time."""
 
     def scalars(self, record: ControlRecord) -> list[tuple[str, float, int]]:
         match record:
@@ -56,9 +56,19 @@ class ScalarFolder:
         self.pending = [s for s in self.pending if s.time > until]
         out = []
         for status in ready:
-            self.node_rates[status.node_id] = (status.pool, status.tokens_per_s)
-            total = sum(rate for pool, rate in self.node_rates.values() if pool == status.pool)
+            bisect.insort(self.node_rates.setdefault(status.node_id, []),
+                          (status.time, status.pool, status.tokens_per_s))
+            total = self._pool_rate(status.pool, status.time)
             i = bisect.bisect(self.step_times, status.time)
             step = self.steps[i - 1] if i else 0
             out.append((f"pool/{status.pool}/tokens_per_s", total, step))
         return out
+
+    def _pool_rate(self, pool: str, at: float) -> float:
+        """The pool's nodes' latest rates at time ``at``, summed (whatever order their statuses came in)."""
+        total = 0.0
+        for history in self.node_rates.values():
+            i = bisect.bisect(history, (at, "\uffff", float("inf")))
+            if i and history[i - 1][1] == pool:
+                total += history[i - 1][2]
+        return total
