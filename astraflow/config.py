@@ -149,6 +149,18 @@ class RegionSettings(_Section):
     """Longest pause between two looks at the replica."""
 
 
+class PrometheusSettings(_Section):
+    """Each long-lived component's ``/metrics`` endpoint for Prometheus (``prometheus-client``, the
+    ``prometheus`` extra): its latest metrics records as gauges (``astraflow_<record>_<field>``)."""
+
+    port: int = Field(default=0, ge=0, le=65535)
+    """Port of the component's ``/metrics``; 0 = no endpoint (the default). One per pod on a cluster;
+    ``astraflow run --prometheus`` gives each component of a run a free port of its own."""
+    host: str = "0.0.0.0"
+    """Address to listen on: all interfaces (a pod's scraper comes from outside it); the launcher
+    binds its components to 127.0.0.1."""
+
+
 class ClusterConfig(_Section):
     run: str = Field(default="default", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     """Run id: prefixes every topic (``<run>.tasks.<pool>``) and every bucket key (``<run>/...``)."""
@@ -162,6 +174,8 @@ class ClusterConfig(_Section):
     inline_limit_bytes: int = Field(default=900 * 1024, gt=0)
     """Record values above this size go to the bucket and the record carries a pointer (claim
     check). The default stays under the broker's 1 MiB message limit."""
+    prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
+    """The component's Prometheus endpoint (``ASTRAFLOW_PROMETHEUS_PORT`` / ``_HOST``); off by default."""
 
     # -- loading -----------------------------------------------------------------------------
     @classmethod
@@ -236,7 +250,7 @@ def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
 
 def _overlay_env(data: dict[str, Any], env: Mapping[str, str]) -> None:
     """``ASTRAFLOW_RUN`` -> run, ``ASTRAFLOW_KAFKA_BOOTSTRAP`` -> kafka.bootstrap, and so on."""
-    sections = {"kafka": KafkaSettings, "s3": S3Settings, "region": RegionSettings}
+    sections = {"kafka": KafkaSettings, "s3": S3Settings, "region": RegionSettings, "prometheus": PrometheusSettings}
     for field in ClusterConfig.model_fields:
         if field in sections:
             for sub in sections[field].model_fields:

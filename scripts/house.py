@@ -51,10 +51,12 @@ FLOORS: list[tuple[str, list[str]]] = [
     ("task, tool and environment contracts", ["astraflow.tasks", "astraflow.tools", "astraflow.environments"]),
     ("models and engines", ["astraflow.models", "astraflow.engines"]),
     ("workflows", ["astraflow.workflows"]),
-    ("component parts: dataflow plug-ins, SFT warm start, the embedded stack", [
-        "astraflow.dataflow.plugins", "astraflow.sft", "astraflow.embedded",
+    ("component parts: dataflow plug-ins, SFT warm start, the embedded stack, the Prometheus endpoint", [
+        "astraflow.dataflow.plugins", "astraflow.sft", "astraflow.embedded", "astraflow.prometheus",
     ]),
-    ("components configured by the recipe (given it, never importing it)", ["astraflow.dataflow", "astraflow.trainer"]),
+    ("components configured by the recipe (given it, never importing it), the metric sinks", [
+        "astraflow.dataflow", "astraflow.trainer", "astraflow.report.sinks",
+    ]),
     ("connectors: other engines and trainer backends", ["connectors.vllm", "connectors.megatron"]),
     ("the recipe: composes the configs of everything below", ["astraflow.recipe"]),
     ("services that read the recipe themselves", ["astraflow.raas"]),

@@ -20,8 +20,9 @@ from astraflow.report.plot import typed_records
 ROOT = Path(__file__).parent.parent
 
 
-def tiny_recipe(tmp_path: Path, source: str = "math", steps: int = 2) -> Path:
+def tiny_recipe(tmp_path: Path, source: str = "math", steps: int = 2, extra: dict | None = None) -> Path:
     data = yaml.safe_load((ROOT / "examples" / "recipes" / f"{source}.yaml").read_text())
+    data.update(extra or {})
     data["dataset"]["samples"] = 4
     data["dataflow"]["groups_per_batch"] = 4
     data["trainer"].update(steps=steps, checkpoint_every=1)
@@ -51,12 +52,13 @@ class LauncherProcess:
     probes the supervision tests need."""
 
     def __init__(self, tmp_path: Path, run_id: str, env: dict[str, str], steps: int, timeout_s: float = 100,
-                 grace_s: float = 5) -> None:
+                 grace_s: float = 5, extra_args: tuple[str, ...] = (), recipe_extra: dict | None = None) -> None:
         self.run_dir = tmp_path / "runs" / run_id
         self.out_path = tmp_path / "launcher.out"
-        cmd = [sys.executable, "-m", "astraflow.cli.main", "run", str(tiny_recipe(tmp_path, steps=steps)),
+        recipe = tiny_recipe(tmp_path, steps=steps, extra=recipe_extra)
+        cmd = [sys.executable, "-m", "astraflow.cli.main", "run", str(recipe),
                "--run-id", run_id, "--runs-dir", str(tmp_path / "runs"), "--no-live", "--timeout", str(timeout_s),
-               "--grace", str(grace_s)]
+               "--grace", str(grace_s), *extra_args]
         with open(self.out_path, "w") as out:
             self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
 

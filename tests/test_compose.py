@@ -227,7 +227,7 @@ def test_components_run_the_cli_against_the_compose_cluster(stack, component):
 def test_dockerfile_installs_cpu_torch_before_the_package():
     text = DOCKERFILE.read_text()
     torch_at = text.index('"torch==${TORCH_VERSION}"')
-    assert torch_at < text.index('".[hf]"')
+    assert torch_at < text.index('".[hf,prometheus]"')
     assert "ARG BASE_IMAGE=python:3.11-slim" in text
     assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in text
     assert "--mount=type=cache,target=/root/.cache/pip" in text
@@ -520,3 +520,16 @@ def test_down_and_up_with_the_same_run_id_resumes_from_the_checkpoint(stack, res
     run = _runs_ls(stack)
     assert run["checkpointed_step"] == {"policy": RESUMED_STEPS}, run
     _say(f"resumed: trainer started at step {starts[-1]}, finished at {RESUMED_STEPS}")
+
+
+@pytest.mark.parametrize("stack", STACKS.keys())
+def test_components_expose_and_label_their_prometheus_metrics(stack):
+    """Each component serves /metrics on the compose network (exposed, not published) and says so in
+    the labels a Prometheus docker_sd_config relabels by."""
+    services = _resolved(STACKS[stack])["services"]
+    for name in COMPONENT_SERVICES:
+        service = services[name]
+        assert service["environment"]["ASTRAFLOW_PROMETHEUS_PORT"] == "9400", name
+        assert "9400" in [str(p) for p in service["expose"]], name
+        assert service["labels"]["prometheus.io/scrape"] == "true" and service["labels"]["prometheus.io/port"] == "9400"
+        assert not any(str(p.get("target")) == "9400" for p in service.get("ports", [])), name

@@ -384,3 +384,14 @@ def test_the_trainer_group_refuses_a_misspelt_field_and_an_uneven_split():
         _validate_builtin({**job, "spec": {**job["spec"], "template": bad_pod}})
     with pytest.raises(ConfigError, match="not a multiple of 3 ranks per pod"):
         _trainer_group(ranks=4, per_pod=3)
+
+
+def test_every_component_pod_serves_and_annotates_prometheus_metrics(rendered):
+    _recipe, _cfg, files = rendered
+    for doc in _docs(files, "Deployment") + _docs(files, "Job"):
+        pod = doc["spec"]["template"]
+        (main_container,) = pod["spec"]["containers"]
+        assert pod["metadata"]["annotations"] == {"prometheus.io/scrape": "true", "prometheus.io/port": "9400",
+                                                  "prometheus.io/path": "/metrics"}, doc["metadata"]["name"]
+        assert {"name": "ASTRAFLOW_PROMETHEUS_PORT", "value": "9400"} in main_container["env"]
+        assert main_container["ports"] == [{"name": "metrics", "containerPort": 9400, "protocol": "TCP"}]

@@ -201,7 +201,9 @@ def _metrics(path: Path) -> list[dict]:
     for step in range(1, 6):
         for policy in ("solver", "verifier"):
             recs.append(trainer_step(policy, step, reward_mean=0.2 + 0.1 * step, trajectories=128,
-                                     publish_bytes=90000 if step % 5 == 0 else 3000).to_json())
+                                     publish_bytes=90000 if step % 5 == 0 else 3000,
+                                     truncated_frac=0.6 - 0.1 * step, response_len_mean=40.0 - step,
+                                     response_len_max=64, clip_frac=0.01, behav_kl=0.002).to_json())
         recs.append(node_status(time=100.0 + step, tokens_per_s=300 + step, versions={"solver": step}).to_json())
     recs.append(trainer_done("solver", 5, time=107.0).to_json())
     with open(path, "w") as f:
@@ -249,7 +251,8 @@ def test_progress_folds_the_metrics_contract(tmp_path: Path) -> None:
     assert p.trainers["verifier"].step == 5 and "solver" in p.done and not p.all_done
     assert p.dropped() == {"trajectories.dropped.stale": 2}
     line = p.summary_line()
-    assert "solver: step 5/5 v5 reward 0.700 done" in line and "trajectories.dropped.stale=2" in line
+    assert "solver: step 5/5 v5 reward 0.700 len 35/64 cut 10% busy 77% done" in line, line
+    assert "trajectories.dropped.stale=2" in line and "WARNING" not in line
     p.update(trainer_done("verifier", 5))
     assert p.all_done
     p.update(parse_control(None, None, restart("raas-default-0").to_json()))
@@ -259,6 +262,20 @@ def test_progress_folds_the_metrics_contract(tmp_path: Path) -> None:
         parse_control(None, None, {k: v for k, v in node_status().to_json().items() if k != "tokens_per_s"})
     with pytest.raises(ControlRecordError):  # a user's own figures: no record kind of ours
         parse_control(None, None, {"component": "my-evaluator", "accuracy": 0.5})
+
+
+def test_progress_warns_when_most_responses_are_cut_and_splits_tokens_per_pool() -> None:
+    from astraflow.launcher.progress import RunProgress
+
+    p = RunProgress(run="r", steps=5, policies=["policy"])
+    p.update(trainer_step("policy", 1, truncated_frac=0.61, response_len_mean=128.0, response_len_max=128))
+    p.update(node_status("raas-easy-0", pool="easy", tokens_per_s=300))
+    p.update(node_status("raas-hard-0", pool="hard", tokens_per_s=120))
+    line = p.summary_line()
+    assert "cut 61%" in line and "WARNING most responses of policy cut at max_new_tokens" in line, line
+    assert "nodes 2 420 tok/s (easy 300, hard 120)" in line, line
+    p.update(trainer_step("policy", 2, truncated_frac=0.0))
+    assert "WARNING" not in p.summary_line() and p.mostly_cut() == []
 
 
 def test_done_of_an_earlier_life_does_not_end_a_resumed_run() -> None:
@@ -446,3 +463,20 @@ def test_a_recipe_placing_models_on_a_missing_gpu_is_refused_naming_the_fields(t
         out = " ".join((proc.stdout + proc.stderr).split())
         assert proc.returncode == 1 and "pools.0.engine.device is 'cuda'" in out, out
         assert not state.exists() and not (tmp_path / "runs").exists()
+
+
+def test_prometheus_targets_give_each_component_a_port_and_list_them(tmp_path: Path) -> None:
+    """One port per component name, kept for a node started anew under the same name (the actuator),
+    and prometheus.json (file_sd format) rewritten as components come."""
+    from astraflow.launcher.plan import PrometheusTargets
+
+    targets = PrometheusTargets(tmp_path)
+    a = targets.serve(ChildSpec("dataflow", ["x"], {"K": "v"}, tmp_path / "a.log"))
+    b = targets.serve(ChildSpec("raas-p-0", ["y"], {}, tmp_path / "b.log"))
+    again = targets.serve(ChildSpec("raas-p-0", ["y"], {}, tmp_path / "b.log"))
+    port_a, port_b = int(a.env["ASTRAFLOW_PROMETHEUS_PORT"]), int(b.env["ASTRAFLOW_PROMETHEUS_PORT"])
+    assert a.env["K"] == "v" and a.env["ASTRAFLOW_PROMETHEUS_HOST"] == "127.0.0.1" and port_a != port_b
+    assert again.env == b.env
+    assert json.loads((tmp_path / "prometheus.json").read_text()) == [
+        {"targets": [f"127.0.0.1:{port_a}"], "labels": {"component": "dataflow"}},
+        {"targets": [f"127.0.0.1:{port_b}"], "labels": {"component": "raas-p-0"}}]

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from e2e_helpers import LauncherProcess, launcher_env, leftover_processes, tiny_recipe
 from process_helpers import children, pid_alive
+from tensorboard_events import read_scalars
 from waiting import wait_until
 
 from astraflow.launcher.cluster import write_cluster_file
@@ -106,6 +107,90 @@ def test_sigterm_mid_run_stops_everything_with_130(tmp_path: Path) -> None:
     assert "Traceback" not in out and "interrupted (SIGTERM)" in out and "embedded stack stopped" in out
     assert [p for p in pids if pid_alive(p)] == []
     assert not (state_dir / "stack.json").exists() and _stack_pids(state_dir) == []
+
+
+def _assert_step_figures(records: list[dict], max_new_tokens: int) -> None:
+    """The figures peers log, in a real run's trainer step records, consistent with each other: a batch
+    with any response cut at the cap has its longest response at the cap, one with every response cut has
+    its mean there too; the torch backend's clip share and behaviour KL are there."""
+    from astraflow.records.control import TrainerStep, parse_control
+
+    steps = [parse_control(None, None, r) for r in records if r.get("component") == "trainer" and "batch_id" in r]
+    assert steps and all(isinstance(s, TrainerStep) for s in steps)
+    for s in steps:
+        assert s.truncated_frac is not None and 0.0 <= s.truncated_frac <= 1.0, s
+        assert s.response_len_max is not None and 1 <= s.response_len_max <= max_new_tokens, s
+        assert s.response_len_mean is not None and 1.0 <= s.response_len_mean <= s.response_len_max, s
+        if s.truncated_frac > 0:
+            assert s.response_len_max == max_new_tokens, s
+        if s.truncated_frac == 1.0:
+            assert s.response_len_mean == max_new_tokens, s
+        assert s.clip_frac is not None and 0.0 <= s.clip_frac <= 1.0 and s.behav_kl is not None, s
+        assert 0.0 < s.busy_fraction <= 1.0, s
+
+
+INTERRUPT_EXIT_S = 10.0
+"""Ctrl+C to the prompt, components and the embedded stack stopped (issue 39): at most this long."""
+
+
+PROMETHEUS_GAUGES = {
+    "dataflow": 'astraflow_dataflow_counters_counters{component="dataflow",id="dataflow",name="tasks.emitted"}',
+    "trainer-policy": 'astraflow_trainer_step_truncated_frac{component="trainer",id="trainer.policy",policy="policy"}',
+    "raas-default-0": ('astraflow_node_status_tokens_per_s{component="raas",id="raas-default-0",'
+                       'node_id="raas-default-0",pool="default"}'),
+    "archive": 'astraflow_archiver_records{component="archive"}',
+    "sinks": 'astraflow_sinks_records{component="sinks"}',
+}
+"""One gauge each component's ``/metrics`` must serve mid-run (``astraflow run --prometheus``)."""
+
+
+def _scrape_every_component(run_dir: Path) -> None:
+    import urllib.request
+
+    targets = json.loads((run_dir / "prometheus.json").read_text())
+    assert sorted(t["labels"]["component"] for t in targets) == sorted(PROMETHEUS_GAUGES), targets
+    for t in targets:
+        with urllib.request.urlopen(f"http://{t['targets'][0]}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        assert PROMETHEUS_GAUGES[t["labels"]["component"]] in text, (t, text[-3000:])
+
+
+def test_ctrl_c_exits_within_10_s_and_the_run_resumes(tmp_path: Path) -> None:
+    """SIGINT (what Ctrl+C sends) mid-run on an embedded stack the run started: exit status 130 within
+    ``INTERRUPT_EXIT_S``, nothing left running; then ``--run-id`` of the same run resumes from its
+    checkpoint and finishes. The first run also serves Prometheus from every component (scraped before
+    the signal), its step records carry the figures peers log, and its TensorBoard sink has them."""
+    state_dir = tmp_path / "state"
+    env = _embedded_env(state_dir)
+    first = LauncherProcess(tmp_path, "ctrl-c", env, 200, extra_args=("--prometheus",),
+                            recipe_extra={"report": {"tensorboard": {"dir": str(tmp_path / "tb")}}})
+    first.wait_for_step(2, timeout_s=90)
+    _scrape_every_component(first.run_dir)
+    pids = set(children(first.proc.pid))
+    t0 = time.monotonic()
+    first.proc.send_signal(signal.SIGINT)
+    rc = first.wait(60)
+    exit_s = time.monotonic() - t0
+    out = first.output
+    assert rc == 130 and "Traceback" not in out and "interrupted (SIGINT)" in out, out[-3000:]
+    assert exit_s <= INTERRUPT_EXIT_S, f"exit took {exit_s:.1f} s:\n{out[-3000:]}"
+    assert [p for p in pids if pid_alive(p)] == [] and _stack_pids(state_dir) == []
+    trained = max(r["step"] for r in first.records() if r.get("component") == "trainer" and "step" in r)
+    _assert_step_figures(first.records(), max_new_tokens=3)  # the tiny math recipe's cap
+    scalars = read_scalars(tmp_path / "tb" / "ctrl-c")
+    steps = {r["step"]: r for r in first.records() if r.get("component") == "trainer" and "batch_id" in r}
+    assert dict(scalars["policy/reward_mean"]) == pytest.approx({s: r["reward_mean"] for s, r in steps.items()})
+    assert dict(scalars["policy/truncated_frac"]) == pytest.approx({s: r["truncated_frac"] for s, r in steps.items()})
+    assert "pool/default/tokens_per_s" in scalars, sorted(scalars)
+    first_lives = {r.get("life") for r in first.records()}
+
+    second = LauncherProcess(tmp_path, "ctrl-c", env, trained + 2)
+    assert second.wait(150) == 0, second.output[-3000:]
+    # The durable log keeps the first life's metrics, which the second launcher reads again.
+    after = [r for r in second.records() if r.get("life") not in first_lives]
+    start = next(r for r in after if r.get("component") == "trainer" and r.get("event") == "start")
+    assert start["origin"].startswith("checkpoint step "), start
+    assert any(r.get("event") == "done" and r.get("life") == start["life"] for r in after)
 
 
 def test_sigterm_during_stack_start_up_leaves_nothing(tmp_path: Path) -> None:

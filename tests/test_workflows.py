@@ -141,3 +141,21 @@ def test_node_metrics_record_carries_the_workflow_counters():
     rec = NodeCounters("node-1", "default").record(4, {"agent": 3}, 0.1, 2, counters)
     assert rec.workflow == {"tool_calls": 5, "tool_timeout": 2, "env_failure": 1}
     assert rec.to_json()["component"] == "raas" and rec.id == "node-1"
+
+
+def test_transcript_says_whether_the_episode_was_cut_at_its_token_cap():
+    """``rewards["truncated"]``: 1.0 when the last model turn ended at its cap (finish_reason "length"),
+    0.0 when it stopped; a workflow's own figure (an agent's turn limit) wins."""
+    from astraflow.records.trajectory import TRUNCATED
+    from astraflow.workflows.transcript import Transcript
+
+    def episode(*reasons: Literal["stop", "length"], figures=None) -> float:
+        tr = Transcript([1, 2])
+        for reason in reasons:
+            tr.add_generation(Generation([3, 4], [-0.1, -0.1], [0, 0], reason))
+            tr.add_observation([5])
+        return tr.to_trajectory(_task(), "policy", 0, 1.0, figures).rewards[TRUNCATED]
+
+    assert episode("length") == 1.0 and episode("stop") == 0.0
+    assert episode("length", "stop") == 0.0 and episode("stop", "length") == 1.0
+    assert episode("stop", figures={TRUNCATED: 1.0}) == 1.0

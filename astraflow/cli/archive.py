@@ -37,13 +37,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_archive(args: argparse.Namespace) -> int:
-    from astraflow.archive import Archiver
+    from astraflow.cli.bucket_cluster import command_cluster
     from astraflow.cli.cluster_args import load_cluster
-    from astraflow.cli.components import _stop_on_signals
     from astraflow.config import ConfigError
-    from astraflow.embedded.vacuum import VolumeVacuum
-    from astraflow.log.client_logs import summarise_kafka_logs
-    from astraflow.log.retention import LogRetention
 
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -58,11 +54,25 @@ def cmd_archive(args: argparse.Namespace) -> int:
     policies = args.policy or ([p.name for p in recipe.policies] if recipe is not None else [])
     if not policies:
         raise ConfigError("astraflow archive: name the policies (--policy NAME, repeatable) or give --recipe")
-    cfg = cfg.model_copy(update={"run": run}).resolve()
+    with command_cluster(args, run=run) as cfg:
+        return _archive(args, cfg, run, recipe, policies)
+
+
+def _archive(args: argparse.Namespace, cfg, run: str, recipe, policies: list[str]) -> int:
+    from astraflow.archive import Archiver
+    from astraflow.cli.components import _stop_on_signals
+    from astraflow.embedded.vacuum import VolumeVacuum
+    from astraflow.log.client_logs import summarise_kafka_logs
+    from astraflow.log.retention import LogRetention
+    from astraflow.prometheus import serve_prometheus
+
     summarise_kafka_logs(cfg.kafka.bootstrap or "?")
     stop = _stop_on_signals()
     archiver = Archiver(cfg, policies, max_records=args.max_records, max_bytes=int(args.max_mb * 1024 * 1024),
                         flush_s=args.flush_s)
+    prometheus = serve_prometheus(cfg.prometheus, "archive")
+    if prometheus is not None:
+        prometheus.add_source("archiver", archiver.stats.as_dict)
     # The dataflow trims the log, the archive group one of the readers it waits for; in a run without a
     # dataflow (trainers fed from an archive) the archiver does (the task topics only where the recipe
     # names the pools).

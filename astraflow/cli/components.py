@@ -81,6 +81,10 @@ def _setup(args: argparse.Namespace) -> tuple[Any, Any, threading.Event]:
         import torch
 
         torch.set_num_threads(threads)
+    if int(os.environ.get("RANK", "0")) == 0:  # one endpoint per component: a trainer group's rank 0
+        from astraflow.prometheus import serve_prometheus
+
+        serve_prometheus(cfg.prometheus, args.command)
     return cfg, recipe, _stop_on_signals()
 
 

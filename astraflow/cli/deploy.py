@@ -34,6 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     k8s.add_argument("--trainer-ranks-per-pod", type=int, default=1, metavar="N",
                      help="a multi-rank trainer (trainer.ranks > 1) runs N ranks per pod, one "
                      "torch.distributed.run agent each (default: %(default)s)")
+    k8s.add_argument("--prometheus-port", type=int, default=9400, metavar="PORT",
+                     help="each component's Prometheus /metrics port, annotated for scraping; 0: none "
+                     "(default: %(default)s)")
     k8s.set_defaults(func=cmd_k8s)
     topics = targets.add_parser(
         "topics", help="create a run's topics with the partition counts `astraflow run` gives them "
@@ -65,7 +68,8 @@ def cmd_k8s(args: argparse.Namespace) -> int:
                           "(--recipe-in-image examples/recipes/NAME.yaml)")
     recipe, cfg = _recipe_and_cluster(args, args.recipe)
     opts = K8sOptions(image=args.image, recipe_path=in_image, namespace=args.namespace,
-                      archive=not args.no_archive, trainer_ranks_per_pod=args.trainer_ranks_per_pod)
+                      archive=not args.no_archive, trainer_ranks_per_pod=args.trainer_ranks_per_pod,
+                      prometheus_port=args.prometheus_port)
     for path in write(render(recipe, cfg, opts), args.out):
         print(path)
     return 0

@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "astraflow.cli.components", # raas, dataflow, trainer
     "astraflow.cli.run",        # run RECIPE, demo
     "astraflow.cli.archive",    # archive
+    "astraflow.cli.sinks",      # sinks
     "astraflow.cli.replay",     # replay RUN
     "astraflow.cli.runs",       # runs ls|show
     "astraflow.cli.deploy",     # deploy k8s|topics
@@ -55,6 +56,28 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        if not is_known_condition(exc):
+            raise  # a bug: its traceback is the report
+        print(f"astraflow {args.command}: {exc}", file=sys.stderr)
+        return 1
+
+
+def is_known_condition(exc: BaseException) -> bool:
+    """An error that names a condition of the cluster or its data (an endpoint that does not answer,
+    a refused credential, a missing object or version, a broker away, a stack that cannot start):
+    its message is the whole answer, its traceback noise."""
+    from astraflow.delta.errors import DeltaError, WeightStoreError
+    from astraflow.embedded import StackError
+    from astraflow.log.errors import LogError
+    from astraflow.objstore.errors import ObjectStoreError
+
+    known: tuple[type[BaseException], ...] = (ObjectStoreError, LogError, WeightStoreError, DeltaError, StackError)
+    if "kafka" in sys.modules:  # only a command that used the broker can have raised one of its errors
+        from kafka.errors import KafkaError
+
+        known += (KafkaError,)
+    return isinstance(exc, known)
 
 
 if __name__ == "__main__":

@@ -74,7 +74,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     import importlib
 
     from astraflow.archive.replay import ArchivedRun, replay, require_archive
-    from astraflow.cli.cluster_args import load_cluster
+    from astraflow.cli.bucket_cluster import command_cluster, require_run
+    from astraflow.cli.transfer_progress import transfer_progress
     from astraflow.config import ConfigError
     from astraflow.objstore import ObjectStore
     from astraflow.recipe import Recipe
@@ -89,23 +90,25 @@ def cmd_replay(args: argparse.Namespace) -> int:
     names = [n for n, _ in configs]
     if len(set(names)) != len(names):
         raise ConfigError(f"--variant names must differ (and not be 'recipe'): {names}")
-    cfg = load_cluster(args).model_copy(update={"run": args.run_id}).resolve()
-    store = ObjectStore.from_config(cfg)
-    if args.from_log:
-        from astraflow.archive.live import LiveRun
+    with command_cluster(args, run=args.run_id) as cfg:
+        store = ObjectStore.from_config(cfg)
+        if args.from_log:
+            from astraflow.archive.live import LiveRun
 
-        archived = LiveRun(store, args.run_id, cfg=cfg, policies=[p.name for p in recipe.policies])
-    else:
-        require_archive(store, cfg, args.run_id)
-        archived = ArchivedRun(store, args.run_id)
-    if not args.all_records:
-        archived.until = archived.dataflow_consumed()
-    summaries = []
-    for name, section in configs:
-        if not args.json:
-            print(f"replaying {args.run_id} with {name} ...", file=sys.stderr, flush=True)
-        summaries.append(replay(name, section, archived.events(), recipe.dataset.samples).summary())
-    online = archived.online_counters()
+            archived = LiveRun(store, args.run_id, cfg=cfg, policies=[p.name for p in recipe.policies])
+        else:
+            require_run(store, args.run_id)
+            require_archive(store, cfg, args.run_id)
+            archived = ArchivedRun(store, args.run_id)
+        if not args.all_records:
+            archived.until = archived.dataflow_consumed()
+        summaries = []
+        for name, section in configs:
+            if not args.json:
+                print(f"replaying {args.run_id} with {name} ...", file=sys.stderr, flush=True)
+            with transfer_progress(store, f"{name}: reading {args.run_id}"):
+                summaries.append(replay(name, section, archived.events(), recipe.dataset.samples).summary())
+        online = archived.online_counters()
     title = f"replay of {args.run_id}"
     plot = None
     if not args.no_plot:

@@ -42,6 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="torch threads per component process (default: the cores this process may use, "
                      "divided among the trainers and nodes, at least 1)")
     run.add_argument("--no-live", action="store_true", help="print progress lines instead of a live table")
+    run.add_argument("--prometheus", action="store_true",
+                     help="every component serves Prometheus /metrics on a free loopback port; the targets "
+                     "in runs/<run>/prometheus.json (file_sd format); needs the prometheus extra")
     run.add_argument("--no-archive", action="store_true",
                      help="do not start the archiver (Parquet of the run's log under <run>/archive/)")
     run.add_argument("--from-archive", metavar="RUN",
@@ -86,6 +89,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Ctrl+C / SIGTERM at any moment: one line, exit status 130, nothing left running (the
     launcher stops its components, ``open_cluster`` the embedded stack it started)."""
     from rich.console import Console
+    from rich.markup import escape
 
     from astraflow.launcher import RunOptions, launch
     from astraflow.launcher.cluster import open_run_cluster
@@ -102,7 +106,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             opts = RunOptions(run_id=args.run_id, steps=args.steps, nodes=parse_nodes(args.nodes),
                               runs_dir=args.runs_dir, grace_s=args.grace, timeout_s=args.timeout,
                               live=False if args.no_live else None, archive=not args.no_archive,
-                              from_archive=args.from_archive, threads=args.threads,
+                              from_archive=args.from_archive, threads=args.threads, prometheus=args.prometheus,
                               restart=RestartPolicy(max_restarts=args.max_restarts))
             with open_run_cluster(load_cluster(args), log_storage=args.log_storage,
                                   announce=lambda m: console.print(m, highlight=False)) as cluster:
@@ -113,7 +117,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                           highlight=False)
             return 130
         except (RuntimeError, ValueError) as exc:
-            console.print(f"[red]astraflow run failed:[/red] {exc}", highlight=False)
+            # One line on stderr, however long (a path, a port list): rich would wrap it at the width.
+            Console(stderr=True).print(f"[red]astraflow run failed:[/red] {escape(str(exc))}", highlight=False,
+                                       soft_wrap=True)
             return 1
     return result.returncode
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import sys
+from collections.abc import Iterator
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -21,19 +24,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     show.set_defaults(func=cmd_show)
 
 
-def _store(args: argparse.Namespace):
-    from astraflow.cli.cluster_args import load_cluster
+@contextlib.contextmanager
+def _store(args: argparse.Namespace) -> Iterator:
+    from astraflow.cli.bucket_cluster import command_cluster
     from astraflow.objstore import ObjectStore
 
-    return ObjectStore.from_config(load_cluster(args).resolve())
+    with command_cluster(args) as cfg:
+        yield ObjectStore.from_config(cfg)
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
     from astraflow.objstore.runs import checkpointed_steps, list_runs
 
-    store = _store(args)
-    summaries = list_runs(store)
-    steps = {s.run: checkpointed_steps(store, s) for s in summaries}
+    with _store(args) as store:
+        summaries = list_runs(store)
+        steps = {s.run: checkpointed_steps(store, s) for s in summaries}
+    if not summaries:
+        print(f"astraflow runs ls: s3://{store.bucket}/ holds no run yet (train one with `astraflow run RECIPE`)",
+              file=sys.stderr)
+        return 1
     if args.json:
         for s in summaries:
             print(json.dumps({**s.as_row(), "checkpointed_step": steps[s.run]}))
@@ -57,18 +66,16 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from astraflow.config import ConfigError
+    from astraflow.cli.bucket_cluster import require_run
     from astraflow.objstore.runs import archived_rows, checkpointed_steps, list_runs
 
-    store = _store(args)
-    found = list_runs(store, args.run_id)
-    if not found:
-        raise ConfigError(f"no run {args.run_id!r} in s3://{store.bucket}/ (see `astraflow runs ls`)")
-    s = found[0]
-    rows = archived_rows(store, s)
-    doc = {**s.as_row(), "bytes_by_area": dict(s.area_bytes),
-           "versions": {p: {"count": len(v), "first": v[0], "last": v[-1]} for p, v in s.versions.items() if v},
-           "archived_rows": rows, "checkpointed_step": checkpointed_steps(store, s)}
+    with _store(args) as store:
+        require_run(store, args.run_id)
+        s = list_runs(store, args.run_id)[0]
+        rows = archived_rows(store, s)
+        doc = {**s.as_row(), "bytes_by_area": dict(s.area_bytes),
+               "versions": {p: {"count": len(v), "first": v[0], "last": v[-1]} for p, v in s.versions.items() if v},
+               "archived_rows": rows, "checkpointed_step": checkpointed_steps(store, s)}
     if args.json:
         print(json.dumps(doc))
         return 0

@@ -4,11 +4,14 @@ and take one away as a Hugging Face checkpoint directory."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from astraflow.cli.cluster_args import load_cluster
+from astraflow.cli.bucket_cluster import command_cluster, require_policy
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -68,11 +71,15 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", required=True, help="policy name")
 
 
-def _store(args: argparse.Namespace):
+@contextlib.contextmanager
+def _store(args: argparse.Namespace) -> Iterator:
+    """The policy's :class:`WeightStore`, once the run and the policy are known to the bucket."""
     from astraflow.delta.store import WeightStore
 
-    cfg = load_cluster(args).model_copy(update={"run": args.run}).resolve()
-    return WeightStore.from_config(cfg, args.policy)
+    with command_cluster(args, run=args.run) as cfg:
+        store = WeightStore.from_config(cfg, args.policy)
+        require_policy(store.objects, args.run, args.policy)
+        yield store
 
 
 def _size(n: int | None) -> str:
@@ -89,8 +96,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    store = _store(args)
-    manifests = store.manifests()
+    with _store(args) as store:
+        manifests = store.manifests()
+        subs = store.subscribers()
     table = Table(title=f"{args.run} / {args.policy}: {len(manifests)} versions")
     for col in ("version", "kind", "anchor", "delta", "% of full", "sparsity", "changed", "published"):
         table.add_column(col, justify="right" if col not in ("kind", "published") else "left")
@@ -105,7 +113,6 @@ def cmd_ls(args: argparse.Namespace) -> int:
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m.created_at)),
         )
     Console().print(table)
-    subs = store.subscribers()
     if subs:
         now = time.time()
         st = Table(title="subscribers")
@@ -121,12 +128,13 @@ def cmd_show(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    store = _store(args)
-    version = args.version if args.version is not None else store.latest_version()
-    if version is None:
-        print(f"no version of {args.policy} is published in run {args.run}")
-        return 1
-    m = store.manifest(version)
+    with _store(args) as store:
+        version = args.version if args.version is not None else store.latest_version()
+        if version is None:
+            print(f"astraflow weights show: no version of {args.policy} is published in run {args.run}",
+                  file=sys.stderr)
+            return 1
+        m = store.manifest(version)
     if args.json:
         print(json.dumps(m.model_dump(mode="json"), indent=2, sort_keys=True))
         return 0
@@ -154,7 +162,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     from astraflow.delta.verify import verify_chain
 
-    results = verify_chain(_store(args), args.from_version)
+    with _store(args) as store:
+        results = verify_chain(store, args.from_version)
     table = Table(title=f"verify {args.run} / {args.policy}")
     for col in ("version", "kind", "result", "detail"):
         table.add_column(col)
@@ -173,10 +182,9 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
     from astraflow.delta.retention import RetentionPolicy
 
-    plan = _store(args).gc(
-        RetentionPolicy(keep_versions=args.keep_versions, subscriber_ttl_s=args.subscriber_ttl),
-        dry_run=args.dry_run,
-    )
+    with _store(args) as store:
+        plan = store.gc(RetentionPolicy(keep_versions=args.keep_versions, subscriber_ttl_s=args.subscriber_ttl),
+                        dry_run=args.dry_run)
     verb = "would delete" if args.dry_run else "deleted"
     table = Table(title=f"gc {args.run} / {args.policy} (latest v{plan.latest})")
     table.add_column("version")
@@ -193,8 +201,10 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from astraflow.cli.transfer_progress import transfer_progress
     from astraflow.config import ConfigError
     from astraflow.delta import VersionNotFoundError, WeightSubscriber
+    from astraflow.delta.store import WeightStore
     from astraflow.models import policy_checkpoint_dir
     from astraflow.models.export import export_checkpoint
     from astraflow.recipe import Recipe
@@ -204,13 +214,21 @@ def cmd_export(args: argparse.Namespace) -> int:
         spec = recipe.policy(args.policy)
     except KeyError as exc:
         raise ConfigError(exc.args[0]) from None
-    cfg = load_cluster(args).model_copy(update={"run": args.run}).resolve()
-    sub = WeightSubscriber(cfg, args.policy, "export", register=False)  # reads the bucket only
-    try:
-        state, version, nbytes = sub.pull(args.version)
-    except VersionNotFoundError as exc:
-        print(f"astraflow weights export: {exc}")
-        return 1
+    with command_cluster(args, run=args.run) as cfg:
+        store = WeightStore.from_config(cfg, args.policy)
+        require_policy(store.objects, args.run, args.policy)
+        sub = WeightSubscriber(cfg, args.policy, "export", store=store, register=False)  # reads the bucket only
+        try:
+            plan = store.plan(None, args.version)
+            with transfer_progress(store.objects, f"{args.policy} v{plan.want}", plan.bytes):
+                state, version, nbytes = sub.pull(args.version)
+        except VersionNotFoundError as exc:
+            print(f"astraflow weights export: {exc}", file=sys.stderr)
+            return 1
+    if not sys.stderr.isatty():
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # save_pretrained's shard bar: quiet off a terminal, as ours
     out = export_checkpoint(policy_checkpoint_dir(recipe, args.policy), state, args.out,
                             trust_remote_code=spec.trust_remote_code)
     print(f"{args.run} / {args.policy} v{version} -> {out} ({_size(nbytes)} pulled)")

@@ -41,6 +41,9 @@ class K8sOptions(BaseModel):
     """Deploy the archiver (Parquet of the run's log under ``<run>/archive/``), as ``astraflow run`` does."""
     stop_grace_s: float = Field(default=RunOptions.grace_s, ge=0)
     """Seconds between SIGTERM and SIGKILL beyond a node's drain time (the launcher's ``--grace``)."""
+    prometheus_port: int = Field(default=9400, ge=0, le=65535)
+    """Port of each component's Prometheus ``/metrics`` (``ASTRAFLOW_PROMETHEUS_PORT``), declared as the
+    container's ``metrics`` port and in the pod's ``prometheus.io/*`` annotations; 0: no endpoint."""
     trainer_ranks_per_pod: int = Field(default=1, ge=1)
     """Ranks of a multi-rank trainer (``trainer.ranks`` > 1) per pod: one torch.distributed.run agent
     per pod starts this many workers (a machine's GPUs); ``trainer.ranks`` must be a multiple."""
@@ -120,7 +123,11 @@ class Kit:
                     "securityContext": {"allowPrivilegeEscalation": False}}
 
         topics = ["deploy", "topics", "--recipe", self.opts.recipe_path]
-        main = container(component.split("-")[0], args, env or [], command)
+        port = self.opts.prometheus_port
+        metrics_env = [{"name": "ASTRAFLOW_PROMETHEUS_PORT", "value": str(port)}] if port else []
+        main = container(component.split("-")[0], args, [*(env or []), *metrics_env], command)
+        if port:
+            main["ports"] = [{"name": "metrics", "containerPort": port, "protocol": "TCP"}]
         volumes = [{"name": "cluster-config", "configMap": {"name": self.name("cluster")}},
                    {"name": "model-cache", "emptyDir": {}}]
         if resources:
@@ -137,7 +144,11 @@ class Kit:
             "terminationGracePeriodSeconds": math.ceil(self.opts.stop_grace_s if grace_s is None
                                                        else grace_s),
         }
-        return {"metadata": {"labels": self.labels(component)}, "spec": spec}
+        metadata: dict[str, Any] = {"labels": self.labels(component)}
+        if port:
+            metadata["annotations"] = {"prometheus.io/scrape": "true", "prometheus.io/port": str(port),
+                                       "prometheus.io/path": "/metrics"}
+        return {"metadata": metadata, "spec": spec}
 
     def deployment(self, component: str, pod: dict[str, Any], **spec: Any) -> Manifest:
         body = {**spec, "selector": {"matchLabels": self.labels(component)}, "template": pod}

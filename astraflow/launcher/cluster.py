@@ -69,7 +69,7 @@ def open_run_cluster(cfg: ClusterConfig, *, log_storage: str | None = None,
             stack, result = EmbeddedStack.start_private(cfg.state_dir, ports=ports,
                                                           storage=log_storage or default_log_storage())
         except StackError as exc:
-            raise RuntimeError(f"cannot start the embedded stack: {exc}") from None
+            raise StackError(f"cannot start the embedded stack: {exc}") from None
         except BaseException:
             # Ctrl+C / SIGTERM during start-up: stop whatever already started (found by pid file).
             with guard.shielded():

@@ -170,6 +170,8 @@ def component_specs(recipe: Recipe, recipe_file: Path, cluster_file: Path, run_d
     if archive:  # without a dataflow (trainers fed from an archive), the archiver trims the log
         specs.append(ChildSpec("archive", [*base, "archive", "--recipe", str(recipe_file),
                                            *([] if rollouts else ["--trim-log"])], env, logs / "archive.log"))
+    if recipe.report.any:
+        specs.append(ChildSpec("sinks", [*base, "sinks", "--recipe", str(recipe_file)], env, logs / "sinks.log"))
     return specs
 
 
@@ -205,3 +207,35 @@ def _cli(cluster_file: Path) -> list[str]:
 
 def cluster_for_run(cfg: ClusterConfig, run_id: str) -> ClusterConfig:
     return cfg.model_copy(update={"run": run_id})
+
+
+class PrometheusTargets:
+    """Gives each component of a run a free loopback port for its ``/metrics``
+    (``ASTRAFLOW_PROMETHEUS_PORT``; the same port again for the same component name, e.g. a node the
+    actuator starts anew) and keeps ``run_dir/prometheus.json`` listing them in Prometheus's file-based
+    service discovery format (``file_sd_configs``, re-read by Prometheus as it changes), labelled with
+    the component."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / "prometheus.json"
+        self.ports: dict[str, int] = {}
+
+    def serve(self, spec: ChildSpec) -> ChildSpec:
+        """``spec`` with its port in its environment."""
+        import dataclasses
+        import json
+        import socket
+
+        if spec.name not in self.ports:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                self.ports[spec.name] = sock.getsockname()[1]
+            targets = [{"targets": [f"127.0.0.1:{port}"], "labels": {"component": name}}
+                       for name, port in self.ports.items()]
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(targets, indent=2))
+            tmp.replace(self.path)  # a scraper never reads half a file
+        env = {**spec.env, "ASTRAFLOW_PROMETHEUS_PORT": str(self.ports[spec.name]),
+               "ASTRAFLOW_PROMETHEUS_HOST": "127.0.0.1"}
+        return dataclasses.replace(spec, env=env)

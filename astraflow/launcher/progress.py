@@ -22,6 +22,10 @@ from astraflow.records.control import (
     TrainerStep,
 )
 
+MOSTLY_CUT = 0.5
+"""Above this share of a batch's responses cut at their token cap, the view warns: the policy is
+trained on answers it was not let finish (the reward sees no answer)."""
+
 
 @dataclass
 class RunProgress:
@@ -95,15 +99,39 @@ class RunProgress:
                     out[key] = out.get(key, 0) + value
         return out
 
+    def tokens_per_s_by_pool(self) -> dict[str, float]:
+        """The nodes' latest decode rates, summed per pool."""
+        out: dict[str, float] = {}
+        for n in self.nodes.values():
+            out[n.pool] = out.get(n.pool, 0.0) + n.tokens_per_s
+        return out
+
+    def mostly_cut(self) -> list[str]:
+        """Policies whose latest batch had most responses cut at their token cap."""
+        return [p for p, t in self.trainers.items()
+                if isinstance(t, TrainerStep) and t.truncated_frac is not None and t.truncated_frac > MOSTLY_CUT]
+
     def summary_line(self) -> str:
         parts = [f"[{self.elapsed():5.0f}s]"]
         for p in self.policies:
             t = self.trainers.get(p)
-            reward = f" reward {t.reward_mean:.3f}" if isinstance(t, TrainerStep) else ""
-            parts.append(f"{p}: step {t.step if t else '-'}/{self.steps} v{t.version if t else '-'}{reward}"
+            figures = ""
+            if isinstance(t, TrainerStep):
+                figures = f" reward {t.reward_mean:.3f}"
+                if t.response_len_mean is not None:
+                    figures += f" len {t.response_len_mean:.0f}/{t.response_len_max}"
+                if t.truncated_frac is not None:
+                    figures += f" cut {t.truncated_frac:.0%}"
+                figures += f" busy {t.busy_fraction:.0%}"
+            parts.append(f"{p}: step {t.step if t else '-'}/{self.steps} v{t.version if t else '-'}{figures}"
                          + (" done" if p in self.done else ""))
-        tps = sum(n.tokens_per_s for n in self.nodes.values())
-        parts.append(f"nodes {len(self.nodes)} {tps:.0f} tok/s")
+        pools = self.tokens_per_s_by_pool()
+        tps = sum(pools.values())
+        per_pool = f" ({', '.join(f'{k} {v:.0f}' for k, v in sorted(pools.items()))})" if len(pools) > 1 else ""
+        parts.append(f"nodes {len(self.nodes)} {tps:.0f} tok/s{per_pool}")
+        cut = self.mostly_cut()
+        if cut:
+            parts.append(f"WARNING most responses of {', '.join(cut)} cut at max_new_tokens: raise it")
         d = self.dropped()
         if d:
             parts.append("dropped " + ",".join(f"{k}={v}" for k, v in sorted(d.items())))
@@ -120,19 +148,19 @@ class RunProgress:
 
         title = f"AstraFlow run {self.run} — {self.elapsed():.0f} s, {self.records} metrics records"
         tr = Table(title=title, title_justify="left", expand=False)
-        for col in ("policy", "step", "ver", "reward", "loss", "stale avg/max", "wait s", "step s", "traj",
-                    "state"):
+        for col in ("policy", "step", "ver", "reward", "loss", "stale avg/max", "wait s", "step s", "busy",
+                    "traj", "len avg/max", "cut", "kl", "clip", "state"):
             tr.add_column(col)
         for p in self.policies:
             tr.add_row(p, *_trainer_cells(self.trainers.get(p), self.steps),
                        "[green]done[/green]" if p in self.done else (
                            "training" if p in self.trainers else "[dim]starting[/dim]"))
         nodes = Table(title="RaaS nodes", title_justify="left")
-        for col in ("node", "pool", "episodes", "traj", "tok/s", "busy", "versions"):
+        for col in ("node", "pool", "episodes", "traj", "tok/s", "busy", "refresh s", "versions"):
             nodes.add_column(col)
         for nid, n in sorted(self.nodes.items()):
             nodes.add_row(nid, n.pool, str(n.episodes), str(n.trajectories), _f(n.tokens_per_s, 0),
-                          _f(n.busy_fraction, 2), " ".join(f"{k}:v{v}" for k, v in sorted(n.versions.items())) or "-")
+                          _f(n.busy_fraction, 2), _f(n.refresh_s, 2), " ".join(f"{k}:v{v}" for k, v in sorted(n.versions.items())) or "-")
         c = self.counters()
         batches = {k.split(".")[1]: v for k, v in c.items() if k.startswith("batches.") and k.endswith(".batches")}
         flow = (f"dataflow: tasks emitted {c.get('tasks.emitted', '-')}, finished {c.get('tasks.finished', '-')}, "
@@ -141,6 +169,10 @@ class RunProgress:
         flow += ", dropped " + (", ".join(f"{k} {v}" for k, v in sorted(d.items())) if d else "0")
         if self.autoscale is not None and self.autoscale.pools:
             flow += f"; autoscale target nodes { {p: r.target_nodes for p, r in self.autoscale.pools.items()} }"
+        cut = self.mostly_cut()
+        if cut:
+            flow += (f"\n[yellow]warning:[/yellow] most responses of {', '.join(cut)} are cut at max_new_tokens "
+                     "(the reward sees no finished answer): raise the pool's max_new_tokens")
         if self.restarts:
             flow += "\n[yellow]restarted:[/yellow] " + ", ".join(
                 f"{k} ×{v}" for k, v in sorted(self.restarts.items()))
@@ -150,9 +182,12 @@ class RunProgress:
 def _trainer_cells(t: TrainerStart | TrainerStep | None, steps: int) -> list[str]:
     """A trainer's row in the live view, up to its state: a started trainer has a step and a version."""
     if not isinstance(t, TrainerStep):
-        return [f"{t.step if t else '-'}/{steps}", str(t.version) if t else "-", *["-"] * 6]
+        return [f"{t.step if t else '-'}/{steps}", str(t.version) if t else "-", *["-"] * 12]
+    length = "-" if t.response_len_mean is None else f"{t.response_len_mean:.0f}/{t.response_len_max}"
+    cut = "-" if t.truncated_frac is None else f"{t.truncated_frac:.0%}"
     return [f"{t.step}/{steps}", str(t.version), _f(t.reward_mean), _f(t.loss, 4),
-            f"{_f(t.staleness_mean, 2)}/{t.staleness_max}", _f(t.wait_s, 1), _f(t.step_s, 2), str(t.trajectories)]
+            f"{_f(t.staleness_mean, 2)}/{t.staleness_max}", _f(t.wait_s, 1), _f(t.step_s, 2),
+            f"{t.busy_fraction:.0%}", str(t.trajectories), length, cut, _f(t.behav_kl, 4), _f(t.clip_frac, 3)]
 
 
 def _f(value: float | None, digits: int = 3) -> str:

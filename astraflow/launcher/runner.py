@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from astraflow.launcher.actuator import Actuator
 from astraflow.launcher.actuator import describe as describe_actuation
 from astraflow.launcher.interrupts import interrupt_guard, signal_name
 from astraflow.launcher.plan import (
+    PrometheusTargets,
     cluster_for_run,
     component_specs,
     effective_recipe,
@@ -63,7 +65,12 @@ class RunOptions:
     """Override ``nodes`` per pool."""
     runs_dir: Path = Path("runs")
     grace_s: float = 15.0
-    """Seconds between SIGTERM and SIGKILL when stopping components."""
+    """Seconds between SIGTERM and SIGKILL when stopping components at the end of a run."""
+    interrupt_grace_s: float = 3.0
+    """The same after Ctrl+C / SIGTERM (at most ``grace_s``): a person waits for the prompt, and a
+    component killed mid-stop loses nothing a resumed run needs (a node's uncommitted tasks are
+    delivered again, a trainer resumes from its last complete checkpoint). A node's drain (its pool's
+    ``drain_timeout_s``, up to 30 s) would otherwise hold the exit for the whole ``grace_s``."""
     timeout_s: float | None = None
     """Stop the run (non-zero exit) if not done after this many seconds."""
     live: bool | None = None
@@ -78,6 +85,8 @@ class RunOptions:
     (:mod:`astraflow.archive.feed`): only trainers (and the archiver) start, no dataflow, no node."""
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     """Backoff and budget for restarting a component (or a server of ``stack``) that dies."""
+    prometheus: bool = False
+    """Each component serves ``/metrics`` on a free loopback port, listed in ``<run>/prometheus.json``."""
     stack: EmbeddedStack | None = None
     """The embedded stack started for this run (``open_run_cluster``): its servers are restarted
     like components. None when the run uses a stack or cluster it did not start."""
@@ -161,10 +170,13 @@ class _Monitor:
         self.metrics.append(record.to_json())
         self.progress.update(record)
 
-    def close(self) -> None:
-        """Drain what the components wrote just before the stop (last steps, done events), close."""
+    def close(self, drain_s: float = 30.0) -> None:
+        """Drain what the components wrote just before the stop (last steps, done events), for at
+        most about ``drain_s`` seconds, close."""
+        deadline = time.monotonic() + drain_s
+        poll_s = min(1.0, max(drain_s / 4, 0.1))
         with contextlib.suppress(Exception):
-            while self.absorb(1.0, 5000):
+            while self.absorb(poll_s, 5000) and time.monotonic() < deadline:
                 pass
         with contextlib.suppress(Exception):
             self.consumer.close()
@@ -266,6 +278,9 @@ def _launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console, guard
     metrics_path = run_dir / "metrics.jsonl"
     specs = component_specs(recipe, recipe_file, cluster_file, run_dir, threads=opts.threads,
                             archive=opts.archive, rollouts=not opts.from_archive)
+    prometheus = PrometheusTargets(run_dir) if opts.prometheus else None
+    if prometheus is not None:
+        specs = [prometheus.serve(s) for s in specs]
     group = ProcessGroup(grace_s=opts.grace_s, restart=opts.restart)
     watched: list[_Supervised] = [group]
     if opts.stack is not None:
@@ -277,15 +292,22 @@ def _launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console, guard
     console.print(f"[bold]run {run_id}[/bold]: {len(specs)} components "
                   f"({', '.join(s.name for s in specs)}), {opts.threads} torch "
                   f"thread{'s' if opts.threads != 1 else ''} each; logs in {run_dir / 'logs'}")
+    if opts.prometheus:
+        console.print(f"Prometheus: each component's /metrics, targets in {run_dir / 'prometheus.json'}",
+                      highlight=False)
     if (hint := slot_shortfall(recipe)) is not None and not opts.from_archive:
         console.print(f"[yellow]note:[/yellow] {escape(hint)}", highlight=False)
     monitor = None
+    reason = ""
     try:
         monitor = _Monitor(cfg, run_id, progress, metrics_path,
                            warn=lambda m: console.print(f"[yellow]{escape(m)}[/yellow]", highlight=False))
         if not opts.from_archive and any(p.autoscale is not None for p in recipe.pools):
-            watched.append(_actuator(recipe, group, monitor, console, opts, lambda pool, i: node_spec(
-                recipe, recipe_file, cluster_file, run_dir, pool, i, threads=opts.threads)))
+            def scaled_node(pool: str, i: int) -> ChildSpec:
+                spec = node_spec(recipe, recipe_file, cluster_file, run_dir, pool, i, threads=opts.threads)
+                return prometheus.serve(spec) if prometheus is not None else spec
+
+            watched.append(_actuator(recipe, group, monitor, console, opts, scaled_node))
         for spec in specs:
             group.start(spec)
         live = None
@@ -312,13 +334,24 @@ def _launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console, guard
         console.print(f"[yellow]interrupted ({signal_name(exc)}): stopping {len(group.alive())} components "
                       f"...[/yellow]", highlight=False)
     finally:
+        interrupted = reason == "interrupted"
         with guard.shielded():
-            codes = group.stop()
+            codes = group.stop(min(opts.grace_s, opts.interrupt_grace_s) if interrupted else None)
             if monitor is not None:
-                monitor.close()
+                monitor.close(drain_s=1.0 if interrupted else 30.0)
     with guard.shielded():
         restarts = {k: v for w in watched for k, v in w.restarts().items()}
-        return _finish(run_id, run_dir, progress, monitor, restarts, codes, reason, rc, t0, console)
+        # Interrupted: the components are down and the metrics drained, so the stack started for the
+        # run stops while the report is drawn (its owner's later ``down`` then finds nothing to stop).
+        stopping = None
+        if reason == "interrupted" and opts.stack is not None:
+            stopping = threading.Thread(target=opts.stack.down, name="stack-down", daemon=True)
+            stopping.start()
+        try:
+            return _finish(run_id, run_dir, progress, monitor, restarts, codes, reason, rc, t0, console)
+        finally:
+            if stopping is not None:
+                stopping.join()
 
 
 def _feed_from_archive(recipe: Recipe, cfg: ClusterConfig, source: str, console) -> Recipe:

@@ -21,7 +21,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +80,10 @@ class ObjectStore:
         self.multipart_chunksize = multipart_chunksize
         self.max_concurrency = max_concurrency
         self.body_read_attempts = body_read_attempts
+        self.on_read: Callable[[int], None] | None = None
+        """Told the bytes of every object body read (``get_*``), as they arrive where the transfer
+        reports them: a progress bar's hook (``astraflow weights export``, ``replay``). May be called
+        from the transfer's threads."""
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -223,7 +227,10 @@ class ObjectStore:
             with self._errors("get", key):
                 resp = self.client.get_object(Bucket=self.bucket, Key=key)
             try:
-                return resp["Body"].read(), resp.get("Metadata", {})
+                data = resp["Body"].read()
+                if self.on_read is not None:
+                    self.on_read(len(data))
+                return data, resp.get("Metadata", {})
             except body_errors as exc:
                 # botocore retries the request, not a body that breaks mid-read: retry the GET here.
                 if attempt == self.body_read_attempts:
@@ -278,7 +285,8 @@ class ObjectStore:
         os.close(fd)
         try:
             with self._errors("get", key):
-                self.client.download_file(self.bucket, key, tmp, Config=self._transfer_config())
+                self.client.download_file(self.bucket, key, tmp, Config=self._transfer_config(),
+                                          Callback=self.on_read)
             actual = sha256_file(tmp)
             if verify:
                 _check_sha256(key, expected, actual, "keep")

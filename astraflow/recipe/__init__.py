@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from astraflow.config import ConfigError, read_yaml_mapping
 from astraflow.dataflow.config import DataflowConfig
 from astraflow.engines import EngineConfig, HFEngineConfig
+from astraflow.report.sinks.config import ReportConfig
 from astraflow.sft import SFTConfig
 from astraflow.tasks import DatasetField
 from astraflow.trainer.config import BackendConfig, TorchBackendConfig
@@ -152,6 +153,8 @@ class Recipe(_Section):
     dataflow: DataflowConfig = Field(default_factory=DataflowConfig)
     trainer: TrainerSpec = Field(default_factory=TrainerSpec)
     eval: EvalSpec = Field(default_factory=EvalSpec)
+    report: ReportConfig = Field(default_factory=ReportConfig)
+    """Metrics sinks fed from ``<run>.metrics`` (TensorBoard); none by default."""
     source: Path | None = Field(default=None, exclude=True)
     """The file this recipe was read from (set by ``load``)."""
 

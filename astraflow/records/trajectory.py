@@ -38,6 +38,12 @@ FIELDS = [
 ]
 SCHEMA = with_identity(pa.schema(FIELDS), SCHEMA_NAME, SCHEMA_VERSION)
 
+TRUNCATED = "truncated"
+"""The key of :attr:`Trajectory.rewards` that says an episode was cut by a limit (1.0: a token cap
+such as ``max_new_tokens``, an agent's turn or context limit) rather than ended by the policy or its
+environment (0.0). Workflows write it through their transcript; the trainer's truncated fraction
+reads it."""
+
 
 def episode_id_for(prompt_id: str, policy: str, sample_index: int) -> str:
     """Deterministic episode id, so that a redelivered or re-run sample is recognisable."""

@@ -65,6 +65,7 @@ from astraflow.records.control import (
     TrainerStep,
     send_control,
 )
+from astraflow.records.trajectory import TRUNCATED
 from astraflow.trainer.checkpoint import CheckpointError, TrainerCheckpoint
 from astraflow.trainer.distributed import Command, RankGroup, current_group
 from astraflow.trainer.parts import TrainerParts, build_trainer_parts
@@ -76,6 +77,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = ["CheckpointError", "publishable", "run_trainer"]
+
+BACKEND_FIGURES = ("zero_adv_frac", "trained_trajectories", "clip_frac", "behav_kl", "entropy", "kl_ref")
+"""The backend's step figures a :class:`TrainerStep` carries when the backend reports them."""
 
 
 STEP_RECORDS_WAIT_S = 10.0
@@ -533,9 +537,11 @@ class TrainerService:
             "handoff_ms": handoff_ms,
         }
         # GRPO's share of trajectories without a learning signal, how many the backend trained on (fewer
-        # with skip_zero_advantage), the policy's entropy and its KL to the reference, when reported
-        record.update({k: float(m[k]) for k in ("zero_adv_frac", "trained_trajectories", "entropy", "kl_ref")
-                       if k in m})
+        # with skip_zero_advantage), and its objective's diagnostics, when the backend reports them
+        record.update({k: float(m[k]) for k in BACKEND_FIGURES if k in m})
+        lengths = [len(t.response_ids) for t in trajs]
+        record.update(response_len_mean=sum(lengths) / len(lengths), response_len_max=max(lengths),
+                      truncated_frac=sum(t.rewards.get(TRUNCATED, 0.0) > 0 for t in trajs) / len(trajs))
         return record
 
     def _served_state(self) -> dict[str, Any]:

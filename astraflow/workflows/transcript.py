@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from astraflow.engines.base import Generation
+from astraflow.records.trajectory import TRUNCATED
 
 if TYPE_CHECKING:
     from astraflow.records import Task, Trajectory
@@ -31,6 +32,8 @@ class Transcript:
     turn_bounds: list[int] = field(default_factory=lambda: [0])
     model_turns: int = 0
     gen_seconds: float = 0.0
+    cut: bool = False
+    """The last model turn ended at its token cap (finish_reason "length"), not at a stop token."""
 
     def context(self) -> list[int]:
         """What the engine is given for the next turn: the prompt and every response token so far."""
@@ -46,6 +49,7 @@ class Transcript:
             raise ValueError("generation: token_ids, logprobs and versions differ in length")
         self._extend(gen.token_ids, gen.logprobs, gen.versions, 1)
         self.model_turns += 1
+        self.cut = gen.finish_reason == "length"
         self.gen_seconds += seconds
 
     def add_observation(self, token_ids: list[int]) -> None:
@@ -69,8 +73,13 @@ class Transcript:
 
     def to_trajectory(self, task: Task, policy: str, index: int, reward: float,
                       rewards: dict[str, float] | None = None) -> Trajectory:
-        """The transcript as the policy's trajectory for sample ``index`` of ``task``."""
+        """The transcript as the policy's trajectory for sample ``index`` of ``task``. Its ``rewards``
+        figures carry ``truncated`` (1.0: the episode ended at a token cap), unless the workflow's own
+        figures say it (an agent loop also counts its turn and context limits): the trainer's
+        truncated fraction reads it."""
         from astraflow.records import Trajectory, episode_id_for, group_id_for
+
+        figures = {TRUNCATED: float(self.cut), **(rewards or {})}
 
         return Trajectory(
             episode_id=episode_id_for(task.prompt_id, policy, index),
@@ -84,7 +93,7 @@ class Transcript:
             versions=list(self.versions),
             loss_mask=list(self.loss_mask),
             reward=float(reward),
-            rewards=dict(rewards or {}),
+            rewards=figures,
             turn_bounds=list(self.turn_bounds) if len(self.turn_bounds) > 1 else [0, 0],
             node_id="",
             created_at=time.time(),

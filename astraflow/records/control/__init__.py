@@ -19,6 +19,7 @@ is parsed with ``parse_control(None, None, line)``. A record's JSON keys are the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Union
 
 from pydantic import Discriminator, Tag, TypeAdapter, ValidationError
@@ -117,10 +118,16 @@ def _parse_metrics_line(obj: Any) -> ControlRecord:
         raise ControlRecordError(f"not a metrics record: {_problems(exc)}") from None
 
 
+SENT_RECORD_OBSERVERS: list[Callable[[ControlRecord], None]] = []
+"""Told every record this process sends (its Prometheus endpoint, :mod:`astraflow.prometheus`)."""
+
+
 def send_control(sender: Any, topic: str, key: str, record: ControlRecord, *, policy: str | None = None) -> Any:
     """Send ``record`` through ``sender`` (a :class:`~astraflow.log.LogProducer` or
     :class:`~astraflow.log.until_acked.UntilAcked`) with its schema name and version in the headers;
     returns what the sender's ``send_json`` returns."""
+    for observe in SENT_RECORD_OBSERVERS:
+        observe(record)
     extra = {} if policy is None else {"policy": policy}
     return sender.send_json(topic, key, record.to_json(), schema_name=record.SCHEMA_NAME,
                             schema_version=record.SCHEMA_VERSION, **extra)

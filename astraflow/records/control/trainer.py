@@ -77,8 +77,22 @@ class TrainerStep(TrainerRecord):
     """GRPO's share of trajectories without a learning signal, when the backend reports it."""
     trained_trajectories: float | None = Field(default=None, exclude_if=absent)
     """Trajectories the backend trained on (fewer with ``skip_zero_advantage``), when it reports them."""
+    response_len_mean: float | None = Field(default=None, exclude_if=absent)
+    """Mean response length in tokens (``response_ids``: model tokens and, in multi-turn episodes,
+    environment tokens) over the batch's trajectories."""
+    response_len_max: int | None = Field(default=None, exclude_if=absent)
+    """The longest response of the batch, in tokens."""
+    truncated_frac: float | None = Field(default=None, exclude_if=absent)
+    """Share of the batch's trajectories cut at a token cap (``max_new_tokens``, or an agent's turn /
+    context limit): their ``rewards["truncated"]`` figure, written by the workflow's transcript."""
+    clip_frac: float | None = Field(default=None, exclude_if=absent)
+    """Share of loss tokens whose ratio to the proximal policy lies outside the clip range, when the
+    backend reports it."""
+    behav_kl: float | None = Field(default=None, exclude_if=absent)
+    """KL(behaviour || current), k3 estimator over the loss tokens: how off-policy the batch was,
+    when the backend reports it."""
     entropy: float | None = Field(default=None, exclude_if=absent)
-    """Mean entropy of the policy per trained token (nats), when the backend reports it."""
+    """Mean token entropy of the current policy over the loss tokens (nats), when the backend reports it."""
     kl_ref: float | None = Field(default=None, exclude_if=absent)
     """Mean KL estimate to the frozen reference per token (``objective.kl``'s estimator: of the trained
     policy in loss mode, of the behaviour policy in reward mode), when the objective has a KL term."""
@@ -96,6 +110,12 @@ class TrainerStep(TrainerRecord):
     """Weight versions this life deleted so far (``trainer.weights_gc_every``)."""
     checkpoints_deleted: int
     """Checkpoints this life deleted so far (``trainer.keep_checkpoints``)."""
+
+    @property
+    def busy_fraction(self) -> float:
+        """Share of this step's time the trainer computed rather than waited for its batch."""
+        total = self.step_s + self.wait_s
+        return self.step_s / total if total > 0 else 0.0
 
 
 class TrainerSkipped(TrainerRecord):

@@ -1,0 +1,5 @@
+"""Metrics sinks fed from ``<run>.metrics`` (:mod:`astraflow.report.sinks.consumer`)."""
+
+from astraflow.report.sinks.config import MLflowSinkConfig, ReportConfig, TensorBoardSinkConfig
+
+__all__ = ["MLflowSinkConfig", "ReportConfig", "TensorBoardSinkConfig"]

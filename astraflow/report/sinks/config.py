@@ -1,0 +1,53 @@
+"""The recipe's ``report`` section: where a run's metrics go besides ``metrics.jsonl`` and ``report.png``.
+
+``astraflow run`` starts one small consumer of ``<run>.metrics`` (``astraflow sinks``) when a sink is
+set; it can also run on another machine against the same cluster.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class TensorBoardSinkConfig(BaseModel):
+    """TensorBoard event files, written through tensorboardX (the ``tensorboard`` extra)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dir: Path = Path("runs/tensorboard")
+    """Event files go under ``<dir>/<run>/`` (``tensorboard --logdir <dir>`` shows every run). A
+    relative path is taken from where the consumer runs (``astraflow run``: its working directory)."""
+    flush_s: float = Field(default=5.0, gt=0)
+    """Seconds between flushes of the event file (TensorBoard shows what is flushed)."""
+
+
+class MLflowSinkConfig(BaseModel):
+    """An MLflow run per AstraFlow run, written through mlflow-skinny (the ``mlflow`` extra)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tracking_uri: str = "file:runs/mlruns"
+    """Where MLflow keeps runs: a local file store (``file:<dir>``, read by ``mlflow ui
+    --backend-store-uri``; its "maintenance mode" refusal is waived for it) or a tracking server
+    (``http://...``)."""
+    experiment: str = "astraflow"
+    """The MLflow experiment (created when missing); the MLflow run is named after the AstraFlow run."""
+
+
+class ReportConfig(BaseModel):
+    """The metrics sinks of a run; none by default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tensorboard: TensorBoardSinkConfig | None = None
+    """Scalars per trainer step (reward, truncated fraction, lengths, KL, clip share, grad norm,
+    staleness, busy share, weight sync) and the nodes' tokens/s per pool."""
+    mlflow: MLflowSinkConfig | None = None
+    """The same scalars as MLflow metrics (``/`` in names kept), one MLflow run per AstraFlow run."""
+
+    @property
+    def any(self) -> bool:
+        """Whether a sink is set (the launcher then starts the consumer)."""
+        return self.tensorboard is not None or self.mlflow is not None
