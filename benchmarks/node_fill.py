@@ -8,11 +8,13 @@ engine's own rate at the same rows, in one run.
   ``concurrency x samples = --rows`` rows in flight, a new weight version published every
   ``--refresh-every-s`` (a real delta through the bucket, pulled and swapped in by the node). Its rate:
   the response tokens of the trajectories the node produced in a window of ``--seconds`` after a
-  warm-up, over the window. Measured once per ``batching`` mode of the engine: ``continuous`` (rows
+  warm-up, over the window (read back after the node stopped: nothing else reads meanwhile), and the
+  CPU the node process used in it (cores). Measured once per ``batching`` mode of the engine: ``continuous`` (rows
   join and leave the running batch each step, the default) and ``request`` (merged requests decode
   until their longest row ends: the baseline).
 
-Responses end at different lengths, as a policy's do: the demo's tiny model (random weights) served
+Responses end at different lengths, as a policy's do: the demo's tiny model (random weights; ``--model``
+another spec) served
 from a copy of its checkpoint whose generation config names ``--stop-ids`` end-of-turn tokens besides
 eos, so every sampled token ends its row with probability ~stop-ids / vocab (lengths roughly
 geometric, the longest cut at ``--max-new-tokens``; the mean and the cut fraction are reported).
@@ -43,11 +45,11 @@ ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "examples" / "models" / "tiny.yaml"
 
 
-def checkpoint_with_stops(out: Path, stop_ids: int) -> tuple[Path, list[int]]:
-    """A copy of the tiny checkpoint whose generation config ends a turn at ``stop_ids`` more tokens."""
+def checkpoint_with_stops(spec: str, out: Path, stop_ids: int) -> tuple[Path, list[int]]:
+    """A copy of model ``spec``'s checkpoint whose generation config ends a turn at ``stop_ids`` more tokens."""
     from astraflow.models import resolve_checkpoint
 
-    src = Path(resolve_checkpoint(str(TINY)))
+    src = Path(resolve_checkpoint(spec))
     shutil.copytree(src, out)
     gen = json.loads((out / "generation_config.json").read_text())
     eos = gen["eos_token_id"] if isinstance(gen["eos_token_id"], list) else [gen["eos_token_id"]]
@@ -120,30 +122,45 @@ def start_node(cfg, recipe: dict, workdir: Path) -> subprocess.Popen:
                             stdout=log, stderr=subprocess.STDOUT, env={**env, "OMP_NUM_THREADS": "1"}, cwd=ROOT)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def node_rate(base_cfg, model_dir: Path, workdir: Path, args: argparse.Namespace, batching: str) -> dict:
-    """The node's response tokens/s over the window (and what the window held)."""
+    """The node's response tokens/s over the window (and what the window held). The trajectories are
+    read back after the node stopped, so that this process's reading takes no CPU from the window."""
     from astraflow.delta.publisher import WeightPublisher
     from astraflow.log import LogConsumer, Topics
+    from astraflow.log.identity import topic_partitions
+    from astraflow.log.range_reader import read_to_end
     from astraflow.models import load_model
     from astraflow.records import trajectory
 
     cfg = base_cfg.model_copy(update={"run": f"fill-{batching}-{uuid.uuid4().hex[:6]}"})
+    topic = Topics(cfg.run).trajectories
     model = load_model(model_dir)
     pub = WeightPublisher(cfg, "policy", anchor_every=10)
     pub.publish(model.state_dict(), 0)
     pub.flush()
     fill_tasks(cfg, args.tasks, args.samples)
     node = start_node(cfg, recipe_of(cfg.run, model_dir, args, batching), workdir)
-    reader = LogConsumer(cfg, Topics(cfg.run).trajectories, f"bench-{uuid.uuid4().hex[:6]}")
-    trajs: list = []
-    version, last_publish, t_start = 0, time.monotonic(), None
+    first = LogConsumer(cfg, topic, f"bench-{uuid.uuid4().hex[:6]}")
     try:
-        while t_start is None or time.monotonic() < t_start + args.seconds + 2.0:  # the window's last records
-            for m in reader.poll(timeout_s=0.5, max_records=500):
-                trajs.extend(trajectory.from_table(m.table))
-            if t_start is None and trajs:  # the node serves: the window opens after the warm-up
-                t_start = time.monotonic() + args.warmup_s
-                wall_start = time.time() + args.warmup_s
+        deadline = time.monotonic() + 300
+        while not first.poll(timeout_s=0.5, max_records=1):  # the node serves
+            if node.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the node exited ({node.returncode}) or never served: "
+                                   + (workdir / f"{cfg.run}.node.log").read_text()[-2000:])
+    finally:
+        first.close()
+    version, cpu = 0, {}
+    try:
+        time.sleep(args.warmup_s)
+        wall_start, t_start, cpu0 = time.time(), time.monotonic(), cpu_seconds(node.pid)
+        last_publish = t_start
+        while time.monotonic() < t_start + args.seconds:
             if time.monotonic() - last_publish >= args.refresh_every_s:
                 with torch.no_grad():  # a small step's worth of change: a real sparse delta
                     for p in model.parameters():
@@ -151,14 +168,19 @@ def node_rate(base_cfg, model_dir: Path, workdir: Path, args: argparse.Namespace
                 version += 1
                 pub.publish(model.state_dict(), version)
                 last_publish = time.monotonic()
+            time.sleep(0.05)
             if node.poll() is not None:
                 raise RuntimeError(f"the node exited ({node.returncode}): "
                                    + (workdir / f"{cfg.run}.node.log").read_text()[-2000:])
+        cpu["node_cpu_cores"] = round((cpu_seconds(node.pid) - cpu0) / (time.monotonic() - t_start), 2)
+        time.sleep(2.0)  # the window's last episodes reach the log
     finally:
         node.send_signal(signal.SIGTERM)
         node.wait(60)
         pub.flush()
-        reader.close()
+    parts = topic_partitions(cfg, [topic])[topic]
+    trajs = [t for m in read_to_end(cfg, {(topic, p): 0 for p in range(parts)}).messages if m.table is not None
+             for t in trajectory.from_table(m.table)]
     window = [t for t in trajs if wall_start <= t.created_at < wall_start + args.seconds]
     lengths = [len(t.response_ids) for t in window]
     return {
@@ -167,11 +189,13 @@ def node_rate(base_cfg, model_dir: Path, workdir: Path, args: argparse.Namespace
         "mean_length": round(statistics.fmean(lengths), 1) if lengths else None,
         "cut_at_max_fraction": round(sum(n >= args.max_new_tokens for n in lengths) / len(lengths), 3) if lengths else None,
         "versions_seen": len({v for t in window for v in t.versions}),
+        **cpu,
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=str(TINY), help="model spec YAML (default: the demo's tiny model)")
     ap.add_argument("--rows", type=int, default=64, help="the engine's batch: most rows decoded at once")
     ap.add_argument("--inflight-rows", type=int, default=128,
                     help="rows the node takes on (pool concurrency x samples); beyond --rows they wait in the engine")
@@ -191,7 +215,7 @@ def main() -> None:
     from astraflow.testing.runs import private_cluster
 
     with tempfile.TemporaryDirectory(prefix="af-fill-") as tmp:
-        model_dir, stops = checkpoint_with_stops(Path(tmp) / "ckpt", args.stop_ids)
+        model_dir, stops = checkpoint_with_stops(args.model, Path(tmp) / "ckpt", args.stop_ids)
         nodes, engine = {}, []
         with private_cluster() as cfg:
             # the engine's rate measured before and after each node run: the machine's load drifts
@@ -204,7 +228,7 @@ def main() -> None:
                                "of_engine": round(node["tokens_per_s"] / ((before + after) / 2), 3),
                                "load_average": round(os.getloadavg()[0], 1)}
                 print(f"node ({mode}): {json.dumps(nodes[mode])}", flush=True)
-    print(json.dumps({"benchmark": "node_fill", "rows": args.rows, "samples": args.samples,
+    print(json.dumps({"benchmark": "node_fill", "model": Path(args.model).name, "rows": args.rows, "samples": args.samples,
                       "inflight_rows": args.inflight_rows, "max_new_tokens": args.max_new_tokens,
                       "stop_ids": len(stops), "torch_threads": 1,
                       "engine_tokens_per_s": round(statistics.median(engine), 1), "node": nodes, "target_of_engine": 0.8}))

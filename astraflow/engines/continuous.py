@@ -14,8 +14,11 @@ dynamic KV cache:
   runs alone): their distinct prompts are prefilled once each and their KV rows appended to the
   running cache, both sides left-padded to one length (keys are stored rotated by their own
   positions, so padding columns added on the left change nothing a row attends to);
-* a row leaves at its stop token or ``max_new_tokens``; the columns no remaining row attends to are
-  cut from the left, so the cache is as long as the longest live context, not the run's history;
+* a row ends at its stop token or ``max_new_tokens`` (its request answered once all its rows ended) and
+  decodes padding until the batch is compacted: when a quarter of its rows have ended, or before
+  requests join (compacting copies every layer's cache, too dear to do each step); the columns no
+  remaining row attends to are then cut from the left, so the cache is as long as the longest live
+  context, not the run's history;
 * a weight swap lands between two steps (the engine's :class:`~astraflow.engines.swap_gate.SwapGate`),
   and every token carries the version of the weights that computed it, as in ``HFEngine.generate``.
 
@@ -51,6 +54,7 @@ class _Request:
     future: asyncio.Future[list[Generation]]
     loop: asyncio.AbstractEventLoop
     rows: list[_Row] = field(default_factory=list)
+    answered: bool = False
 
 
 @dataclass(eq=False)
@@ -222,7 +226,7 @@ class ContinuousBatcher:
     def _take(self, block: bool) -> list[_Request]:
         """The waiting requests that fit beside the running rows, in arrival order."""
         joining: list[_Request] = []
-        room = self.max_batch_size - len(self._rows)
+        room = self.max_batch_size - sum(not row.done for row in self._rows)
         while True:
             request = self._next
             self._next = None
@@ -247,6 +251,8 @@ class ContinuousBatcher:
 
         parts = self.parts
         new_prompts = [p for r in joining for p in r.prompts]
+        if joining:
+            self._compact()  # ended rows make room for the joining ones
         with torch.no_grad(), parts.gate.step():  # a weight swap lands between steps, never inside one
             logits = []
             if self._rows:
@@ -268,6 +274,8 @@ class ContinuousBatcher:
         nxt, chosen = self._sample(logits.float())
         nxt_list, chosen_list = nxt.tolist(), chosen.tolist()
         for row, token, logp in zip(self._rows, nxt_list, chosen_list, strict=True):
+            if row.done:
+                continue  # an ended row decoding padding until the next compaction
             row.tokens.append(token)
             row.logprobs.append(logp)
             row.versions.append(version)
@@ -303,15 +311,24 @@ class ContinuousBatcher:
         return nxt, logp.gather(-1, nxt[:, None]).squeeze(-1)
 
     def _retire(self) -> None:
-        """Finished rows (and those of cancelled requests) leave; finished requests get their answer."""
+        """Answer the requests whose rows have all ended; compact once a quarter of the rows have."""
+        ended = 0
+        for row in self._rows:
+            ended += row.done or row.request.future.cancelled()
+            request = row.request
+            if row.done and not request.answered and all(r.done for r in request.rows):
+                request.answered = True
+                _resolve(request, [r.generation() for r in request.rows])
+        if ended == len(self._rows) or ended * 4 >= len(self._rows):
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop the ended rows (and those of cancelled requests) from the batch and its cache."""
         import torch
 
         keep = [i for i, row in enumerate(self._rows) if not row.done and not row.request.future.cancelled()]
         if len(keep) == len(self._rows):
             return
-        for request in self._requests():
-            if all(row.done for row in request.rows):
-                _resolve(request, [row.generation() for row in request.rows])
         if not keep:
             self._rows, self._cache, self._tokens = [], None, None
             return
