@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from astraflow.report.plot import typed_records
 from astraflow.testing.runs import trainer_steps
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,12 +54,11 @@ def measured_run(recipe: Any, cfg: Any, runs_dir: Path, steps: int | None, conso
                       recipe=recipe)
     policy = recipe.policies[0].name
     row = summary["policies"][policy]
-    metrics = [json.loads(line) for line in (runs_dir / summary["run_id"] / "metrics.jsonl").read_text().splitlines()
-               if line.strip()]
-    steps_seen = trainer_steps(metrics, policy)
+    lines = (runs_dir / summary["run_id"] / "metrics.jsonl").read_text().splitlines()
+    steps_seen = trainer_steps(typed_records(json.loads(line) for line in lines if line.strip()), policy)
 
-    def mean_of(key: str, part: list[dict]) -> float | None:
-        values = [r[key] for r in part if r.get(key) is not None]
+    def mean_of(key: str, part: list) -> float | None:
+        values = [getattr(r, key) for r in part if getattr(r, key) is not None]
         return round(statistics.fmean(values), 4) if values else None
 
     first, last = steps_seen[:window], steps_seen[-window:]

@@ -292,8 +292,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.run_metrics:
         from astraflow.report import load_metrics
+        from astraflow.report.plot import typed_records
 
-        print(json.dumps({"run_metrics": args.run_metrics, **run_summary(load_metrics(args.run_metrics), args.policy)}))
+        print(json.dumps({"run_metrics": args.run_metrics, **run_summary(typed_records(load_metrics(args.run_metrics)), args.policy)}))
         return
     cuda = args.device.startswith("cuda")
     args.rows = [int(r) for r in (args.rows or ("1,32,128" if cuda else "1,8")).split(",")]
