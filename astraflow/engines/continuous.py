@@ -187,8 +187,6 @@ class ContinuousBatcher:
         self._start_lock = threading.Lock()
         self.steps = 0
         """Decoding steps taken (prefills of joining rows not counted)."""
-        self.row_steps = 0
-        """Sum over steps of the rows decoded: ``row_steps / steps`` is the mean batch."""
 
     async def submit(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """The generations of ``prompts``, decoded in the running batch."""
@@ -258,7 +256,6 @@ class ContinuousBatcher:
             if self._rows:
                 logits.append(self._cache.step(parts, self._tokens))
                 self.steps += 1
-                self.row_steps += len(self._rows)
             if new_prompts:
                 joined, new_logits = RunningCache.prefill(parts, new_prompts)
                 if self._cache is None:
