@@ -420,3 +420,22 @@ def test_tasks_emitted_together_share_a_record_per_partition_each_in_its_own_key
     with LogProducer(cfg, unique_name("probe")) as prod:
         acks = {p: prod.send_json(probe, p, {}).result(10) for p in partitions}
     assert {p: ack.partition for p, ack in acks.items()} == partitions
+
+
+def test_a_refused_batch_record_ends_the_dataflow_to_be_restarted():
+    """A batch the broker refused (its storage restarting) must not be taken as sent: the trainer would wait
+    for it while the staleness bound holds every task back. Acknowledged ones are forgotten, pending kept."""
+    from concurrent.futures import Future
+
+    from astraflow.dataflow.service import BatchNotWritten, _check_batches_written
+    from astraflow.log.errors import ProduceRefusedError
+
+    acked, pending, refused = Future(), Future(), Future()
+    acked.set_result(object())
+    sending = [("b0", acked), ("b1", pending)]
+    _check_batches_written(sending)
+    assert [b for b, _ in sending] == ["b1"]
+    refused.set_exception(ProduceRefusedError("UnknownError from the broker"))
+    sending.append(("b2", refused))
+    with pytest.raises(BatchNotWritten, match="batch b2 was not written"):
+        _check_batches_written(sending)

@@ -50,7 +50,7 @@ def test_sync_mode_never_trains_a_stale_token(test_cluster, tmp_path: Path) -> N
         k = batch_index(b.batch_id)
         versions = {v for t in b.trajectories for v in t.versions}
         assert versions == {k}, f"batch {k} carries token versions {versions}"
-    assert all(s["staleness_max"] == 0 for s in steps)
+    assert all(s.staleness_max == 0 for s in steps)
     # one wave per version: nothing is generated beyond the batch being trained
     assert len(rec.trajectories) <= 4 * 3 * 2 + 3 * 2
 
@@ -61,6 +61,6 @@ def test_async_mode_staleness_within_bound(test_cluster, tmp_path: Path) -> None
     eta = FAST["dataflow"]["max_staleness"]
     worst = max(batch_index(b.batch_id) - t.min_version for b in rec.batches["policy"][:4] for t in b.trajectories)
     assert worst <= eta
-    assert max(s["staleness_max"] for s in steps) <= eta
+    assert max(s.staleness_max for s in steps) <= eta
     # and the mode really is asynchronous: tokens older than the trained version were used
-    assert any(s["staleness_max"] >= 1 for s in steps)
+    assert any(s.staleness_max >= 1 for s in steps)

@@ -117,6 +117,8 @@ class DataflowService:
         self.df = Dataflow(section, dataset, train_steps=train_steps)
         self.weight_topics = {self.topics.weights(p): p for p in section.policies}
         self.placing: list[tuple[str, Any]] = []
+        self.sending: list[tuple[str, Any]] = []
+        """(batch id, ack future) of batch records not yet acknowledged."""
         """(prompt id, ack future) of task records not yet acknowledged: their positions."""
         saved = self._resume()
         self.skip_below = {(t, int(p)): o for t, p, o in saved.get("offsets", [])}
@@ -249,10 +251,12 @@ class DataflowService:
         """Expire overdue tasks, send the batches that are ready and the tasks now allowed."""
         self.df.expire(now)
         for b in self.df.take_batches():
-            self.producer.send_table(self.topics.batches(b.policy), b.batch_id, batch.to_table(b),
-                                     batch.SCHEMA_NAME, batch.SCHEMA_VERSION, policy=b.policy)
+            self.sending.append((b.batch_id, self.producer.send_table(
+                self.topics.batches(b.policy), b.batch_id, batch.to_table(b), batch.SCHEMA_NAME, batch.SCHEMA_VERSION,
+                policy=b.policy)))
         self._send_tasks(self.df.next_tasks(now))
         _record_positions(self.df, self.placing)
+        _check_batches_written(self.sending)
 
     def _send_tasks(self, tasks: Iterable[Task]) -> None:
         """The tasks emitted together, one record per pool and partition: each task lands in the
@@ -293,6 +297,7 @@ class DataflowService:
         # After the flush: every task record has its position, and each created later is not in the state.
         saved_at_ms = int(time.time() * 1000)
         _record_positions(self.df, self.placing)
+        _check_batches_written(self.sending)
         ends = self._produced_ends()
         state = {"dataflow": self.df.state_dict(),
                  "offsets": [[t, p, o] for (t, p), o in self.offsets.items()], "topic_ids": self.recovery.topic_ids,
@@ -399,6 +404,25 @@ def _record_positions(df: Dataflow, placing: list[tuple[str, Any]]) -> None:
 
 class TaskNotWritten(RuntimeError):
     """The broker refused a task record: the dataflow exits to be restarted with a fresh producer."""
+
+
+def _check_batches_written(sending: list[tuple[str, Any]]) -> None:
+    """Forget the acknowledged batch records; a refused one ends the process (:class:`BatchNotWritten`).
+    Carrying on would leave the trainer waiting for a batch that is not on the log while the staleness
+    bound holds every task back (a whole run stalled so when its S3 server, Tansu's storage, was killed
+    while a batch was in flight). The restarted dataflow re-reads the trajectories after its last save
+    and makes the batch again; the batch records that did land are adopted."""
+    waiting = []
+    for batch_id, fut in sending:
+        if not fut.done():
+            waiting.append((batch_id, fut))
+        elif fut.exception() is not None:
+            raise BatchNotWritten(f"batch {batch_id} was not written to the log: {fut.exception()}")
+    sending[:] = waiting
+
+
+class BatchNotWritten(RuntimeError):
+    """The broker refused a batch record: the dataflow exits to be restarted with a fresh producer."""
 
 
 def _latest_version(cfg: ClusterConfig, policy: str) -> int | None:
