@@ -38,7 +38,3 @@ _.astraflow_info
 _.astraflow_fetch
 _.astraflow_apply
 
-# NOT a false positive: only tests/test_megatron_parallel.py calls it. It lives in
-# connectors/megatron/backend.py, which the trainer-step rework (issue 41's skeleton item) rewrites;
-# that change moves it to the tests or gives it a caller. Remove this line then.
-_.response_logprobs

@@ -123,7 +123,7 @@ def _rank(rank: int, make: str, options: dict, out: str, *, distributed_optimize
     ranks = backend.ranks
     report: dict = {"rank": rank, "tp_rank": ranks.tp_rank, "pp_rank": ranks.pp_rank, "dp_rank": ranks.dp_rank,
                     "dp": ranks.dp, "params": sum(p.numel() for p in backend.model.parameters())}
-    logp = backend.response_logprobs(trajs)
+    logp = response_logprobs(backend, trajs)
     if logp is not None:
         save_file({"logp": logp.contiguous()}, f"{out}/logp-{rank}.safetensors")
     if backend.layout.pp == 1:
@@ -146,6 +146,15 @@ def _rank(rank: int, make: str, options: dict, out: str, *, distributed_optimize
     report["reload_exact"] = all(torch.equal(reloaded[k], before[k]) for k in before) if reloaded else None
     Path(out, f"report-{rank}.json").write_text(json.dumps(report))
     group.close()
+
+
+def response_logprobs(backend, trajectories) -> torch.Tensor | None:
+    """log pi of every response token ``[B, R]`` under the backend's current weights, on the last pipeline
+    stage (None elsewhere): the backend's own forward-only pass (collective over a pipeline)."""
+    from connectors.megatron.batch import micro_batch
+
+    kept = backend._forward_only(micro_batch(trajectories, [0.0] * len(trajectories), 1.0, backend.device))
+    return None if kept is None else kept["logp"]
 
 
 def _free_port() -> int:

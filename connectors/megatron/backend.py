@@ -128,17 +128,9 @@ class MegatronBackend(PolicyGradientStep):
     def logits(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """The whole ``[B, T, V]`` next-token logits (one pipeline stage only; every tensor-parallel rank)."""
         if self.layout.pp > 1:
-            raise ValueError("megatron connector: logits() needs the whole model on one stage (pipeline_parallel=1); "
-                             "use response_logprobs()")
+            raise ValueError("megatron connector: logits() needs the whole model on one stage (pipeline_parallel=1)")
         positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
         return full_logits(self.model(ids, positions, attention_mask=None), self.vocab)
-
-    def response_logprobs(self, trajectories: Sequence[Trajectory]) -> torch.Tensor | None:
-        """log pi of every response token ``[B, R]`` under the current weights, on the last pipeline
-        stage (None elsewhere). Collective over a pipeline; every replica computes the whole batch."""
-        micro = micro_batch(trajectories, [0.0] * len(trajectories), 1.0, self.device)
-        kept = self._forward_only(micro)
-        return None if kept is None else kept["logp"]
 
     def _forward_only(self, micro: MicroBatch) -> dict[str, Any] | None:
         self.model.eval()
