@@ -427,7 +427,7 @@ def test_a_refused_batch_record_ends_the_dataflow_to_be_restarted():
     for it while the staleness bound holds every task back. Acknowledged ones are forgotten, pending kept."""
     from concurrent.futures import Future
 
-    from astraflow.dataflow.service import BatchNotWritten, _check_batches_written
+    from astraflow.dataflow.service import RecordNotWritten, _check_batches_written
     from astraflow.log.errors import ProduceRefusedError
 
     acked, pending, refused = Future(), Future(), Future()
@@ -437,5 +437,5 @@ def test_a_refused_batch_record_ends_the_dataflow_to_be_restarted():
     assert [b for b, _ in sending] == ["b1"]
     refused.set_exception(ProduceRefusedError("UnknownError from the broker"))
     sending.append(("b2", refused))
-    with pytest.raises(BatchNotWritten, match="batch b2 was not written"):
+    with pytest.raises(RecordNotWritten, match="batch b2 was not written"):
         _check_batches_written(sending)

@@ -33,7 +33,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from astraflow.config import ClusterConfig
@@ -386,43 +386,38 @@ def recovery_positions(df: Dataflow, ends: dict[tuple[str, int], int]) -> dict[t
 
 def _record_positions(df: Dataflow, placing: list[tuple[str, Any]]) -> None:
     """Move the acknowledged task records' positions into the in-flight table (kept in ``placing``:
-    those not acknowledged yet). A record the broker refused ends the process (:class:`TaskNotWritten`):
+    those not acknowledged yet). A record the broker refused ends the process (:class:`RecordNotWritten`):
     kafka-python's producer stays failed after a fatal broker error (seen when Tansu's storage, the
     bucket, restarted under it), so carrying on would leave the task in flight until it expires; the
     supervisor restarts the dataflow, which re-emits what it emitted after its last state save."""
-    waiting = []
-    for prompt_id, fut in placing:
-        if not fut.done():
-            waiting.append((prompt_id, fut))
-        elif fut.exception() is not None:
-            raise TaskNotWritten(f"task {prompt_id} was not written to the log: {fut.exception()}")
-        else:
-            ack = fut.result()
-            df.task_placed(prompt_id, (ack.topic, ack.partition, ack.offset))
-    placing[:] = waiting
-
-
-class TaskNotWritten(RuntimeError):
-    """The broker refused a task record: the dataflow exits to be restarted with a fresh producer."""
+    _settle(placing, "task", lambda prompt_id, ack: df.task_placed(prompt_id, (ack.topic, ack.partition, ack.offset)))
 
 
 def _check_batches_written(sending: list[tuple[str, Any]]) -> None:
-    """Forget the acknowledged batch records; a refused one ends the process (:class:`BatchNotWritten`).
+    """Forget the acknowledged batch records; a refused one ends the process (:class:`RecordNotWritten`).
     Carrying on would leave the trainer waiting for a batch that is not on the log while the staleness
     bound holds every task back (a whole run stalled so when its S3 server, Tansu's storage, was killed
     while a batch was in flight). The restarted dataflow re-reads the trajectories after its last save
     and makes the batch again; the batch records that did land are adopted."""
+    _settle(sending, "batch", lambda batch_id, ack: None)
+
+
+def _settle(pending: list[tuple[str, Any]], kind: str, acked: Callable[[str, Any], None]) -> None:
+    """Hand each acknowledged ``(id, ack future)`` of ``pending`` to ``acked`` and keep the rest; a
+    record the broker refused raises :class:`RecordNotWritten`."""
     waiting = []
-    for batch_id, fut in sending:
+    for key, fut in pending:
         if not fut.done():
-            waiting.append((batch_id, fut))
+            waiting.append((key, fut))
         elif fut.exception() is not None:
-            raise BatchNotWritten(f"batch {batch_id} was not written to the log: {fut.exception()}")
-    sending[:] = waiting
+            raise RecordNotWritten(f"{kind} {key} was not written to the log: {fut.exception()}")
+        else:
+            acked(key, fut.result())
+    pending[:] = waiting
 
 
-class BatchNotWritten(RuntimeError):
-    """The broker refused a batch record: the dataflow exits to be restarted with a fresh producer."""
+class RecordNotWritten(RuntimeError):
+    """The broker refused a task or batch record: the dataflow exits to be restarted with a fresh producer."""
 
 
 def _latest_version(cfg: ClusterConfig, policy: str) -> int | None:
