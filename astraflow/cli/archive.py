@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
-import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -39,11 +37,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def cmd_archive(args: argparse.Namespace) -> int:
     from astraflow.cli.bucket_cluster import command_cluster
     from astraflow.cli.cluster_args import load_cluster
+    from astraflow.cli.components import log_to_stderr
     from astraflow.config import ConfigError
 
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("kafka").setLevel(logging.WARNING)
+    log_to_stderr(args.log_level)
     cfg = load_cluster(args)
     recipe = None
     if args.recipe:

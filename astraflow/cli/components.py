@@ -61,14 +61,18 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default=os.environ.get("ASTRAFLOW_LOG_LEVEL", "INFO"))
 
 
+def log_to_stderr(level: str) -> None:
+    """A component's log: timestamped lines on stderr at ``level``, kafka-python's chatter at WARNING."""
+    logging.basicConfig(level=level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kafka").setLevel(logging.WARNING)
+    logging.getLogger("httpx2").setLevel(logging.WARNING)  # a line per request (vllm-server engine, http env)
+
+
 def _setup(args: argparse.Namespace) -> tuple[Any, Any, threading.Event]:
     """Cluster config (resolved, with the run id), recipe and a stop event wired to SIGTERM/SIGINT."""
     from astraflow.recipe import Recipe
 
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("kafka").setLevel(logging.WARNING)
-    logging.getLogger("httpx2").setLevel(logging.WARNING)  # a line per request (vllm-server engine, http env)
+    log_to_stderr(args.log_level)
     recipe = Recipe.load(args.recipe)
     cfg = load_cluster(args)
     # --run-id, else a run set in the cluster config / $ASTRAFLOW_RUN (the launcher's way), else the recipe's

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
-import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,15 +29,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def cmd_sinks(args: argparse.Namespace) -> int:
     from astraflow.cli.bucket_cluster import command_cluster
     from astraflow.cli.cluster_args import load_cluster
-    from astraflow.cli.components import _stop_on_signals
+    from astraflow.cli.components import _stop_on_signals, log_to_stderr
     from astraflow.config import ConfigError
     from astraflow.prometheus import serve_prometheus
     from astraflow.recipe import Recipe
     from astraflow.report.sinks.consumer import SinkStats, run_sinks
 
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("kafka").setLevel(logging.WARNING)
+    log_to_stderr(args.log_level)
     recipe = Recipe.load(args.recipe)
     if not recipe.report.any:
         raise ConfigError(f"recipe {args.recipe} sets no sink (report: {{tensorboard: {{dir: ...}}}})")
