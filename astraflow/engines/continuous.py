@@ -101,7 +101,6 @@ class RunningCache:
         b = PaddedBatch(prompts, parts.pad_token_id, parts.device)
         out = prefill_distinct(parts.model, b, parts.args)
         cache, logits = cache_of(out), out.logits[:, -1, :]
-        _refuse_other_layers(cache)
         if len(b.first) < b.n:
             cache.reorder_cache(b.copies)
             logits = logits[b.copies]
@@ -155,16 +154,6 @@ def supports(model: Any) -> bool:
     except Exception:  # noqa: BLE001 - a config the cache cannot read: not supported
         return False
     return all(type(layer) is DynamicLayer for layer in layers)
-
-
-def _refuse_other_layers(cache: Any) -> None:
-    """Rows are moved by editing each layer's keys and values: plain dynamic layers only (a sliding
-    window or quantised layer keeps other state)."""
-    from transformers.cache_utils import DynamicLayer
-
-    kinds = {type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer}
-    if kinds:
-        raise NotImplementedError(f"continuous batching needs plain dynamic cache layers, not {sorted(kinds)}")
 
 
 class ContinuousBatcher:

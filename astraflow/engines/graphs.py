@@ -22,7 +22,8 @@ capture requires); the cache's write position, which recording advanced, is put 
 recorded step writes the same keys and values again when replayed. Weights are read by address: an
 in-place patch or ``load_state_dict`` (which copies into the parameters) between two steps is what
 the next replay computes with; a load that replaced a parameter tensor would not be, so
-:meth:`GraphDecoder.check_weights` refuses to replay over moved weights.
+:meth:`GraphDecoder.check_weights` (at each batch's start and after each weight update, never per
+step: it walks every tensor) refuses to replay over moved weights.
 
 How a step is recorded is a :class:`StepRecorder`: :class:`CudaGraphRecorder` on CUDA,
 :class:`EagerRecorder` (replay = run the step eagerly over the same fixed tensors) on a CPU, which
@@ -152,6 +153,7 @@ class GraphDecoder:
         return [key for key, slot in self._slots.items() if slot.replay is not None]
 
     def session(self, prompts: list[list[int]], pad_token_id: int, max_new_tokens: int) -> GraphSession:
+        self.check_weights()
         width = max(len(p) for p in prompts)
         key = self.buckets(len(prompts), width + max_new_tokens)
         slot = self._slots.pop(key, None)
@@ -226,11 +228,8 @@ class GraphSession(DecodeSession):
         slot.positions += 1
         self.t += 1
         if slot.replay is None:
-            self.decoder.record(slot)  # runs this step too
-            slot.replay()  # ... then replays it: the recorded graph writes the same keys and values
-        else:
-            self.decoder.check_weights()
-            slot.replay()
+            self.decoder.record(slot)  # runs this step too; the replay below writes the same keys and values
+        slot.replay()
         return slot.logits[:n].clone()  # a copy: the next replay overwrites the slot's logits
 
 
