@@ -33,8 +33,6 @@ class HeldPosition:
     def __init__(self, cfg: ClusterConfig, group: str) -> None:
         self.cfg, self.group = cfg, group
         self._admin: Any = None
-        self.held: dict[Partition, int] = {}
-        """The positions of the last hold the broker took."""
 
     def hold(self, positions: Mapping[Partition, int]) -> bool:
         """Commit ``positions`` ((topic, partition) -> the next offset the reader will read) as the
@@ -61,7 +59,6 @@ class HeldPosition:
         if refused:
             log.warning("the broker refused %s's log position on %s; the last one held stays", self.group, refused)
             return False
-        self.held.update(positions)
         return True
 
     def close(self) -> None:
