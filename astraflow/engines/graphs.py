@@ -22,8 +22,8 @@ capture requires); the cache's write position, which recording advanced, is put 
 recorded step writes the same keys and values again when replayed. Weights are read by address: an
 in-place patch or ``load_state_dict`` (which copies into the parameters) between two steps is what
 the next replay computes with; a load that replaced a parameter tensor would not be, so
-:meth:`GraphDecoder.check_weights` (at each batch's start and after each weight update, never per
-step: it walks every tensor) refuses to replay over moved weights.
+:meth:`GraphDecoder.check_weights` (at each batch's start, never per step: it walks every tensor; a
+weight update between steps writes in place) refuses to replay over moved weights.
 
 How a step is recorded is a :class:`StepRecorder`: :class:`CudaGraphRecorder` on CUDA,
 :class:`EagerRecorder` (replay = run the step eagerly over the same fixed tensors) on a CPU, which

@@ -101,8 +101,6 @@ class HFEngine(Engine):
                 self.model.load_state_dict(update.state_dict, strict=True)
             else:
                 update.write(self.model.state_dict())
-            if self._graphs is not None:  # the recorded steps read the weights where they were
-                self._graphs.check_weights()
             self._version = update.version
 
     async def agenerate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
