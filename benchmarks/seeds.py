@@ -67,6 +67,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="RL steps per run (default: the recipe's)")
     ap.add_argument("--plot", type=Path, default=None,
                     help="where to write the PNG (default runs/seeds-<recipe>-<time>.png)")
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + N - 1 (default 0)")
+    ap.add_argument("--backend", type=json.loads, default=None,
+                    help='JSON of backend options for every policy, e.g. \'{"lr": 5e-4}\'')
+    ap.add_argument("--objective", type=json.loads, default=None,
+                    help='JSON of every policy\'s backend.objective, e.g. \'{"entropy_coef": 0.01}\'')
+    ap.add_argument("--runs-dir", type=Path, default=None,
+                    help="keep each run's runs/<run> (metrics.jsonl, report.png) here (default: a temporary dir)")
     args = ap.parse_args(argv)
     path = recipe_path(args.recipe).resolve()
 
@@ -82,9 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     rows = []
     with tempfile.TemporaryDirectory(prefix="af-seeds-") as tmp, private_cluster() as cfg:
-        for seed in range(args.seeds):
-            recipe = recipe_variant(path, run=f"seeds-{path.stem.replace('_', '-')}-s{seed}", seed=seed)
-            row = {"seed": seed, **measured_run(recipe, cfg, Path(tmp) / "runs", args.steps, console)}
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
+            recipe = recipe_variant(path, run=f"seeds-{path.stem.replace('_', '-')}-s{seed}", seed=seed,
+                                    objective=args.objective, backend=args.backend)
+            runs_dir = args.runs_dir or Path(tmp) / "runs"
+            row = {"seed": seed, **measured_run(recipe, cfg, runs_dir, args.steps, console)}
             rows.append(row)
             print(f"seed {seed}: " + ", ".join(f"{p} {h['before']} -> {h['after']}" for p, h in row["heldout"].items())
                   + f" ({row['rl_seconds']} s RL)", file=sys.stderr, flush=True)
@@ -100,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     out_png = args.plot or Path("runs") / f"seeds-{path.stem}-{time.strftime('%Y%m%d-%H%M%S')}.png"
     out_png.parent.mkdir(parents=True, exist_ok=True)
     plot(rows, f"{path.name}: {args.seeds} seeds, {rows[0]['steps']} steps", out_png)
-    result = {"benchmark": "seeds", "recipe": str(path), "seeds": args.seeds, "steps": args.steps,
+    result = {"benchmark": "seeds", "recipe": str(path), "seeds": args.seeds, "first_seed": args.first_seed,
+              "steps": args.steps, "backend": args.backend, "objective": args.objective,
               "per_seed": [{k: r[k] for k in ("seed", "ok", "steps", "heldout", "reward_first", "reward_last",
                                               "rl_seconds")} for r in rows],
               "summary": summary, "plot": str(out_png), "wall_s": round(time.monotonic() - t0, 1)}

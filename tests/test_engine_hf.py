@@ -70,13 +70,15 @@ def test_sampling_draws_each_row_from_its_distribution_and_never_a_zero_mass_tok
     from astraflow.engines.hf import sample_rows
 
     rows = torch.tensor([[0.1, 0.0, 0.6, 0.3], [0.0, 0.2, 0.0, 0.2]])  # the second: a nucleus, unnormalised
-    draws = sample_rows(rows.repeat(100_000, 1), torch.Generator().manual_seed(0)).view(100_000, 2)
+    keys = torch.randint(0, 1 << 62, (200_000,), generator=torch.Generator().manual_seed(0))
+    steps = torch.randint(0, 4096, (200_000,), generator=torch.Generator().manual_seed(1))
+    draws = sample_rows(rows.repeat(100_000, 1), keys, steps).view(100_000, 2)
     for r in range(2):
         freq = torch.bincount(draws[:, r], minlength=4).double() / 100_000
         assert torch.allclose(freq, (rows[r] / rows[r].sum()).double(), atol=0.006), freq
     assert not (draws[:, 0] == 1).any() and not (draws[:, 1] % 2 == 0).any()
-    again = sample_rows(rows.repeat(100_000, 1), torch.Generator().manual_seed(0)).view(100_000, 2)
-    assert torch.equal(draws, again)  # seeded: the same draws
+    again = sample_rows(rows.repeat(100_000, 1), keys, steps).view(100_000, 2)
+    assert torch.equal(draws, again)  # the same keys and token indices: the same draws
 
 
 def test_greedy_is_argmax_and_stops_at_eos(tiny_model, tiny_tokenizer, prompts):

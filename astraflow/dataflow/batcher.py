@@ -33,6 +33,9 @@ class BatchAssembler:
         while (limit is None or len(out) < limit) and (groups := self.sampler.sample(self.groups_per_batch)) is not None:
             batch_id = f"{self.policy}-{self.seq:08d}"
             self.seq += 1
+            # In group-id order, not arrival order: what a batch holds and in which order (its
+            # minibatches) then does not depend on which node answered first (a sync run's wave).
+            groups = sorted(groups, key=lambda g: g.group_id)
             trajs = [t for g in groups for t in g.trajectories]
             for g in groups:
                 if g.served:

@@ -28,6 +28,12 @@ class SamplingParams:
     """Nucleus sampling mass; 1.0 samples from the full tempered distribution."""
     stop_token_ids: tuple[int, ...] | None = None
     """Tokens that end a continuation (kept in the output); None means the tokenizer's EOS."""
+    seed: int | None = field(default=None, compare=False)
+    """Seeds this request's draws (:mod:`astraflow.engines.seeding`): its tokens then depend on the
+    seed and the weights only, not on the requests decoded beside it. None: the engine's generator.
+    Not compared, so requests that differ only in their seeds still share a batch."""
+    row_seeds: tuple[int | None, ...] | None = field(default=None, compare=False)
+    """One key per prompt instead of ``seed`` (set by a batcher that merges seeded requests)."""
 
 
 @dataclass

@@ -11,8 +11,10 @@ generations of its own prompts; a failed batch fails every request in it.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
+
+from astraflow.engines.seeding import row_keys
 
 if TYPE_CHECKING:
     from astraflow.engines.base import Engine, Generation, SamplingParams
@@ -85,6 +87,9 @@ class RequestBatcher:
 
     async def _run(self, params: SamplingParams, chunk: list[_Request]) -> None:
         merged = [p for r in chunk for p in r.prompts]
+        # Each request keeps its own seed's draws in the merged batch.
+        params = replace(params, seed=None,
+                         row_seeds=tuple(k for r in chunk for k in row_keys(r.params, len(r.prompts))))
         try:
             gens = await asyncio.to_thread(self.engine.generate, merged, params)
         except Exception as exc:  # noqa: BLE001 - delivered to every waiting episode

@@ -60,6 +60,8 @@ class _Request:
 @dataclass(eq=False)
 class _Row:
     request: _Request
+    key: int
+    """Seeds this row's draws (:mod:`astraflow.engines.seeding`)."""
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
@@ -83,8 +85,10 @@ class DecoderParts:
     gate: SwapGate
     version: Callable[[], int]
     """The version of the weights loaded now (read inside the gate)."""
-    sample: Callable[[Any, float], Any]
-    """One token per row from log-probs and a top-p: the engine's sampler and RNG."""
+    sample: Callable[[Any, float, Any, Any], Any]
+    """One token per row from log-probs, a top-p, the rows' keys and token indices: the engine's sampler."""
+    keys: Callable[[SamplingParams, int], list[int]]
+    """A request's row keys (its seed's, else drawn from the engine's generator)."""
 
 
 class RunningCache:
@@ -253,7 +257,7 @@ class ContinuousBatcher:
                     self._cache.extend(joined)
                 logits.append(new_logits)
                 for r in joining:
-                    r.rows = [_Row(r) for _ in r.prompts]
+                    r.rows = [_Row(r, k) for k in self.parts.keys(r.params, len(r.prompts))]
                     self._rows.extend(r.rows)
             version = parts.version()
         logits = torch.cat(logits) if len(logits) > 1 else logits[0]
@@ -277,15 +281,16 @@ class ContinuousBatcher:
         for i, row in enumerate(self._rows):
             groups.setdefault(row.request.params, []).append(i)
         if len(groups) == 1:
-            return self._sample_group(logits, next(iter(groups)))
+            return self._sample_group(logits, next(iter(groups)), self._rows)
         nxt = torch.empty(len(self._rows), dtype=torch.long, device=logits.device)
         chosen = torch.empty(len(self._rows), dtype=logits.dtype, device=logits.device)
         for params, idx in groups.items():
             rows = torch.tensor(idx, device=logits.device)
-            nxt[rows], chosen[rows] = self._sample_group(logits[rows], params)
+            nxt[rows], chosen[rows] = self._sample_group(logits[rows], params, [self._rows[i] for i in idx])
         return nxt, chosen
 
-    def _sample_group(self, logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    def _sample_group(self, logits: torch.Tensor, params: SamplingParams,
+                      rows: list[_Row]) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
 
         if params.temperature <= 0:
@@ -293,7 +298,9 @@ class ContinuousBatcher:
             nxt = logp.argmax(dim=-1)
         else:
             logp = torch.log_softmax(logits / params.temperature, dim=-1)
-            nxt = self.parts.sample(logp, params.top_p)
+            keys = torch.tensor([r.key for r in rows], device=logits.device)
+            steps = torch.tensor([len(r.tokens) for r in rows], device=logits.device)
+            nxt = self.parts.sample(logp, params.top_p, keys, steps)
         return nxt, logp.gather(-1, nxt[:, None]).squeeze(-1)
 
     def _retire(self) -> None:

@@ -26,6 +26,7 @@ from astraflow.engines.continuous import ContinuousBatcher, DecoderParts
 from astraflow.engines.continuous import supports as continuous_supported
 from astraflow.engines.decoding import DecodeSession, EagerSession, ForwardArgs, StaticDecoder
 from astraflow.engines.graphs import GraphDecoder
+from astraflow.engines.seeding import counter_uniforms, fill_keys, row_keys
 from astraflow.engines.swap_gate import SwapGate
 from astraflow.engines.weight_update import FullState, InPlacePatch, UpdateRefusedError, WeightUpdate
 
@@ -73,7 +74,7 @@ class HFEngine(Engine):
         self._batcher = (RequestBatcher(self, max_batch_size) if self.batching == "request" else
                          ContinuousBatcher(DecoderParts(self.model, self._forward_args, self.device, self.pad_token_id,
                                                         self.eos_token_id, self._gate, lambda: self._version,
-                                                        self._sample), max_batch_size))
+                                                        self._sample, self._row_keys), max_batch_size))
         """Merges the ``agenerate`` calls of concurrent episodes into batched decoding."""
         self._static = (StaticDecoder(self.model, self.device, self._forward_args, compile_backend=compile_backend,
                                       compile_mode=compile_mode) if self.decode == "static" else None)
@@ -127,8 +128,9 @@ class HFEngine(Engine):
         versions: list[list[int]] = [[] for _ in range(n)]
         done = [False] * n
         nxt = None
+        keys = torch.tensor(self._row_keys(params, n), device=self.device)
         with torch.no_grad():
-            for _ in range(params.max_new_tokens):
+            for t in range(params.max_new_tokens):
                 with self._gate.step():  # a weight swap happens between steps, never inside a forward
                     if nxt is None:
                         logits = session.prefill()
@@ -141,7 +143,7 @@ class HFEngine(Engine):
                     nxt = logp.argmax(dim=-1)
                 else:
                     logp = torch.log_softmax(logits / params.temperature, dim=-1)
-                    nxt = self._sample(logp, params.top_p)
+                    nxt = self._sample(logp, params.top_p, keys, torch.full_like(keys, t))
                 chosen = logp.gather(-1, nxt[:, None]).squeeze(-1).tolist()
                 nxt_list = nxt.tolist()
                 for i in range(n):
@@ -166,8 +168,13 @@ class HFEngine(Engine):
             return self._static.session(prompts, self.pad_token_id, max_new_tokens)
         return EagerSession(self.model, prompts, self.pad_token_id, self.device, self._forward_args)
 
-    def _sample(self, logp, top_p: float):
-        """One token per row, drawn from ``exp(logp)`` (renormalised over the nucleus when ``top_p < 1``)."""
+    def _row_keys(self, params: SamplingParams, rows: int) -> list[int]:
+        return fill_keys(row_keys(params, rows), self._rng)
+
+    def _sample(self, logp, top_p: float, keys, steps):
+        """One token per row, drawn from ``exp(logp)`` (renormalised over the nucleus when ``top_p < 1``)
+        with the uniforms of the rows' ``keys`` at their token indices ``steps``
+        (:func:`~astraflow.engines.seeding.counter_uniforms`)."""
         import torch
 
         probs = logp.exp()
@@ -176,17 +183,18 @@ class HFEngine(Engine):
             keep = sorted_p.cumsum(-1) - sorted_p < top_p  # always keeps the most likely token
             sorted_p = sorted_p * keep
             probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-        return sample_rows(probs, self._rng)
+        return sample_rows(probs, keys, steps)
 
 
-def sample_rows(probs: Any, generator: Any) -> Any:
-    """Inverse-CDF sampling: row i gives the first index whose cumulative mass exceeds a uniform draw
-    scaled to the row's total, so zero-mass entries are never drawn and rows need not sum to 1. One
-    uniform per row, where ``torch.multinomial`` draws an exponential per vocabulary entry: 128 rows
-    of a 49K vocabulary take 7 ms against 136 ms on one core (537 entries: 0.08 against 1.3 ms).
-    (CPU ``cumsum`` accumulates float32 in double, so each prefix is the rounded exact sum.)"""
+def sample_rows(probs: Any, keys: Any, steps: Any) -> Any:
+    """Inverse-CDF sampling: row i gives the first index whose cumulative mass exceeds its uniform
+    (a hash of ``keys[i]`` and ``steps[i]``) scaled to the row's total, so zero-mass entries are never
+    drawn and rows need not sum to 1. One uniform per row, where ``torch.multinomial`` draws an
+    exponential per vocabulary entry: 128 rows of a 49K vocabulary take 7 ms against 136 ms on one
+    core (537 entries: 0.08 against 1.3 ms). (CPU ``cumsum`` accumulates float32 in double, so each
+    prefix is the rounded exact sum.)"""
     import torch
 
     cdf = probs.cumsum(-1)
-    u = torch.rand((probs.shape[0], 1), generator=generator, dtype=cdf.dtype, device=cdf.device) * cdf[:, -1:]
+    u = counter_uniforms(keys, steps, cdf.dtype)[:, None] * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)

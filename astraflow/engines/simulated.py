@@ -25,11 +25,14 @@ from typing import Any
 
 from astraflow.engines.base import Engine, Generation, SamplingParams
 from astraflow.engines.config import SimulatedEngineConfig
+from astraflow.engines.seeding import row_keys
 from astraflow.engines.weight_update import FullState, InPlacePatch, UpdateRefusedError, WeightUpdate
 
 
 @dataclass
 class _Sequence:
+    rng: random.Random
+    """This sequence's draws: its request's seed (:mod:`astraflow.engines.seeding`), else the engine's."""
     target: int
     capped: bool = False
     """True when ``max_new_tokens`` cut the drawn length (no EOS then)."""
@@ -111,8 +114,8 @@ class SimulatedEngine(Engine):
                 s.credit -= k
                 for _ in range(k):
                     last = len(s.tokens) == s.target - 1 and not s.capped
-                    s.tokens.append(cfg.eos_token_id if last else self._rng.randrange(3, cfg.vocab_size))
-                    s.logprobs.append(math.log(self._rng.uniform(0.05, 1.0)))
+                    s.tokens.append(cfg.eos_token_id if last else s.rng.randrange(3, cfg.vocab_size))
+                    s.logprobs.append(math.log(s.rng.uniform(0.05, 1.0)))
                     s.versions.append(version)
                 self.stats["tokens"] += k
                 if len(s.tokens) >= s.target:
@@ -125,9 +128,10 @@ class SimulatedEngine(Engine):
 
     def _new_sequences(self, n: int, params: SamplingParams) -> list[_Sequence]:
         out = []
-        for _ in range(n):
-            length = self.config.draw_length(self._rng)
-            out.append(_Sequence(target=min(length, params.max_new_tokens), capped=length >= params.max_new_tokens))
+        for key in row_keys(params, n):
+            rng = random.Random(self._rng.getrandbits(63) if key is None else key)
+            length = self.config.draw_length(rng)
+            out.append(_Sequence(rng, target=min(length, params.max_new_tokens), capped=length >= params.max_new_tokens))
         return out
 
     @staticmethod

@@ -38,11 +38,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from astraflow.engines.seeding import mix
 from astraflow.log import ConsumerGroups, LogConsumer, LogProducer, Topics
 from astraflow.log.errors import ProduceRefusedError
 from astraflow.raas.inflight import InFlightTasks
 from astraflow.raas.metrics import NodeCounters
 from astraflow.records.control import NodeStatus, send_control
+from astraflow.workflows.seeding import seeded_episode
 
 if TYPE_CHECKING:
     from astraflow.config import ClusterConfig
@@ -76,7 +78,7 @@ class NodeParts:
 class RaasNode:
     def __init__(self, cfg: ClusterConfig, pool: PoolSpec, node_id: str, parts: NodeParts,
                  stop_event: threading.Event, *, metrics_every_s: float = 5.0,
-                 weights_timeout_s: float = 600.0, drain_timeout_s: float = 30.0) -> None:
+                 weights_timeout_s: float = 600.0, drain_timeout_s: float = 30.0, sampling_seed: int = 0) -> None:
         self.cfg = cfg
         self.pool = pool
         self.node_id = node_id
@@ -87,6 +89,8 @@ class RaasNode:
         self.metrics_every_s = metrics_every_s
         self.weights_timeout_s = weights_timeout_s
         self.drain_timeout_s = drain_timeout_s
+        self.sampling_seed = sampling_seed
+        """Each episode's sampling is seeded from this and its task id (:mod:`astraflow.workflows.seeding`)."""
         self.topics = Topics(cfg.run)
         self.counters = NodeCounters(node_id, pool.name)
         self.inflight: InFlightTasks[Any] = InFlightTasks()
@@ -113,7 +117,7 @@ class RaasNode:
         parts = NodeParts(workflow=build_recipe_workflow(recipe), policies=policies,
                           follower=WeightFollower(cfg, {n: c.engine for n, c in policies.items()}, node_id),
                           producer=producer, outbox=TrajectoryOutbox(producer, topics.trajectories))
-        return cls(cfg, spec, node_id, parts, stop_event, **options)
+        return cls(cfg, spec, node_id, parts, stop_event, sampling_seed=mix(recipe.seed, spec.engine.seed), **options)
 
     def run(self) -> NodeCounters:
         """Serve until ``stop_event`` is set; returns the final counters."""
@@ -228,7 +232,8 @@ class RaasNode:
         t0 = time.perf_counter()
         try:
             await self._await_weights(task)
-            trajs = await self.workflow.run_episode(task, self.policies)
+            with seeded_episode(self.sampling_seed, task.prompt_id):
+                trajs = await self.workflow.run_episode(task, self.policies)
             if trajs:
                 for tr in trajs:
                     tr.node_id = self.node_id

@@ -30,8 +30,9 @@ def build_policy_clients(recipe: Recipe, pool: PoolSpec, node_id: str,
                          policies: list[str] | None = None) -> dict[str, PolicyClient]:
     """One client per policy the workflow calls (all of the recipe's by default): the policy's
     checkpoint served by the pool's engine, its own tokenizer, its sampling settings. Weights are
-    replaced later from the weight plane. Each node samples with its own seed, so a task re-run
-    elsewhere draws new samples."""
+    replaced later from the weight plane. Episodes seed their own requests (the recipe's seed and
+    the task: :mod:`astraflow.workflows.seeding`), so a task samples the same tokens on any node; the
+    node's own seed draws only for unseeded requests (a workflow's calls outside an episode)."""
     from astraflow.engines import build_engine
     from astraflow.models import load_policy_model, load_policy_tokenizer
     from astraflow.workflows.policy import policy_client

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from astraflow.engines.base import Engine, Generation, SamplingParams
+from astraflow.workflows.seeding import next_call_seed
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -48,9 +49,10 @@ class SamplingConfig(BaseModel):
     of the trainer age a group further); pair it with ``dataflow.stale_tokens: mask``, which keeps the
     fresh tail of the long sample. None (default): never."""
 
-    def params(self, stop_token_ids: tuple[int, ...] | None = None, max_new_tokens: int | None = None) -> SamplingParams:
-        return SamplingParams(max_new_tokens=max_new_tokens or self.max_new_tokens,
-                              temperature=self.temperature, top_p=self.top_p, stop_token_ids=stop_token_ids)
+    def params(self, stop_token_ids: tuple[int, ...] | None = None, max_new_tokens: int | None = None,
+               seed: int | None = None) -> SamplingParams:
+        return SamplingParams(max_new_tokens=max_new_tokens or self.max_new_tokens, temperature=self.temperature,
+                              top_p=self.top_p, stop_token_ids=stop_token_ids, seed=seed)
 
 
 def render_messages(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> list[int]:
@@ -181,7 +183,7 @@ class PolicyClient:
     # -- generation --------------------------------------------------------------------------------
     async def generate(self, prompts: list[list[int]], max_new_tokens: int | None = None) -> list[Generation]:
         """Continuations of ``prompts`` with the policy's sampling, stopping at end of turn."""
-        params = self.sampling.params(self.stop_token_ids or None, max_new_tokens)
+        params = self.sampling.params(self.stop_token_ids or None, max_new_tokens, next_call_seed())
         gens = await self.engine.agenerate(prompts, params)
         lag = self.sampling.regenerate_stale_after
         if lag is None:
@@ -190,7 +192,7 @@ class PolicyClient:
         stale = [i for i, g in enumerate(gens) if g.versions and max(g.versions) < floor]
         if not stale:
             return gens
-        again = await self.engine.agenerate([prompts[i] for i in stale], params)
+        again = await self.engine.agenerate([prompts[i] for i in stale], replace(params, seed=next_call_seed()))
         for i, g in zip(stale, again, strict=True):
             self.counters["regenerated"] += 1
             self.counters["regenerated_tokens"] += len(gens[i].token_ids)

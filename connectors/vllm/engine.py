@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from astraflow.engines.base import Engine, Generation, SamplingParams
+from astraflow.engines.seeding import row_keys
 from astraflow.engines.swap_gate import SwapGate
 from astraflow.engines.weight_update import FullState, InPlacePatch, UpdateRefusedError, WeightUpdate
 from connectors.vllm.live_weights import NotPatchableError, match_published, worker_live_views
@@ -244,15 +245,15 @@ class VLLMEngine(Engine):
 
         check_request(prompts, params, "vllm")
         stops = stop_ids(params, self.eos_token_id)
-        sp = VLLMSamplingParams(
-            n=1, max_tokens=params.max_new_tokens, temperature=max(params.temperature, 0.0), top_p=1.0,
-            stop_token_ids=stops, ignore_eos=True, logprobs=0,
-            detokenize=False, skip_special_tokens=False, output_kind=RequestOutputKind.DELTA,
-        )
         ids: list[str] = []
         with self._gate.step():
             try:
-                for p in prompts:
+                for p, key in zip(prompts, row_keys(params, len(prompts)), strict=True):
+                    sp = VLLMSamplingParams(  # vLLM seeds each request of its own (``key``, None: unseeded)
+                        n=1, max_tokens=params.max_new_tokens, temperature=max(params.temperature, 0.0), top_p=1.0,
+                        stop_token_ids=stops, ignore_eos=True, logprobs=0, seed=key,
+                        detokenize=False, skip_special_tokens=False, output_kind=RequestOutputKind.DELTA,
+                    )
                     rid = f"af-{next(self._ids)}"
                     self._requests[rid] = _Request(stops=set(stops))
                     ids.append(rid)

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
 from astraflow.engines.base import Engine, Generation, SamplingParams
+from astraflow.engines.seeding import row_keys
 from astraflow.engines.weight_update import FullState, PublishedVersion, UpdateRefusedError, WeightUpdate
 from connectors.vllm.compat import ServerCapabilities, logprob_token_id, server_capabilities
 from connectors.vllm.sampling import check_request, stop_ids
@@ -219,7 +220,9 @@ class VLLMServerEngine(Engine):
             "skip_special_tokens": False,
         }
         version = self._version  # the oldest version that can produce these tokens
-        tasks = [asyncio.ensure_future(self._one(client, p, sampling, set(stops), version)) for p in prompts]
+        tasks = [asyncio.ensure_future(self._one(client, p, sampling if key is None else {**sampling, "seed": key},
+                                                 set(stops), version))
+                 for p, key in zip(prompts, row_keys(params, len(prompts)), strict=True)]
         try:
             return list(await asyncio.gather(*tasks))
         except BaseException:  # one failed or the call was cancelled: the others' requests go too
