@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from e2e_helpers import LauncherProcess, launcher_env, leftover_processes, tiny_recipe
 from process_helpers import children, pid_alive
-from tensorboard_events import read_scalars
+from sink_readers import read_scalars
 from waiting import wait_until
 
 from astraflow.launcher.cluster import write_cluster_file

@@ -7,18 +7,17 @@ from pathlib import Path
 
 import pytest
 from control_records_factory import node_status, trainer_step
-from tensorboard_events import read_scalars
+from sink_readers import read_scalars, read_wandb_scalars
 
 from astraflow.log import LogProducer, Topics, ensure_topics
 from astraflow.records.control import send_control
-from astraflow.report.sinks import MLflowSinkConfig, ReportConfig, TensorBoardSinkConfig
+from astraflow.report.sinks import MLflowSinkConfig, ReportConfig, TensorBoardSinkConfig, WandbSinkConfig
 from astraflow.report.sinks.consumer import run_sinks
 
 pytestmark = pytest.mark.integration
 
 
-def test_tensorboard_and_mlflow_get_reward_truncated_fraction_and_tokens_per_s_per_step(test_cluster,
-                                                                                      tmp_path: Path) -> None:
+def test_every_sink_gets_reward_truncated_fraction_and_tokens_per_s_per_step(test_cluster, tmp_path: Path) -> None:
     metrics = Topics(test_cluster.run).metrics
     ensure_topics(test_cluster, {metrics: 1})  # as a run creates it: one partition, records in order
     with LogProducer(test_cluster, "test-sinks") as producer:
@@ -32,7 +31,8 @@ def test_tensorboard_and_mlflow_get_reward_truncated_fraction_and_tokens_per_s_p
         producer.flush()
 
     report = ReportConfig(tensorboard=TensorBoardSinkConfig(dir=tmp_path / "tb"),
-                          mlflow=MLflowSinkConfig(tracking_uri=f"file:{tmp_path / 'mlruns'}", experiment="tests"))
+                          mlflow=MLflowSinkConfig(tracking_uri=f"file:{tmp_path / 'mlruns'}", experiment="tests"),
+                          wandb=WandbSinkConfig(project="tests", dir=tmp_path / "wb"))
     stats = run_sinks(test_cluster, report, threading.Event(), idle_exit_s=2.0)
     assert stats.records == 7
 
@@ -62,3 +62,10 @@ def test_tensorboard_and_mlflow_get_reward_truncated_fraction_and_tokens_per_s_p
 
     for tag in ("policy/reward_mean", "policy/truncated_frac", "pool/default/tokens_per_s"):
         assert history(tag) == (series(tag)[0], pytest.approx(series(tag)[1])), tag
+
+    # W&B's offline run files, read back as the Record protos `wandb sync` uploads: the same figures
+    # against the trainer step, and the run named after ours
+    logged = read_wandb_scalars(tmp_path / "wb" / "wandb", step_key="trainer/step")
+    for tag in ("policy/reward_mean", "policy/truncated_frac", "pool/default/tokens_per_s"):
+        steps, values = zip(*sorted(logged[tag]))
+        assert (list(steps), list(values)) == (series(tag)[0], pytest.approx(series(tag)[1])), tag
