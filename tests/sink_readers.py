@@ -74,3 +74,15 @@ def read_wandb_scalars(wandb_dir: Path, step_key: str) -> dict[str, list[tuple[i
                 if not key.startswith("_") and key != step_key:
                     out[key].append((int(row[step_key]), float(value)))
     return dict(out)
+
+
+def read_mlflow_scalars(tracking_uri: str, experiment: str, run_name: str,
+                        tags: tuple[str, ...]) -> dict[str, list[tuple[int, float]]]:
+    """The metric history of each of ``tags`` in the MLflow run ``run_name``, through MLflow's own client:
+    tag -> [(step, value)] by step."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id],
+                                filter_string=f"tags.`mlflow.runName` = '{run_name}'")
+    return {tag: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, tag)) for tag in tags}

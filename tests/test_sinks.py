@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 from pathlib import Path
 
 import pytest
 from control_records_factory import node_status, trainer_step
-from sink_readers import read_scalars, read_wandb_scalars
+from sink_readers import read_mlflow_scalars, read_scalars, read_wandb_scalars
 
 from astraflow.log import LogProducer, Topics, ensure_topics
 from astraflow.records.control import send_control
@@ -15,6 +16,8 @@ from astraflow.report.sinks import MLflowSinkConfig, ReportConfig, TensorBoardSi
 from astraflow.report.sinks.consumer import run_sinks
 
 pytestmark = pytest.mark.integration
+
+TAGS = ("policy/reward_mean", "policy/truncated_frac", "pool/default/tokens_per_s")
 
 
 def test_every_sink_gets_reward_truncated_fraction_and_tokens_per_s_per_step(test_cluster, tmp_path: Path) -> None:
@@ -49,23 +52,10 @@ def test_every_sink_gets_reward_truncated_fraction_and_tokens_per_s_per_step(tes
     # each node's latest rate summed over the pool, at the latest trainer step
     assert series("pool/default/tokens_per_s") == ([1, 2, 3], pytest.approx([100.0, 300.0, 500.0]))
 
-    # MLflow's local file store, read back through its own client: the same figures
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=f"file:{tmp_path / 'mlruns'}")
-    (run,) = client.search_runs([client.get_experiment_by_name("tests").experiment_id])
-    assert run.info.run_name == test_cluster.run
-
-    def history(tag: str) -> tuple[list[int], list[float]]:
-        points = sorted(client.get_metric_history(run.info.run_id, tag), key=lambda m: m.step)
-        return [m.step for m in points], [m.value for m in points]
-
-    for tag in ("policy/reward_mean", "policy/truncated_frac", "pool/default/tokens_per_s"):
-        assert history(tag) == (series(tag)[0], pytest.approx(series(tag)[1])), tag
-
-    # W&B's offline run files, read back as the Record protos `wandb sync` uploads: the same figures
-    # against the trainer step, and the run named after ours
-    logged = read_wandb_scalars(tmp_path / "wb" / "wandb", step_key="trainer/step")
-    for tag in ("policy/reward_mean", "policy/truncated_frac", "pool/default/tokens_per_s"):
-        steps, values = zip(*sorted(logged[tag]))
-        assert (list(steps), list(values)) == (series(tag)[0], pytest.approx(series(tag)[1])), tag
+    # MLflow's local file store and W&B's offline run files (the Record protos `wandb sync` uploads),
+    # each read back through the library's own types: the same figures against the trainer step
+    logged = {"mlflow": read_mlflow_scalars(f"file:{tmp_path / 'mlruns'}", "tests", test_cluster.run, TAGS),
+              "wandb": read_wandb_scalars(tmp_path / "wb" / "wandb", step_key="trainer/step")}
+    for sink, tag in itertools.product(logged, TAGS):
+        steps, values = zip(*sorted(logged[sink][tag]))
+        assert (list(steps), list(values)) == (series(tag)[0], pytest.approx(series(tag)[1])), (sink, tag)
