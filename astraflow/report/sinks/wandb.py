@@ -15,6 +15,9 @@ from astraflow.report.sinks.config import WandbSinkConfig
 
 STEP_KEY = "trainer/step"
 """The x axis of every chart: the trainer step a scalar belongs to."""
+RESERVED_IN_ID = re.compile(r"[:;,#?/'\\%\s]")
+"""Characters W&B refuses in a run id (``wandb.Settings.validate_run_id``), and a backslash, percent and
+whitespace, which its URLs would need escaped."""
 QUIET_ENV = {"WANDB_SILENT": "true", "WANDB_ERROR_REPORTING": "false", "WANDB_DISABLE_GIT": "true",
              "WANDB_DISABLE_CODE": "true"}
 """No banner on stdout, no crash reports sent, no git or code capture: the sink only writes scalars."""
@@ -37,7 +40,7 @@ class WandbSink:
         settings = wandb.Settings(mode=config.mode, silent=True, console="off", x_disable_stats=True,
                                   x_disable_meta=True, x_disable_machine_info=True, disable_git=True,
                                   save_code=False, x_save_requirements=False)
-        self.run = wandb.init(project=config.project, name=run, id=re.sub(r"[/\\#?%:\s]", "-", run),
+        self.run = wandb.init(project=config.project, name=run, id=RESERVED_IN_ID.sub("-", run),
                               resume="allow", dir=str(config.dir), settings=settings, reinit="create_new")
         self.run.define_metric(STEP_KEY)
         self.run.define_metric("*", step_metric=STEP_KEY)
