@@ -59,3 +59,17 @@ def test_every_sink_gets_reward_truncated_fraction_and_tokens_per_s_per_step(tes
     for sink, tag in itertools.product(logged, TAGS):
         steps, values = zip(*sorted(logged[sink][tag]))
         assert (list(steps), list(values)) == (series(tag)[0], pytest.approx(series(tag)[1])), (sink, tag)
+
+
+def test_wandb_online_without_an_api_key_is_one_config_error(monkeypatch, tmp_path: Path) -> None:
+    """No key anywhere (variable, netrc, W&B's settings): the library's refusal becomes a ConfigError,
+    which the CLI prints as one line; nothing is asked on the terminal and nothing reaches the network."""
+    from astraflow.config import ConfigError
+    from astraflow.report.sinks.wandb import WandbSink
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    for name, value in {"HOME": tmp_path, "NETRC": tmp_path / "netrc", "WANDB_CONFIG_DIR": tmp_path / "config",
+                        "WANDB_MODE": "offline"}.items():
+        monkeypatch.setenv(name, str(value))  # restored after: the sink sets WANDB_MODE for the library
+    with pytest.raises(ConfigError, match=r"report\.wandb \(online\): .*API key"):
+        WandbSink(WandbSinkConfig(project="tests", mode="online", dir=tmp_path / "wb"), "online-run")

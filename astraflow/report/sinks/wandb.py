@@ -27,8 +27,7 @@ class WandbSink:
     def __init__(self, config: WandbSinkConfig, run: str) -> None:
         for name, value in QUIET_ENV.items():
             os.environ.setdefault(name, value)
-        if config.mode == "offline":
-            os.environ["WANDB_MODE"] = "offline"
+        os.environ["WANDB_MODE"] = config.mode  # the library reads it too; an earlier sink's must not linger
         try:
             import wandb
         except ImportError:
@@ -40,8 +39,12 @@ class WandbSink:
         settings = wandb.Settings(mode=config.mode, silent=True, console="off", x_disable_stats=True,
                                   x_disable_meta=True, x_disable_machine_info=True, disable_git=True,
                                   save_code=False, x_save_requirements=False)
-        self.run = wandb.init(project=config.project, name=run, id=RESERVED_IN_ID.sub("-", run),
-                              resume="allow", dir=str(config.dir), settings=settings, reinit="create_new")
+        try:
+            self.run = wandb.init(project=config.project, name=run, id=RESERVED_IN_ID.sub("-", run),
+                                  resume="allow", dir=str(config.dir), settings=settings, reinit="create_new")
+        except wandb.errors.Error as exc:  # e.g. online without an API key: one line, not a traceback
+            wandb.teardown()
+            raise ConfigError(f"report.wandb ({config.mode}): {exc}") from None
         self.run.define_metric(STEP_KEY)
         self.run.define_metric("*", step_metric=STEP_KEY)
         self.row: dict[str, float] = {}
