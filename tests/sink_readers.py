@@ -5,6 +5,7 @@ framing of wandb's ``Record`` protos, the format ``wandb sync`` uploads)."""
 from __future__ import annotations
 
 import json
+import os
 import struct
 import zlib
 from collections import defaultdict
@@ -82,6 +83,8 @@ def read_mlflow_scalars(tracking_uri: str, experiment: str, run_name: str,
     tag -> [(step, value)] by step."""
     from mlflow.tracking import MlflowClient
 
+    if tracking_uri.startswith("file:"):
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # as the sink does: MLflow 3 refuses it otherwise
     client = MlflowClient(tracking_uri=tracking_uri)
     (run,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id],
                                 filter_string=f"tags.`mlflow.runName` = '{run_name}'")
