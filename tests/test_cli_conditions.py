@@ -135,7 +135,7 @@ def test_a_stopped_stack_with_data_is_started_for_the_command_and_stopped(tmp_pa
 def test_transfer_progress_draws_on_a_terminal_only() -> None:
     from rich.console import Console
 
-    from astraflow.cli.transfer_progress import transfer_progress
+    from astraflow.objstore.progress import transfer_progress
 
     class Store:
         on_read = None

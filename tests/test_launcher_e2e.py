@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from e2e_helpers import LauncherProcess, launcher_env, leftover_processes, tiny_recipe
 from process_helpers import children, pid_alive
-from tensorboard_events import read_scalars
+from sink_readers import read_mlflow_scalars, read_scalars, read_wandb_scalars
 from waiting import wait_until
 
 from astraflow.launcher.cluster import write_cluster_file
@@ -163,11 +163,15 @@ def test_ctrl_c_exits_within_10_s_and_the_run_resumes(tmp_path: Path) -> None:
     """SIGINT (what Ctrl+C sends) mid-run on an embedded stack the run started: exit status 130 within
     ``INTERRUPT_EXIT_S``, nothing left running; then ``--run-id`` of the same run resumes from its
     checkpoint and finishes. The first run also serves Prometheus from every component (scraped before
-    the signal), its step records carry the figures peers log, and its TensorBoard sink has them."""
+    the signal), its step records carry the figures peers log, and its TensorBoard, MLflow and W&B sinks
+    have them."""
     state_dir = tmp_path / "state"
     env = _embedded_env(state_dir)
+    sinks = {"tensorboard": {"dir": str(tmp_path / "tb")},
+             "mlflow": {"tracking_uri": f"file:{tmp_path / 'mlruns'}", "experiment": "e2e"},
+             "wandb": {"project": "e2e", "mode": "offline", "dir": str(tmp_path / "wb")}}
     first = LauncherProcess(tmp_path, "ctrl-c", env, 200, extra_args=("--prometheus",),
-                            recipe_extra={"report": {"tensorboard": {"dir": str(tmp_path / "tb")}}})
+                            recipe_extra={"report": sinks})
     first.wait_for_step(2, timeout_s=90)
     _scrape_every_component(first.run_dir)
     pids = set(children(first.proc.pid))
@@ -181,11 +185,14 @@ def test_ctrl_c_exits_within_10_s_and_the_run_resumes(tmp_path: Path) -> None:
     assert [p for p in pids if pid_alive(p)] == [] and _stack_pids(state_dir) == []
     trained = max(r["step"] for r in first.records() if r.get("component") == "trainer" and "step" in r)
     _assert_step_figures(first.records(), max_new_tokens=3)  # the tiny math recipe's cap
-    scalars = read_scalars(tmp_path / "tb" / "ctrl-c")
     steps = {r["step"]: r for r in first.records() if r.get("component") == "trainer" and "batch_id" in r}
-    assert dict(scalars["policy/reward_mean"]) == pytest.approx({s: r["reward_mean"] for s, r in steps.items()})
-    assert dict(scalars["policy/truncated_frac"]) == pytest.approx({s: r["truncated_frac"] for s, r in steps.items()})
-    assert "pool/default/tokens_per_s" in scalars, sorted(scalars)
+    tags = ("policy/reward_mean", "policy/truncated_frac", "pool/default/tokens_per_s")
+    for sink, scalars in {"tensorboard": read_scalars(tmp_path / "tb" / "ctrl-c"),
+                          "mlflow": read_mlflow_scalars(f"file:{tmp_path / 'mlruns'}", "e2e", "ctrl-c", tags),
+                          "wandb": read_wandb_scalars(tmp_path / "wb" / "wandb", step_key="trainer/step")}.items():
+        for figure in ("reward_mean", "truncated_frac"):
+            assert dict(scalars[f"policy/{figure}"]) == pytest.approx({s: r[figure] for s, r in steps.items()}), sink
+        assert scalars["pool/default/tokens_per_s"], (sink, sorted(scalars))
     first_lives = {r.get("life") for r in first.records()}
 
     second = LauncherProcess(tmp_path, "ctrl-c", env, trained + 2)

@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 from pathlib import Path
 
 import pytest
 from control_records_factory import node_status, trainer_step
-from tensorboard_events import read_scalars
+from sink_readers import read_mlflow_scalars, read_scalars, read_wandb_scalars
 
 from astraflow.log import LogProducer, Topics, ensure_topics
 from astraflow.records.control import send_control
-from astraflow.report.sinks import MLflowSinkConfig, ReportConfig, TensorBoardSinkConfig
+from astraflow.report.sinks import MLflowSinkConfig, ReportConfig, TensorBoardSinkConfig, WandbSinkConfig
 from astraflow.report.sinks.consumer import run_sinks
 
 pytestmark = pytest.mark.integration
 
+TAGS = ("policy/reward_mean", "policy/truncated_frac", "pool/default/tokens_per_s")
 
-def test_tensorboard_and_mlflow_get_reward_truncated_fraction_and_tokens_per_s_per_step(test_cluster,
-                                                                                      tmp_path: Path) -> None:
+
+def test_every_sink_gets_reward_truncated_fraction_and_tokens_per_s_per_step(test_cluster, tmp_path: Path) -> None:
     metrics = Topics(test_cluster.run).metrics
     ensure_topics(test_cluster, {metrics: 1})  # as a run creates it: one partition, records in order
     with LogProducer(test_cluster, "test-sinks") as producer:
@@ -32,7 +34,8 @@ def test_tensorboard_and_mlflow_get_reward_truncated_fraction_and_tokens_per_s_p
         producer.flush()
 
     report = ReportConfig(tensorboard=TensorBoardSinkConfig(dir=tmp_path / "tb"),
-                          mlflow=MLflowSinkConfig(tracking_uri=f"file:{tmp_path / 'mlruns'}", experiment="tests"))
+                          mlflow=MLflowSinkConfig(tracking_uri=f"file:{tmp_path / 'mlruns'}", experiment="tests"),
+                          wandb=WandbSinkConfig(project="tests", dir=tmp_path / "wb"))
     stats = run_sinks(test_cluster, report, threading.Event(), idle_exit_s=2.0)
     assert stats.records == 7
 
@@ -49,16 +52,24 @@ def test_tensorboard_and_mlflow_get_reward_truncated_fraction_and_tokens_per_s_p
     # each node's latest rate summed over the pool, at the latest trainer step
     assert series("pool/default/tokens_per_s") == ([1, 2, 3], pytest.approx([100.0, 300.0, 500.0]))
 
-    # MLflow's local file store, read back through its own client: the same figures
-    from mlflow.tracking import MlflowClient
+    # MLflow's local file store and W&B's offline run files (the Record protos `wandb sync` uploads),
+    # each read back through the library's own types: the same figures against the trainer step
+    logged = {"mlflow": read_mlflow_scalars(f"file:{tmp_path / 'mlruns'}", "tests", test_cluster.run, TAGS),
+              "wandb": read_wandb_scalars(tmp_path / "wb" / "wandb", step_key="trainer/step")}
+    for sink, tag in itertools.product(logged, TAGS):
+        steps, values = zip(*sorted(logged[sink][tag]))
+        assert (list(steps), list(values)) == (series(tag)[0], pytest.approx(series(tag)[1])), (sink, tag)
 
-    client = MlflowClient(tracking_uri=f"file:{tmp_path / 'mlruns'}")
-    (run,) = client.search_runs([client.get_experiment_by_name("tests").experiment_id])
-    assert run.info.run_name == test_cluster.run
 
-    def history(tag: str) -> tuple[list[int], list[float]]:
-        points = sorted(client.get_metric_history(run.info.run_id, tag), key=lambda m: m.step)
-        return [m.step for m in points], [m.value for m in points]
+def test_wandb_online_without_an_api_key_is_one_config_error(monkeypatch, tmp_path: Path) -> None:
+    """No key anywhere (variable, netrc, W&B's settings): the library's refusal becomes a ConfigError,
+    which the CLI prints as one line; nothing is asked on the terminal and nothing reaches the network."""
+    from astraflow.config import ConfigError
+    from astraflow.report.sinks.wandb import WandbSink
 
-    for tag in ("policy/reward_mean", "policy/truncated_frac", "pool/default/tokens_per_s"):
-        assert history(tag) == (series(tag)[0], pytest.approx(series(tag)[1])), tag
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    for name, value in {"HOME": tmp_path, "NETRC": tmp_path / "netrc", "WANDB_CONFIG_DIR": tmp_path / "config",
+                        "WANDB_MODE": "offline"}.items():
+        monkeypatch.setenv(name, str(value))  # restored after: the sink sets WANDB_MODE for the library
+    with pytest.raises(ConfigError, match=r"report\.wandb \(online\): .*API key"):
+        WandbSink(WandbSinkConfig(project="tests", mode="online", dir=tmp_path / "wb"), "online-run")

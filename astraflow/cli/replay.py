@@ -75,9 +75,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     from astraflow.archive.replay import ArchivedRun, replay, require_archive
     from astraflow.cli.bucket_cluster import command_cluster, require_run
-    from astraflow.cli.transfer_progress import transfer_progress
     from astraflow.config import ConfigError
     from astraflow.objstore import ObjectStore
+    from astraflow.objstore.progress import transfer_progress
     from astraflow.recipe import Recipe
 
     for module in args.imports:

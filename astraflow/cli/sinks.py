@@ -1,4 +1,4 @@
-"""``astraflow sinks``: feed the recipe's ``report`` sinks (TensorBoard) from ``<run>.metrics``.
+"""``astraflow sinks``: feed the recipe's ``report`` sinks (TensorBoard, MLflow, W&B) from ``<run>.metrics``.
 
 ``astraflow run`` starts it when the recipe sets a sink; run it by hand to watch a run from another
 machine against the same cluster (``--config``). Runs until SIGTERM / SIGINT (then reads what is left
@@ -14,7 +14,7 @@ import os
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "sinks", help="write a run's metrics to the recipe's report sinks (TensorBoard)",
+        "sinks", help="write a run's metrics to the recipe's report sinks (TensorBoard, MLflow, W&B)",
         description="Consume <run>.metrics in group <run>.sinks from its start and write the scalars of each "
         "trainer step and the nodes' tokens/s per pool to the sinks of the recipe's `report` section.")
     p.add_argument("--recipe", required=True, help="recipe YAML (its `report` section and run id)")

@@ -201,12 +201,12 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from astraflow.cli.transfer_progress import transfer_progress
     from astraflow.config import ConfigError
     from astraflow.delta import VersionNotFoundError, WeightSubscriber
     from astraflow.delta.store import WeightStore
     from astraflow.models import policy_checkpoint_dir
     from astraflow.models.export import export_checkpoint
+    from astraflow.objstore.progress import transfer_progress
     from astraflow.recipe import Recipe
 
     recipe = Recipe.load(args.recipe)

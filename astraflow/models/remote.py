@@ -11,9 +11,13 @@ complete checkpoint (config, every weight shard, tokenizer with an eos token).
 from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from astraflow.config import ClusterConfig, ConfigError
 from astraflow.objstore import ObjectStore, ObjectStoreError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def parse_s3(source: str) -> tuple[str, str]:
@@ -37,9 +41,12 @@ def source_store(source: str, cluster: ClusterConfig | None = None) -> ObjectSto
         raise ConfigError(f"model source {source}: {exc}") from exc
 
 
-def download_checkpoint(source: str, out: Path, *, cluster: ClusterConfig | None = None) -> Path:
-    """Every object under the source's prefix, written below ``out`` at its relative path."""
+def download_checkpoint(source: str, out: Path, *, cluster: ClusterConfig | None = None,
+                        console: Console | None = None) -> Path:
+    """Every object under the source's prefix, written below ``out`` at its relative path, with a
+    byte progress bar when ``console`` (default: stderr) is a terminal."""
     from astraflow.models.checkpoint import check_checkpoint_dir
+    from astraflow.objstore.progress import transfer_progress
 
     _, prefix = parse_s3(source)
     store = source_store(source, cluster)
@@ -48,14 +55,15 @@ def download_checkpoint(source: str, out: Path, *, cluster: ClusterConfig | None
         if not keys:
             raise ConfigError(f"model source {source}: no objects under that prefix on {store.endpoint}")
         for key in keys:
-            rel = PurePosixPath(key[len(prefix) + 1:])
-            if any(part in ("", ".", "..") for part in rel.parts):
+            if any(part in ("", ".", "..") for part in PurePosixPath(key[len(prefix) + 1:]).parts):
                 raise ConfigError(f"model source {source}: refusing object key {key!r}")
-            head = store.head(key)
-            target = out.joinpath(*rel.parts)
-            store.get_file(key, target, verify=head["sha256"] is not None)
-            if target.stat().st_size != head["size"]:
-                raise ConfigError(f"model source {source}: {key} downloaded incompletely")
+        heads = {key: store.head(key) for key in keys}
+        with transfer_progress(store, source, sum(h["size"] for h in heads.values()), console=console):
+            for key, head in heads.items():
+                target = out.joinpath(*PurePosixPath(key[len(prefix) + 1:]).parts)
+                store.get_file(key, target, verify=head["sha256"] is not None)
+                if target.stat().st_size != head["size"]:
+                    raise ConfigError(f"model source {source}: {key} downloaded incompletely")
     except ObjectStoreError as exc:
         raise ConfigError(f"model source {source}: {exc}") from exc
     try:

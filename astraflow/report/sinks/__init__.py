@@ -1,5 +1,10 @@
 """Metrics sinks fed from ``<run>.metrics`` (:mod:`astraflow.report.sinks.consumer`)."""
 
-from astraflow.report.sinks.config import MLflowSinkConfig, ReportConfig, TensorBoardSinkConfig
+from astraflow.report.sinks.config import (
+    MLflowSinkConfig,
+    ReportConfig,
+    TensorBoardSinkConfig,
+    WandbSinkConfig,
+)
 
-__all__ = ["MLflowSinkConfig", "ReportConfig", "TensorBoardSinkConfig"]
+__all__ = ["MLflowSinkConfig", "ReportConfig", "TensorBoardSinkConfig", "WandbSinkConfig"]

@@ -7,6 +7,7 @@ set; it can also run on another machine against the same cluster.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -36,6 +37,23 @@ class MLflowSinkConfig(BaseModel):
     """The MLflow experiment (created when missing); the MLflow run is named after the AstraFlow run."""
 
 
+class WandbSinkConfig(BaseModel):
+    """A W&B run per AstraFlow run, written through the ``wandb`` library (the ``wandb`` extra)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    project: str = "astraflow"
+    """The W&B project; the W&B run is named after the AstraFlow run and has it as id (a restarted
+    consumer writes on into the same run once synced)."""
+    mode: Literal["offline", "online"] = "offline"
+    """``offline``: files only, under ``<dir>/wandb/offline-run-*/`` (``wandb sync`` uploads them
+    later), no network. ``online``: the library uploads as it goes (needs ``WANDB_API_KEY``; not
+    exercised by the tests, which have no network)."""
+    dir: Path = Path("runs")
+    """Where W&B keeps its files (``<dir>/wandb/``). A relative path is taken from where the consumer
+    runs (``astraflow run``: its working directory)."""
+
+
 class ReportConfig(BaseModel):
     """The metrics sinks of a run; none by default."""
 
@@ -46,8 +64,11 @@ class ReportConfig(BaseModel):
     staleness, busy share, weight sync) and the nodes' tokens/s per pool."""
     mlflow: MLflowSinkConfig | None = None
     """The same scalars as MLflow metrics (``/`` in names kept), one MLflow run per AstraFlow run."""
+    wandb: WandbSinkConfig | None = None
+    """The same scalars as W&B history, each plotted against ``trainer/step`` (W&B's own step only
+    counts rows: a pool's rate can come after a later trainer step)."""
 
     @property
     def any(self) -> bool:
         """Whether a sink is set (the launcher then starts the consumer)."""
-        return self.tensorboard is not None or self.mlflow is not None
+        return any(sink is not None for sink in (self.tensorboard, self.mlflow, self.wandb))

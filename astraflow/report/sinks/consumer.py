@@ -49,6 +49,10 @@ def run_sinks(cfg: ClusterConfig, report: ReportConfig, stop: threading.Event, *
         from astraflow.report.sinks.mlflow import MLflowSink
 
         sinks.append(MLflowSink(report.mlflow, cfg.run))
+    if report.wandb is not None:
+        from astraflow.report.sinks.wandb import WandbSink
+
+        sinks.append(WandbSink(report.wandb, cfg.run))
     topic = Topics(cfg.run).metrics
     consumer = LogConsumer(cfg, topic, f"{cfg.run}.sinks", {topic: METRICS_TOPIC_SCHEMAS},
                            auto_offset_reset="earliest", client_id=f"sinks-{cfg.run}", background=True)
@@ -69,6 +73,8 @@ def run_sinks(cfg: ClusterConfig, report: ReportConfig, stop: threading.Event, *
                         sink.write(tag, value, step, getattr(record, "time", None))
                     stats.scalars += 1
             if batch:
+                for sink in sinks:
+                    sink.flush()
                 consumer.commit(batch)
                 last, patience = time.monotonic(), idle_exit_s
             elif stopping or (patience is not None and time.monotonic() - last > patience):

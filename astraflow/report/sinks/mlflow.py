@@ -30,5 +30,8 @@ class MLflowSink:
     def write(self, tag: str, value: float, step: int, wall_time: float | None = None) -> None:
         self.client.log_metric(self.run_id, tag, value, timestamp=int(1000 * (wall_time or time.time())), step=step)
 
+    def flush(self) -> None:
+        pass  # each metric is logged as it comes
+
     def close(self) -> None:
         pass  # the run stays open: a resumed run, or a restarted consumer, writes on into it

@@ -21,5 +21,8 @@ class TensorBoardSink:
     def write(self, tag: str, value: float, step: int, wall_time: float | None = None) -> None:
         self.writer.add_scalar(tag, value, global_step=step, walltime=wall_time or time.time())
 
+    def flush(self) -> None:
+        pass  # the writer flushes every flush_s
+
     def close(self) -> None:
         self.writer.close()

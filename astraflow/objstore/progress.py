@@ -1,5 +1,6 @@
 """A progress bar on stderr for the bytes a command reads from the bucket (``weights export``,
-``replay``): drawn on a terminal only, so that a pipe, a log file or CI sees nothing of it."""
+``replay``, an ``s3://`` model's download): drawn on a terminal only, so that a pipe, a log file (a
+component's), or CI sees nothing of it."""
 
 from __future__ import annotations
 
