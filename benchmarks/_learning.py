@@ -21,15 +21,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def recipe_variant(path: Path, *, run: str, seed: int | None = None, objective: dict | None = None,
-                   backend: dict | None = None) -> Any:
+                   backend: dict | None = None, dataflow: dict | None = None) -> Any:
     """The recipe at ``path`` under the run name ``run``, with every seed set to ``seed`` (the recipe's,
     each policy's SFT seed; the dataset's seed is kept, so the held-out prompts are the same), each
     policy's ``backend.objective`` set to ``objective`` and its other backend options updated with
-    ``backend``."""
+    ``backend``, and its ``dataflow`` section updated with ``dataflow``."""
     from astraflow.recipe import Recipe
 
     data = yaml.safe_load(path.read_text())
     data["run"] = run
+    data.setdefault("dataflow", {}).update(dataflow or {})
     if seed is not None:
         data["seed"] = seed
     for policy in data["policies"]:
