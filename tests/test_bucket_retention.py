@@ -15,7 +15,7 @@ from astraflow.delta import WeightPublisher, WeightStore, WeightSubscriber
 from astraflow.objstore import ObjectStore
 from astraflow.recipe import TrainerSpec
 from astraflow.records.control import TrainerStep
-from astraflow.trainer.checkpoint import STEP_DIR_RE, CheckpointStore, TrainerCheckpoint
+from astraflow.trainer.checkpoint import STEP_DIR_RE, CheckpointError, CheckpointStore, TrainerCheckpoint
 
 pytestmark = pytest.mark.integration
 POLICY = "pi"
@@ -51,10 +51,22 @@ def test_checkpoint_store_keeps_the_newest_k(test_cluster):
     assert (got.step, got.version, got.offsets) == (5, 5, {"t:0": 5})
     assert all(torch.equal(got.model_state[k], v) for k, v in model.state_dict().items())
 
-    # The kept older checkpoint is a rollback away: its pointer copied over latest.json (server side).
-    store.client.copy_object(Bucket=store.bucket, Key=ckpts._key("latest.json"),
-                             CopySource={"Bucket": store.bucket, "Key": ckpts._key("step-00000004/pointer.json")})
+    # What a rollback may go back to: the kept steps (the stray has no pointer), the oldest one's offsets
+    # (the trainer holds them in the log), each loadable by step; a step not kept is refused by name.
+    assert ckpts.kept_steps() == [4, 5]
+    assert (ckpts.oldest_kept, ckpts.oldest_kept_offsets()) == (4, {"t:0": 4})
+    assert ckpts.load(4).offsets == {"t:0": 4} and ckpts.load(3) is None
+    with pytest.raises(CheckpointError, match=r"no kept checkpoint at step 3 .*kept: \[4, 5\]"):
+        ckpts.roll_back(3)
+    assert ckpts.load().step == 5
+    # The kept older checkpoint is a rollback away: its pointer copied over latest.json.
+    assert ckpts.roll_back(4)["step"] == 4
     assert ckpts.load().step == 4
+    # A store of a later life reads the oldest kept checkpoint's offsets from the bucket.
+    later = CheckpointStore(store, test_cluster.run, POLICY, keep_checkpoints=2)
+    later.save(TrainerCheckpoint(step=5, version=6, model_state=model.state_dict(), optimizer_state=None,
+                                 offsets={"t:0": 5}))
+    assert (later.oldest_kept, later.oldest_kept_offsets()) == (4, {"t:0": 4})
 
 
 def test_recipe_retention_fields_are_bounded():
