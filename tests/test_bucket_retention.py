@@ -69,6 +69,29 @@ def test_checkpoint_store_keeps_the_newest_k(test_cluster):
     assert (later.oldest_kept, later.oldest_kept_offsets()) == (4, {"t:0": 4})
 
 
+def test_a_rollback_to_a_step_a_policy_does_not_keep_changes_nothing(test_cluster):
+    """``astraflow run --from-checkpoint``'s step: every policy must keep it, or no pointer moves."""
+    from raas_support import TINY_MODEL, make_recipe
+
+    from astraflow.launcher.rollback import roll_back
+
+    store = ObjectStore.from_config(test_cluster)
+    recipe = make_recipe(test_cluster.run, policies=[{"name": n, "model": TINY_MODEL} for n in ("a", "b")],
+                         workflow={"type": "math", "policy": "a"}, sampling={})
+    stores = {n: CheckpointStore(store, test_cluster.run, n, keep_checkpoints=2) for n in ("a", "b")}
+    for name, steps in (("a", (1, 2, 3)), ("b", (2, 3))):
+        for step in steps:
+            stores[name].save(TrainerCheckpoint(step=step, version=step, model_state={"w": torch.zeros(1)},
+                                                optimizer_state=None, offsets={f"t.{name}:0": step}))
+    said: list[str] = []
+    with pytest.raises(CheckpointError, match=r"cannot roll back to checkpoint step 1: policy a keeps steps "
+                                              r"\[2, 3\]; policy b keeps steps \[2, 3\]"):
+        roll_back(test_cluster, recipe, 1, said.append)
+    assert [s.load().step for s in stores.values()] == [3, 3] and said == []
+    roll_back(test_cluster, recipe, 2, said.append)
+    assert [s.load().step for s in stores.values()] == [2, 2] and len(said) == 2, said
+
+
 def test_recipe_retention_fields_are_bounded():
     spec = TrainerSpec()
     assert (spec.keep_checkpoints, spec.weights_gc_every) == (2, 10)
