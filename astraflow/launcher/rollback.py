@@ -31,8 +31,8 @@ def roll_back(cfg: ClusterConfig, recipe: Recipe, step: int, say: Callable[[str]
     stores = {p.name: CheckpointStore(store, cfg.run, p.name) for p in recipe.policies}
     missing = {name: kept for name, s in stores.items() if step not in (kept := s.kept_steps())}
     if missing:
-        raise CheckpointError(f"run {cfg.run} cannot roll back to checkpoint step {step}: "
-                              + "; ".join(f"policy {name} keeps steps {kept or 'none'}" for name, kept in missing.items()))
+        keeps = "; ".join(f"policy {name} keeps steps {kept or 'none'}" for name, kept in missing.items())
+        raise CheckpointError(f"run {cfg.run} cannot roll back to checkpoint step {step}: {keeps}")
     for name, checkpoints in stores.items():
         pointer = checkpoints.roll_back(step)
         say(f"{name}: rolled back to checkpoint step {step} (version {pointer['version']}); its trainer resumes "

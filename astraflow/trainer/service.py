@@ -1,10 +1,10 @@
 """The trainer process of one policy: batches in, weight versions out, resumable from the bucket.
 
 Bootstrap (the weight bootstrap rule): resume from this policy's checkpoint in the bucket if there
-is one (a corrupt one is refused by name, in an error line and a ``TrainerCheckpointRefused`` record, and
-the next older kept checkpoint is tried; :class:`CheckpointError` when none is left); else load the latest version the weight
-store has (e.g. v0 published by ``astraflow demo`` after the SFT warm start); else build the model
-from the recipe (seeded), run the policy's ``sft`` warm start if the recipe has one (so
+is one (a corrupt one is refused by name, in an error line and a ``TrainerCheckpointRefused`` record,
+and the next older kept checkpoint is tried; :class:`CheckpointError` when none is left); else load
+the latest version the weight store has (e.g. v0 published by ``astraflow demo`` after the SFT warm
+start); else build the model from the recipe (seeded), run the policy's ``sft`` warm start if the recipe has one (so
 ``astraflow run RECIPE`` alone starts RL from the same kind of weights as the demo), and publish it
 as v0 (an anchor).
 
@@ -141,6 +141,8 @@ class TrainerService:
         """Version -> its step's :class:`TrainerStep` fields known at the step's end and the Unix time it
         ended, until the version is published."""
         self._seen_published = 0
+        self._read_partitions: set[str] = set()
+        """Batch partitions this life has read a record of (the first one is checked against the checkpoint)."""
         self.topic_ids: dict[str, str | None] = parts.topic_ids
         """Ids of the topics this trainer reads, as of its start (saved with each checkpoint)."""
         self.warm_start: dict[str, Any] | None = None
@@ -505,6 +507,9 @@ class TrainerService:
     def _admit(self, msg: Any) -> Batch | None:
         """The batch of a batch record; None (and the record marked for commit) for one not to train."""
         key = _offset_key(msg.topic, msg.partition)
+        if key not in self._read_partitions:
+            self._read_partitions.add(key)
+            self._check_nothing_trimmed(key, msg.offset)
         if msg.offset < self.offsets.get(key, -1):
             self.skipped["already_checkpointed"] += 1
             self._uncommitted.append(msg)
@@ -525,6 +530,17 @@ class TrainerService:
             self._report_skipped("duplicate", b.batch_id)
             return None
         return b
+
+    def _check_nothing_trimmed(self, key: str, first: int) -> None:
+        """Say loudly when this life's first batch record of a partition lies beyond where its checkpoint
+        reads from: the records between are gone from the log (trimmed by a retention that did not know the
+        trainer's rollback position, e.g. an external broker's ``retention.ms``), and the batches in them
+        are not trained in this lineage."""
+        start = self.offsets.get(key)
+        if start is not None and first > start:
+            log.error("trainer %s: the log no longer has batch records %d..%d of %s that its checkpoint (step %d) "
+                      "reads from: they are NOT trained in this lineage; training on from offset %d", self.policy,
+                      start, first - 1, key, self.step, first)
 
     def _report_skipped(self, reason: str, batch_id: str) -> None:
         """The dataflow counts a batch it served as a version to come and its run's end as one batch
