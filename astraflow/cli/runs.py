@@ -75,7 +75,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         rows = archived_rows(store, s)
         doc = {**s.as_row(), "bytes_by_area": dict(s.area_bytes),
                "versions": {p: {"count": len(v), "first": v[0], "last": v[-1]} for p, v in s.versions.items() if v},
-               "archived_rows": rows, "checkpointed_step": checkpointed_steps(store, s)}
+               "archived_rows": rows, "checkpointed_step": checkpointed_steps(store, s),
+               "kept_checkpoints": dict(s.kept_checkpoints)}
     if args.json:
         print(json.dumps(doc))
         return 0
@@ -91,11 +92,12 @@ def cmd_show(args: argparse.Namespace) -> int:
         areas.add_row(area, f"{n / 1e6:.2f}")
     console.print(areas)
     versions = Table(title="weight versions and trainer checkpoints")
-    for col in ("policy", "versions", "first", "last", "checkpointed step"):
+    for col in ("policy", "versions", "first", "last", "checkpointed step", "kept checkpoints (--from-checkpoint)"):
         versions.add_column(col)
     for p, v in doc["versions"].items():
         versions.add_row(p, str(v["count"]), str(v["first"]), str(v["last"]),
-                         str(doc["checkpointed_step"].get(p, "-")))
+                         str(doc["checkpointed_step"].get(p, "-")),
+                         " ".join(map(str, doc["kept_checkpoints"].get(p, []))) or "-")
     console.print(versions)
     archive = Table(title="archive (rows from the Parquet footers)")
     archive.add_column("kind")

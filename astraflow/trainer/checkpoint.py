@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from astraflow.objstore import ChecksumError, ObjectNotFoundError, ObjectStoreError, RunLayout
-from astraflow.objstore.layout import TRAINER_POINTER_FILE
+from astraflow.objstore.layout import STEP_POINTER, TRAINER_POINTER_FILE
 from astraflow.trainer import sharded_checkpoint
 from astraflow.trainer.checkpoint_error import CheckpointError
 from astraflow.trainer.sharded_checkpoint import LocalShards, StoredShards
@@ -56,8 +56,6 @@ if TYPE_CHECKING:
     from astraflow.objstore import ObjectStore
 
 POINTER = TRAINER_POINTER_FILE
-STEP_POINTER = "pointer.json"
-"""The copy of a step's pointer inside its folder."""
 STEP_DIR_RE = re.compile(r"^step-(\d+)/")
 log = logging.getLogger(__name__)
 FORMAT = 2
