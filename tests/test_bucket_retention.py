@@ -69,15 +69,16 @@ def test_checkpoint_store_keeps_the_newest_k(test_cluster):
     assert (later.oldest_kept, later.oldest_kept_offsets()) == (4, {"t:0": 4})
 
 
-def test_a_rollback_to_a_step_a_policy_does_not_keep_changes_nothing(test_cluster):
-    """``astraflow run --from-checkpoint``'s step: every policy must keep it, or no pointer moves."""
-    from raas_support import TINY_MODEL, make_recipe
+def test_a_rollback_to_a_step_a_policy_does_not_keep_changes_nothing(test_cluster, tmp_path):
+    """``astraflow run --from-checkpoint``'s step (alone: ``astraflow runs rollback``): every policy must
+    keep it, or no pointer moves."""
+    import subprocess
+    import sys
 
+    from astraflow.launcher.cluster import write_cluster_file
     from astraflow.launcher.rollback import roll_back
 
     store = ObjectStore.from_config(test_cluster)
-    recipe = make_recipe(test_cluster.run, policies=[{"name": n, "model": TINY_MODEL} for n in ("a", "b")],
-                         workflow={"type": "math", "policy": "a"}, sampling={})
     stores = {n: CheckpointStore(store, test_cluster.run, n, keep_checkpoints=2) for n in ("a", "b")}
     for name, steps in (("a", (1, 2, 3)), ("b", (2, 3))):
         for step in steps:
@@ -86,10 +87,21 @@ def test_a_rollback_to_a_step_a_policy_does_not_keep_changes_nothing(test_cluste
     said: list[str] = []
     with pytest.raises(CheckpointError, match=r"cannot roll back to checkpoint step 1: policy a keeps steps "
                                               r"\[2, 3\]; policy b keeps steps \[2, 3\]"):
-        roll_back(test_cluster, recipe, 1, said.append)
+        roll_back(test_cluster, ["a", "b"], 1, said.append)
     assert [s.load().step for s in stores.values()] == [3, 3] and said == []
-    roll_back(test_cluster, recipe, 2, said.append)
+    roll_back(test_cluster, ["a", "b"], 2, said.append)
     assert [s.load().step for s in stores.values()] == [2, 2] and len(said) == 2, said
+    # the command line, for trainers started by something else: the policies from the bucket
+    env = {"ASTRAFLOW_CONFIG": str(write_cluster_file(test_cluster, tmp_path / "cluster.yaml")), "PATH": "/usr/bin:/bin"}
+
+    def rollback(step: int) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "astraflow.cli.main", "runs", "rollback", test_cluster.run,
+                               str(step)], env=env, capture_output=True, text=True, timeout=60, check=False)
+
+    refused, done = rollback(1), rollback(3)
+    assert refused.returncode == 1 and "policy a keeps steps [2, 3]" in refused.stderr, refused.stderr
+    assert done.returncode == 0 and "a: rolled back to checkpoint step 3" in done.stdout, done.stderr
+    assert [s.load().step for s in stores.values()] == [3, 3]
 
 
 def test_recipe_retention_fields_are_bounded():

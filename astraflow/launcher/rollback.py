@@ -1,4 +1,6 @@
-"""``astraflow run --run-id R --from-checkpoint STEP``: restart run R from an older kept checkpoint.
+"""``astraflow run --run-id R --from-checkpoint STEP``: restart run R from an older kept checkpoint
+(``astraflow runs rollback R STEP`` does the same step alone, for a run whose trainers are started by
+something else, e.g. a Kubernetes Deployment: stop them, roll back, start them).
 
 Before any component starts, every policy's kept checkpoint of step STEP becomes its latest (its step
 folder's copy of the pointer over ``latest.json``, :meth:`CheckpointStore.roll_back
@@ -13,22 +15,21 @@ archiver carry on from their own saved positions.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from astraflow.config import ClusterConfig
-    from astraflow.recipe import Recipe
 
 
-def roll_back(cfg: ClusterConfig, recipe: Recipe, step: int, say: Callable[[str], None]) -> None:
-    """Make step ``step`` every policy's latest checkpoint in run ``cfg.run``; :class:`CheckpointError`
-    (nothing changed) when a policy keeps none of that step."""
+def roll_back(cfg: ClusterConfig, policies: Iterable[str], step: int, say: Callable[[str], None]) -> None:
+    """Make step ``step`` the latest checkpoint of every one of ``policies`` in run ``cfg.run``;
+    :class:`CheckpointError` (nothing changed) when one of them keeps none of that step."""
     from astraflow.objstore import ObjectStore
     from astraflow.trainer.checkpoint import CheckpointError, CheckpointStore
 
     store = ObjectStore.from_config(cfg)
-    stores = {p.name: CheckpointStore(store, cfg.run, p.name) for p in recipe.policies}
+    stores = {policy: CheckpointStore(store, cfg.run, policy) for policy in policies}
     missing = {name: kept for name, s in stores.items() if step not in (kept := s.kept_steps())}
     if missing:
         keeps = "; ".join(f"policy {name} keeps steps {kept or 'none'}" for name, kept in missing.items())

@@ -275,7 +275,8 @@ def _launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console, guard
     if opts.from_checkpoint is not None:
         from astraflow.launcher.rollback import roll_back
 
-        roll_back(cfg, recipe, opts.from_checkpoint, lambda m: console.print(m, highlight=False))
+        roll_back(cfg, [p.name for p in recipe.policies], opts.from_checkpoint,
+                  lambda m: console.print(m, highlight=False))
     recipe_file = write_recipe(recipe, run_dir / "recipe.yaml")
     cluster_file = write_cluster_file(cfg, run_dir / "cluster.yaml")
 
