@@ -9,7 +9,7 @@ from raas_support import TopicReader, recipe_dict, send_batches, start_component
 
 from astraflow.records.control import TrainerCheckpointRefused, TrainerDone, TrainerStart, TrainerStep
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def _run_to_done(cfg, args, cfg_path, log_path, metrics: TopicReader, lives_before: int) -> None:
