@@ -20,12 +20,13 @@ from astraflow.report.plot import typed_records
 ROOT = Path(__file__).parent.parent
 
 
-def tiny_recipe(tmp_path: Path, source: str = "math", steps: int = 2, extra: dict | None = None) -> Path:
+def tiny_recipe(tmp_path: Path, source: str = "math", steps: int = 2, extra: dict | None = None,
+                trainer: dict | None = None) -> Path:
     data = yaml.safe_load((ROOT / "examples" / "recipes" / f"{source}.yaml").read_text())
     data.update(extra or {})
     data["dataset"]["samples"] = 4
     data["dataflow"]["groups_per_batch"] = 4
-    data["trainer"].update(steps=steps, checkpoint_every=1)
+    data["trainer"].update(steps=steps, checkpoint_every=1, **(trainer or {}))
     data["eval"]["prompts"] = 20
     for p in data["policies"]:
         p["model"] = str(ROOT / "examples" / "models" / "tiny.yaml")
@@ -52,10 +53,11 @@ class LauncherProcess:
     probes the supervision tests need."""
 
     def __init__(self, tmp_path: Path, run_id: str, env: dict[str, str], steps: int, timeout_s: float = 100,
-                 grace_s: float = 5, extra_args: tuple[str, ...] = (), recipe_extra: dict | None = None) -> None:
+                 grace_s: float = 5, extra_args: tuple[str, ...] = (), recipe_extra: dict | None = None,
+                 trainer: dict | None = None) -> None:
         self.run_dir = tmp_path / "runs" / run_id
         self.out_path = tmp_path / "launcher.out"
-        recipe = tiny_recipe(tmp_path, steps=steps, extra=recipe_extra)
+        recipe = tiny_recipe(tmp_path, steps=steps, extra=recipe_extra, trainer=trainer)
         cmd = [sys.executable, "-m", "astraflow.cli.main", "run", str(recipe),
                "--run-id", run_id, "--runs-dir", str(tmp_path / "runs"), "--no-live", "--timeout", str(timeout_s),
                "--grace", str(grace_s), *extra_args]

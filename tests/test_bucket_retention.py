@@ -15,7 +15,7 @@ from astraflow.delta import WeightPublisher, WeightStore, WeightSubscriber
 from astraflow.objstore import ObjectStore
 from astraflow.recipe import TrainerSpec
 from astraflow.records.control import TrainerStep
-from astraflow.trainer.checkpoint import STEP_DIR_RE, CheckpointStore, TrainerCheckpoint
+from astraflow.trainer.checkpoint import STEP_DIR_RE, CheckpointError, CheckpointStore, TrainerCheckpoint
 
 pytestmark = pytest.mark.integration
 POLICY = "pi"
@@ -51,10 +51,57 @@ def test_checkpoint_store_keeps_the_newest_k(test_cluster):
     assert (got.step, got.version, got.offsets) == (5, 5, {"t:0": 5})
     assert all(torch.equal(got.model_state[k], v) for k, v in model.state_dict().items())
 
-    # The kept older checkpoint is a rollback away: its pointer copied over latest.json (server side).
-    store.client.copy_object(Bucket=store.bucket, Key=ckpts._key("latest.json"),
-                             CopySource={"Bucket": store.bucket, "Key": ckpts._key("step-00000004/pointer.json")})
+    # What a rollback may go back to: the kept steps (the stray has no pointer), the oldest one's offsets
+    # (the trainer holds them in the log), each loadable by step; a step not kept is refused by name.
+    assert ckpts.kept_steps() == [4, 5]
+    assert (ckpts.oldest_kept, ckpts.oldest_kept_offsets()) == (4, {"t:0": 4})
+    assert ckpts.load(4).offsets == {"t:0": 4} and ckpts.load(3) is None
+    with pytest.raises(CheckpointError, match=r"no kept checkpoint at step 3 .*kept: \[4, 5\]"):
+        ckpts.roll_back(3)
+    assert ckpts.load().step == 5
+    # The kept older checkpoint is a rollback away: its pointer copied over latest.json.
+    assert ckpts.roll_back(4)["step"] == 4
     assert ckpts.load().step == 4
+    # A store of a later life reads the oldest kept checkpoint's offsets from the bucket.
+    later = CheckpointStore(store, test_cluster.run, POLICY, keep_checkpoints=2)
+    later.save(TrainerCheckpoint(step=5, version=6, model_state=model.state_dict(), optimizer_state=None,
+                                 offsets={"t:0": 5}))
+    assert (later.oldest_kept, later.oldest_kept_offsets()) == (4, {"t:0": 4})
+
+
+def test_a_rollback_to_a_step_a_policy_does_not_keep_changes_nothing(test_cluster, tmp_path):
+    """``astraflow run --from-checkpoint``'s step (alone: ``astraflow runs rollback``): every policy must
+    keep it, or no pointer moves."""
+    import subprocess
+    import sys
+
+    from astraflow.launcher.cluster import write_cluster_file
+    from astraflow.launcher.rollback import roll_back
+
+    store = ObjectStore.from_config(test_cluster)
+    stores = {n: CheckpointStore(store, test_cluster.run, n, keep_checkpoints=2) for n in ("a", "b")}
+    for name, steps in (("a", (1, 2, 3)), ("b", (2, 3))):
+        for step in steps:
+            stores[name].save(TrainerCheckpoint(step=step, version=step, model_state={"w": torch.zeros(1)},
+                                                optimizer_state=None, offsets={f"t.{name}:0": step}))
+    said: list[str] = []
+    with pytest.raises(CheckpointError, match=r"cannot roll back to checkpoint step 1: policy a keeps steps "
+                                              r"\[2, 3\]; policy b keeps steps \[2, 3\]"):
+        roll_back(test_cluster, ["a", "b"], 1, said.append)
+    assert [s.load().step for s in stores.values()] == [3, 3] and said == []
+    roll_back(test_cluster, ["a", "b"], 2, said.append)
+    assert [s.load().step for s in stores.values()] == [2, 2] and len(said) == 2, said
+    # the command line, for trainers started by something else: the policies from the bucket
+    env = {"ASTRAFLOW_CONFIG": str(write_cluster_file(test_cluster, tmp_path / "cluster.yaml")), "PATH": "/usr/bin:/bin"}
+
+    def rollback(step: int) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "astraflow.cli.main", "runs", "rollback", test_cluster.run,
+                               str(step)], env=env, capture_output=True, text=True, timeout=60, check=False)
+
+    refused, done = rollback(1), rollback(3)
+    assert refused.returncode == 1 and "policy a keeps steps [2, 3]" in refused.stderr, refused.stderr
+    assert done.returncode == 0 and "a: rolled back to checkpoint step 3" in done.stdout, done.stderr
+    assert [s.load().step for s in stores.values()] == [3, 3]
 
 
 def test_recipe_retention_fields_are_bounded():

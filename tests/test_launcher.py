@@ -288,6 +288,10 @@ def test_done_of_an_earlier_life_does_not_end_a_resumed_run() -> None:
     assert not p.all_done
     p.update(trainer_done("policy", 6))
     assert p.all_done
+    # A rollback's launch reads a "done" at the target step written before it started: history too.
+    rolled_back = RunProgress(run="r", steps=6, policies=["policy"], done_since=201.0)  # the record says 200.0
+    rolled_back.update(trainer_done("policy", 6))
+    assert not rolled_back.all_done
 
 
 # -- launch() against the real broker, with stand-in components -------------------------------

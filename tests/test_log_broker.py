@@ -225,6 +225,23 @@ def test_the_next_member_rereads_what_was_handed_out_but_not_committed(test_clus
         assert [m.offset for m in _drain(again, 2)] == [2, 3]
 
 
+def test_start_at_reads_from_an_older_offset_than_committed_until_the_member_commits(
+        test_cluster: ClusterConfig) -> None:
+    """A trainer resuming from an older checkpoint than its group committed (a rollback, a corrupt newest
+    checkpoint refused) reads from that checkpoint's offsets; once it commits, the group's offset is its own."""
+    topic = Topics(test_cluster.run).batches("rewind")
+    _produce(test_cluster, topic, 5).close()
+    with LogConsumer(test_cluster, [topic], "g-rewind") as first:
+        first.commit(_drain(first, 5))
+    assert committed_offsets(test_cluster, "g-rewind") == {(topic, 0): 5}
+    with LogConsumer(test_cluster, [topic], "g-rewind", start_at={(topic, 0): 2}) as rewound:
+        again = _drain(rewound, 3)
+        assert [m.offset for m in again] == [2, 3, 4]
+        assert rewound.commit(again[:1]) == {(topic, 0): 3}  # the commit may go back: the checkpoint's truth
+    with LogConsumer(test_cluster, [topic], "g-rewind") as after:
+        assert [m.offset for m in _drain(after, 2)] == [3, 4]
+
+
 def test_pause_and_resume(test_cluster: ClusterConfig) -> None:
     topic = Topics(test_cluster.run).tasks("bp")
     ensure_topics(test_cluster, {topic: 1})

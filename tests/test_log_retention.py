@@ -38,7 +38,8 @@ def test_a_partition_is_trimmed_only_below_every_reader() -> None:
 def test_the_run_readers_put_the_archiver_on_every_archived_topic_and_the_recovery_on_its_own() -> None:
     readers = run_readers("r", ["fast"], ["solver"])
     assert readers == {"r.tasks.fast": ["r.raas.fast", "r.dataflow-recovery"],
-                       "r.batches.solver": ["r.trainer.solver", "r.dataflow-recovery", "r.archive"],
+                       "r.batches.solver": ["r.trainer.solver", "r.trainer-rollback.solver", "r.dataflow-recovery",
+                                            "r.archive"],
                        "r.weights.solver": ["r.dataflow", "r.archive"],
                        "r.trajectories": ["r.dataflow", "r.archive"],
                        "r.metrics": ["r.dataflow", "r.archive"]}

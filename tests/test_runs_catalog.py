@@ -33,11 +33,14 @@ def test_runs_ls_and_show_from_listing_and_footers(test_cluster, tmp_path) -> No
         store.put_json(lay.manifest_key("solver", v), {"version": v})
     store.put_json(lay.dataflow_key("state.json"), {"offsets": []})
     store.put_json(lay.trainer_key("solver", "latest.json"), {"step": 7, "version": 7})
+    for step in (7, 5):  # the kept checkpoints' step folders (a rollback's choices)
+        store.put_json(lay.trainer_key("solver", f"step-{step:08d}/pointer.json"), {"step": step, "version": step})
     big = _metrics_part(3000)
     store.put_bytes(lay.archive_part_key(R.METRICS, None, "t", 0, 0), big)
     store.put_bytes(lay.archive_part_key(R.METRICS, None, "t", 0, 3000), _metrics_part(5))
     (summary,) = list_runs(store, cfg.run)
-    assert summary.versions == {"solver": [0, 1, 2]} and summary.objects == 7
+    assert summary.versions == {"solver": [0, 1, 2]} and summary.objects == 9
+    assert summary.kept_checkpoints == {"solver": [5, 7]}
     assert summary.area_bytes["archive"] > 0 and summary.area_bytes["dataflow"] > 0
     assert checkpointed_steps(store, summary) == {"solver": 7}
     assert archived_rows(store, summary) == {"metrics": 3005}
@@ -48,7 +51,7 @@ def test_runs_ls_and_show_from_listing_and_footers(test_cluster, tmp_path) -> No
                          env=env, capture_output=True, text=True, check=True, timeout=60).stdout
     doc = json.loads(out)
     assert doc["archived_rows"] == {"metrics": 3005} and doc["versions"]["solver"] == {"count": 3, "first": 0, "last": 2}
-    assert doc["checkpointed_step"] == {"solver": 7}
+    assert doc["checkpointed_step"] == {"solver": 7} and doc["kept_checkpoints"] == {"solver": [5, 7]}
     ls = subprocess.run([sys.executable, "-m", "astraflow.cli.main", "runs", "ls", "--json"],
                         env=env, capture_output=True, text=True, check=True, timeout=60).stdout
     (row,) = [json.loads(line) for line in ls.splitlines() if json.loads(line)["run"] == cfg.run]

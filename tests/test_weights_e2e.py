@@ -4,6 +4,7 @@ refused; manifests are immutable; GC keeps what the retention rule says; the CLI
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -355,9 +356,47 @@ def test_a_subscriber_rewrites_its_record_at_most_every_record_every_s(published
     sub.heartbeat()
     assert recorded() == 6
     state, v, _ = sub.pull()
-    assert v == LAST and recorded() == 6  # 10 s not passed again
+    assert v == LAST and recorded() == 6  # 10 s not passed again (deltas only, a short load: no load record)
     assert_bits_equal(state, truth[LAST])
     every = WeightSubscriber(cfg, POLICY, "every")  # the default: a record at each new version
     every.pull(5)
     every.pull(7)
     assert {s.id: s.version for s in store.subscribers()}["every"] == 7
+
+
+def test_a_long_load_keeps_its_record_fresh_so_the_gc_keeps_what_it_reads(published):
+    """A subscriber loads v20 (anchor v16 and four deltas) for longer than the GC's subscriber TTL: its
+    record, rewritten while it loads, names the first version it reads, so a GC in the middle of the load
+    (latest anchor v24, keep 2) keeps v16 on instead of deleting the versions under the reader; once loaded,
+    the record names the version held and no load."""
+    cfg, truth = published
+    store = WeightStore.from_config(cfg, POLICY)
+    sub = WeightSubscriber(cfg, POLICY, "loader", load_heartbeat_s=0.1)
+    reading, release = threading.Event(), threading.Event()
+    get_delta = sub.store.get_delta
+
+    def slow_delta(version: int) -> bytes:  # a long load: the first delta waits for the test
+        reading.set()
+        release.wait(30)
+        return get_delta(version)
+
+    sub.store.get_delta = slow_delta
+    pulled: list = []
+    loader = threading.Thread(target=lambda: pulled.append(sub.pull(20)))
+    loader.start()
+    try:
+        assert reading.wait(30)
+        began = time.time()
+        time.sleep(1.0)  # twice the TTL below: a record written only when the load began has expired
+        plan = store.gc(RetentionPolicy(keep_versions=2, subscriber_ttl_s=0.5))
+    finally:
+        release.set()
+        loader.join(30)
+    (record,) = [r for r in plan.live if r.id == "loader"]
+    assert record.loading == 16 and record.heartbeat > began + 0.5, record  # refreshed during the load
+    assert plan.keep[16] == "being loaded by live subscriber loader (from v16)" and plan.delete == list(range(16))
+    state, version, _ = pulled[0]
+    assert version == 20
+    assert_bits_equal(state, truth[20])
+    after = {r.id: r for r in store.subscribers()}["loader"]
+    assert (after.version, after.loading) == (20, None)

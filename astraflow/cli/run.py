@@ -51,6 +51,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="train from an archived run instead of rolling out: the batches the recipe's dataflow "
                      "section serves from RUN's archive (as `astraflow replay` judges them) go to this run's "
                      "trainers; no dataflow, no RaaS node (off-policy: docs/archive.md)")
+    run.add_argument("--from-checkpoint", type=int, metavar="STEP",
+                     help="with --run-id: restart that run from every policy's kept checkpoint of step STEP "
+                     "(trainer.keep_checkpoints keeps the newest ones; the trainer trains the batches after STEP "
+                     "again, which the log keeps for it): docs/running.md")
     run.set_defaults(func=cmd_run)
 
     demo = subparsers.add_parser(
@@ -101,12 +105,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     console = Console()
     with interrupt_guard():
         try:
+            if args.from_checkpoint is not None and not args.run_id:
+                raise ValueError("--from-checkpoint needs --run-id: the run whose checkpoint to restart from")
             recipe = Recipe.load(args.recipe)
             refuse_unavailable_devices(recipe, str(args.recipe))  # before an embedded stack starts for nothing
             opts = RunOptions(run_id=args.run_id, steps=args.steps, nodes=parse_nodes(args.nodes),
                               runs_dir=args.runs_dir, grace_s=args.grace, timeout_s=args.timeout,
                               live=False if args.no_live else None, archive=not args.no_archive,
-                              from_archive=args.from_archive, threads=args.threads, prometheus=args.prometheus,
+                              from_archive=args.from_archive, from_checkpoint=args.from_checkpoint,
+                              threads=args.threads, prometheus=args.prometheus,
                               restart=RestartPolicy(max_restarts=args.max_restarts))
             with open_run_cluster(load_cluster(args), log_storage=args.log_storage,
                                   announce=lambda m: console.print(m, highlight=False)) as cluster:

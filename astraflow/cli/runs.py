@@ -1,4 +1,5 @@
-"""``astraflow runs ls | show RUN``: the runs a bucket holds, from its listing and Parquet footers."""
+"""``astraflow runs ls | show RUN``: the runs a bucket holds, from its listing and Parquet footers;
+``astraflow runs rollback RUN STEP``: make a kept checkpoint of a run its latest."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("runs", help="list the runs in the bucket, or show one",
                               description="What the cluster's bucket holds per run (weights, checkpoints, "
                               "dataflow state, claim checks, archive).")
-    sub = p.add_subparsers(dest="runs_command", metavar="ls|show", required=True)
+    sub = p.add_subparsers(dest="runs_command", metavar="ls|show|rollback", required=True)
     ls = sub.add_parser("ls", help="one line per run: objects, size, policies, latest versions, checkpointed "
                         "steps, archived parts")
     ls.add_argument("--json", action="store_true", help="one JSON object per run instead of the table")
@@ -22,6 +23,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     show.add_argument("run_id", metavar="RUN")
     show.add_argument("--json", action="store_true", help="one JSON document instead of the tables")
     show.set_defaults(func=cmd_show)
+    rollback = sub.add_parser(
+        "rollback", help="make every policy's kept checkpoint of STEP its latest (stop the run's trainers first: "
+        "their next start resumes from it and trains the batches after it again); `astraflow run --run-id RUN "
+        "--from-checkpoint STEP` does this before it starts the run")
+    rollback.add_argument("run_id", metavar="RUN")
+    rollback.add_argument("step", type=int, metavar="STEP", help="a kept checkpoint's step (`astraflow runs show RUN`)")
+    rollback.set_defaults(func=cmd_rollback)
 
 
 @contextlib.contextmanager
@@ -75,7 +83,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         rows = archived_rows(store, s)
         doc = {**s.as_row(), "bytes_by_area": dict(s.area_bytes),
                "versions": {p: {"count": len(v), "first": v[0], "last": v[-1]} for p, v in s.versions.items() if v},
-               "archived_rows": rows, "checkpointed_step": checkpointed_steps(store, s)}
+               "archived_rows": rows, "checkpointed_step": checkpointed_steps(store, s),
+               "kept_checkpoints": dict(s.kept_checkpoints)}
     if args.json:
         print(json.dumps(doc))
         return 0
@@ -91,11 +100,12 @@ def cmd_show(args: argparse.Namespace) -> int:
         areas.add_row(area, f"{n / 1e6:.2f}")
     console.print(areas)
     versions = Table(title="weight versions and trainer checkpoints")
-    for col in ("policy", "versions", "first", "last", "checkpointed step"):
+    for col in ("policy", "versions", "first", "last", "checkpointed step", "kept checkpoints (--from-checkpoint)"):
         versions.add_column(col)
     for p, v in doc["versions"].items():
         versions.add_row(p, str(v["count"]), str(v["first"]), str(v["last"]),
-                         str(doc["checkpointed_step"].get(p, "-")))
+                         str(doc["checkpointed_step"].get(p, "-")),
+                         " ".join(map(str, doc["kept_checkpoints"].get(p, []))) or "-")
     console.print(versions)
     archive = Table(title="archive (rows from the Parquet footers)")
     archive.add_column("kind")
@@ -104,4 +114,26 @@ def cmd_show(args: argparse.Namespace) -> int:
     for kind, n in rows.items():
         archive.add_row(kind, str(len(s.archive_parts[kind])), str(n))
     console.print(archive if rows else "archive: none (run with --no-archive, or not archived yet)")
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from astraflow.cli.bucket_cluster import command_cluster, require_run
+    from astraflow.launcher.rollback import roll_back
+    from astraflow.objstore import ObjectStore
+    from astraflow.objstore.runs import list_runs
+    from astraflow.trainer.checkpoint import CheckpointError
+
+    with command_cluster(args, run=args.run_id) as cfg:
+        store = ObjectStore.from_config(cfg)
+        require_run(store, args.run_id)
+        policies = sorted(list_runs(store, args.run_id)[0].checkpoint_pointers)
+        if not policies:
+            print(f"astraflow runs rollback: run {args.run_id} has no trainer checkpoint", file=sys.stderr)
+            return 1
+        try:
+            roll_back(cfg, policies, args.step, print)
+        except CheckpointError as exc:
+            print(f"astraflow runs rollback: {exc}", file=sys.stderr)
+            return 1
     return 0

@@ -9,7 +9,8 @@ The rule, with ``L`` the latest published version and ``A`` the latest anchor at
 3. keep, for every *live* subscriber at version ``s``, the versions ``s+1 .. L``: the delta chain
    it still needs. A subscriber is live while its record
    (``<run>/weights/<policy>/subscribers/<id>.json``: id, version, heartbeat time) is younger than
-   ``subscriber_ttl_s``; older records are expired and deleted;
+   ``subscriber_ttl_s``; older records are expired and deleted. A subscriber in the middle of a load also
+   keeps the versions from the first one it reads (``loading``), its record refreshed while it loads;
 4. keep the ``pinned`` versions (a KL objective's reference policy, v0);
 5. delete every other published version (its manifest first, then its objects, so no reader ever
    sees a manifest whose objects are gone), and objects of unpublished versions below ``L`` (a
@@ -33,6 +34,9 @@ class SubscriberRecord(BaseModel):
     """Version the subscriber holds (None: nothing yet)."""
     heartbeat: float
     """Unix time of its last heartbeat."""
+    loading: int | None = None
+    """While a load runs: the first version it reads (it needs that one and every later one); None
+    otherwise (:mod:`astraflow.delta.load_heartbeat`)."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,8 @@ def plan_gc(
     for sub in plan.live:
         if sub.version is not None:
             keep(sub.version + 1, f"chain of live subscriber {sub.id} (at v{sub.version})")
+        if sub.loading is not None:
+            keep(sub.loading, f"being loaded by live subscriber {sub.id} (from v{sub.loading})")
     for v in policy.pinned:
         if v in anchors:
             plan.keep.setdefault(v, f"pinned v{v}")

@@ -209,8 +209,10 @@ class WeightStore:
             raise ValueError(f"invalid subscriber id {subscriber_id!r}")
         return f"{self.prefix}{SUBSCRIBERS_DIR}{subscriber_id}.json"
 
-    def register_subscriber(self, subscriber_id: str, version: int | None, now: float | None = None) -> None:
-        record = SubscriberRecord(id=subscriber_id, version=version, heartbeat=time.time() if now is None else now)
+    def register_subscriber(self, subscriber_id: str, version: int | None, now: float | None = None, *,
+                            loading: int | None = None) -> None:
+        record = SubscriberRecord(id=subscriber_id, version=version, heartbeat=time.time() if now is None else now,
+                                  loading=loading)
         self.objects.put_json(self.subscriber_key(subscriber_id), record.model_dump())
 
     def unregister_subscriber(self, subscriber_id: str) -> None:

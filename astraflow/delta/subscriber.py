@@ -5,7 +5,9 @@ writes into a model's (or a caller's state dict's) tensors in place. Either way 
 plans the cheapest path in bytes (:mod:`astraflow.delta.planner`) from the version it holds, applies
 deltas with the codec (which refuses a base that is not exactly the expected version: then the
 subscriber resyncs from an anchor), counts the bytes it downloads, and registers the version it
-holds in the bucket (``subscribers/<id>.json``) so garbage collection keeps its chain.
+holds in the bucket (``subscribers/<id>.json``) so garbage collection keeps its chain; while a load runs,
+the record names the first version it reads and is kept fresh (:mod:`astraflow.delta.load_heartbeat`), so
+garbage collection keeps what it is reading too.
 
 An object that fails verification (its bytes do not match the sha256 stored with it or named by its
 manifest, a delta the codec refuses, a delta that does not fit the anchor it was planned from) is
@@ -42,6 +44,7 @@ from astraflow.delta.errors import (
     NoPathError,
 )
 from astraflow.delta.format import read_header
+from astraflow.delta.load_heartbeat import LOAD_HEARTBEAT_S, LoadHeartbeat
 from astraflow.delta.patch import WeightPatch, prepare_patch
 from astraflow.delta.planner import Plan, Step
 from astraflow.delta.store import WeightStore
@@ -85,18 +88,24 @@ class WeightSubscriber:
         store: WeightStore | None = None,
         register: bool = True,
         record_every_s: float = 0.0,
+        load_heartbeat_s: float = LOAD_HEARTBEAT_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``record_every_s``: the least time between two writes of this subscriber's record (its
         version, for the GC) after the first; 0 writes it at every new version. A node refreshing
         every step otherwise PUTs a record per version (100 nodes at 10 versions/s: 1,000 PUTs/s on
-        one prefix). A record that lags the version held only makes the GC keep a few more versions."""
+        one prefix). A record that lags the version held only makes the GC keep a few more versions.
+        ``load_heartbeat_s``: while a load runs, the record (with the first version the load reads) is
+        rewritten this often, so that the GC keeps what it reads (:mod:`astraflow.delta.load_heartbeat`)."""
         self.cfg = cfg
         self.policy = policy
         self.subscriber_id = subscriber_id
         self.store = store or WeightStore.from_config(cfg, policy)
         self.register = register
         self.record_every_s = record_every_s
+        self.load_heartbeat_s = load_heartbeat_s
+        self._loading_recorded = False
+        """A record naming a load was written: the next record is written whatever ``record_every_s`` says."""
         self._clock = clock
         self._recorded_at: float | None = None
         self.version: int | None = None
@@ -213,6 +222,20 @@ class WeightSubscriber:
             self.store.prefetch_delta(want)
 
     def _execute(self, plan: Plan, into: StateDict | None) -> None:
+        if not self.register or not plan.steps:
+            self._load(plan, into)
+            return
+        first = plan.steps[0].version
+
+        def loading() -> None:
+            self.store.register_subscriber(self.subscriber_id, self.version, loading=first)
+
+        full = any(step.kind == "anchor" for step in plan.steps)
+        with LoadHeartbeat(loading, self.load_heartbeat_s, at_once=full, name=self.subscriber_id) as beat:
+            self._load(plan, into)
+        self._loading_recorded |= beat.wrote
+
+    def _load(self, plan: Plan, into: StateDict | None) -> None:
         state = self._state if into is None else into
         for step in plan.steps:
             if step.kind == "anchor":
@@ -252,10 +275,12 @@ class WeightSubscriber:
         if not self.register:
             return
         now = self._clock()
-        if self._recorded_at is not None and now - self._recorded_at < self.record_every_s:
+        if (self._recorded_at is not None and now - self._recorded_at < self.record_every_s
+                and not self._loading_recorded):
             return
         self.store.register_subscriber(self.subscriber_id, self.version)
         self._recorded_at = now
+        self._loading_recorded = False
 
     def close(self, *, unregister: bool = True) -> None:
         if unregister and self.register:

@@ -40,6 +40,8 @@ class RunProgress:
     autoscale: AutoscaleReport | None = None
     done: dict[str, TrainerDone] = field(default_factory=dict)
     """Trainers that reported ``done``, by policy."""
+    done_since: float | None = None
+    """Unix time before which a ``done`` is an earlier launch's (the log is read from its start)."""
     restarts: dict[str, int] = field(default_factory=dict)
     """Restarts per component, from the launcher's own supervisor events."""
     retired: set[str] = field(default_factory=set)
@@ -60,8 +62,8 @@ class RunProgress:
                 self.retired.discard(node)  # a new node under a retired one's name
             case TrainerDone():
                 # A resumed run reads its log from the start: a "done" of an earlier life that had a
-                # smaller step target is history, not the end of this run.
-                if record.step >= self.steps:
+                # smaller step target, or was written before this launch (a rollback), is history.
+                if record.step >= self.steps and (self.done_since is None or record.time >= self.done_since):
                     self.done[record.policy] = record
             case TrainerStart() | TrainerStep():
                 self.trainers[record.policy] = record

@@ -83,6 +83,8 @@ class RunOptions:
     from_archive: str | None = None
     """Train on the batches the recipe's dataflow section serves from this archived run
     (:mod:`astraflow.archive.feed`): only trainers (and the archiver) start, no dataflow, no node."""
+    from_checkpoint: int | None = None
+    """Restart run ``run_id`` from every policy's kept checkpoint of this step (:mod:`astraflow.launcher.rollback`)."""
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     """Backoff and budget for restarting a component (or a server of ``stack``) that dies."""
     prometheus: bool = False
@@ -270,11 +272,17 @@ def _launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console, guard
     ensure_topics(cfg, run_topics(recipe, run_id))
     if opts.from_archive:
         recipe = _feed_from_archive(recipe, cfg, opts.from_archive, console)
+    if opts.from_checkpoint is not None:
+        from astraflow.launcher.rollback import roll_back
+
+        roll_back(cfg, [p.name for p in recipe.policies], opts.from_checkpoint,
+                  lambda m: console.print(m, highlight=False))
     recipe_file = write_recipe(recipe, run_dir / "recipe.yaml")
     cluster_file = write_cluster_file(cfg, run_dir / "cluster.yaml")
 
     policies = [p.name for p in recipe.policies]
-    progress = RunProgress(run=run_id, steps=recipe.trainer.steps, policies=policies)
+    # a "done" written before this launch is history (a rollback's run ends at the step the first life did)
+    progress = RunProgress(run=run_id, steps=recipe.trainer.steps, policies=policies, done_since=time.time())
     metrics_path = run_dir / "metrics.jsonl"
     specs = component_specs(recipe, recipe_file, cluster_file, run_dir, threads=opts.threads,
                             archive=opts.archive, rollouts=not opts.from_archive)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
 from astraflow.config import BACKGROUND_FETCH_MAX_WAIT_MS, KAFKA_FETCH_MAX_WAIT_MS
@@ -55,12 +55,16 @@ class LogConsumer:
         bootstrap_timeout_s: float = 10.0,
         store: ObjectStore | None = None,
         background: bool = False,
+        start_at: Mapping[Partition, int] | None = None,
         **kafka_overrides: Any,
     ) -> None:
         """``session_timeout_ms=6000``: a group join takes ~3 s against Tansu (23 s at kafka-python's
         45 s default). ``max_poll_interval_ms``: longest gap between polls (one RL step) before the
         member is considered dead. ``background``: a consumer no hand-off waits on (an archive, a progress
         view); its fetches wait at least ``BACKGROUND_FETCH_MAX_WAIT_MS``, so it wakes less often.
+        ``start_at``: (topic, partition) -> the offset to read from instead of the group's committed one,
+        until this member commits on that partition (a trainer resuming from a checkpoint older than
+        what its group committed: a rollback, or a corrupt newest checkpoint it fell back from).
         ``kafka_overrides`` go straight to ``KafkaConsumer``."""
         from kafka import ConsumerRebalanceListener, KafkaConsumer
 
@@ -74,6 +78,8 @@ class LogConsumer:
         self._auto_offset_reset = auto_offset_reset
         self._revoked_before: set[Any] = set()
         self._reseek: set[Any] = set()
+        self._start_at: dict[Partition, int] = dict(start_at or {})
+        """Where to read a partition from until this member commits on it (``start_at``)."""
         self._unreachable_since = 0.0
         """Monotonic time the first poll of a broker outage failed (0: the broker answers)."""
         self.handoff = HandoffLatency()
@@ -107,7 +113,8 @@ class LogConsumer:
                 outer._revoked_before |= set(revoked)
 
             def on_partitions_assigned(self, assigned: Any) -> None:
-                outer._reseek |= set(assigned) & outer._revoked_before
+                outer._reseek |= {tp for tp in assigned
+                                  if tp in outer._revoked_before or (tp.topic, tp.partition) in outer._start_at}
                 if outer._paused and assigned:
                     outer._consumer.pause(*assigned)
 
@@ -218,10 +225,18 @@ class LogConsumer:
                          len(offsets), type(exc).__name__, exc)
             return {}
         self._offsets.committed(offsets)
+        for tp in offsets:
+            self._start_at.pop(tp, None)  # the group's committed offset is this member's own from now on
         return offsets
 
     def _seek_to_committed(self, partitions: Any) -> None:
         for tp in partitions:
+            start = self._start_at.get((tp.topic, tp.partition))
+            if start is not None:
+                _log.info("consumer %s: reading %s:%d from offset %d (asked for), not from the group's "
+                          "committed offset", self.group_id, tp.topic, tp.partition, start)
+                self._consumer.seek(tp, start)
+                continue
             committed = self._consumer.committed(tp)
             if committed is not None:
                 self._consumer.seek(tp, committed)

@@ -25,6 +25,12 @@ class ConsumerGroups:
         """The trainer of ``policy`` on ``<run>.batches.<policy>``."""
         return f"{self.run}.trainer.{_part('policy', policy)}"
 
+    def trainer_rollback(self, policy: str) -> str:
+        """The batches of ``policy`` that a rollback to its oldest kept checkpoint trains again: never
+        joined, its offsets (that checkpoint's consumed offsets) committed by the trainer after each save
+        (:mod:`astraflow.log.positions`), so that log retention keeps them."""
+        return f"{self.run}.trainer-rollback.{_part('policy', policy)}"
+
     @property
     def dataflow(self) -> str:
         """The dataflow on trajectories, metrics and weight announcements."""

@@ -13,6 +13,11 @@ from collections.abc import Iterable
 Partition = tuple[str, int]
 
 
+def partitions_of(offsets: dict[str, int]) -> dict[Partition, int]:
+    """Offsets keyed ``"<topic>:<partition>"`` (as checkpoints store them) keyed by :data:`Partition`."""
+    return {(key.rsplit(":", 1)[0], int(key.rsplit(":", 1)[1])): offset for key, offset in offsets.items()}
+
+
 class ProcessedOffsets:
     def __init__(self) -> None:
         self._pending: dict[Partition, deque[int]] = {}

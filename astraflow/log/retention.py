@@ -12,7 +12,10 @@ The dataflow comes back for records it has consumed or sent: a dataflow restarte
 the task and batch records its lost life sent after its last save and looks up its in-flight tasks'
 records. It holds that position as the group ``<run>.dataflow-recovery`` (committed with each state save,
 :mod:`astraflow.log.positions`), a reader of the task and batch topics like the others, so those records
-stay for as long as it is down. ``keep_s`` is only a margin on top of the positions.
+stay for as long as it is down. ``keep_s`` is only a margin on top of the positions. A trainer holds the
+consumed offsets of its oldest kept checkpoint as ``<run>.trainer-rollback.<policy>`` (committed after each
+save), so that a rollback to any kept checkpoint (``astraflow run --from-checkpoint``), or a fall back from a
+corrupt one, finds the batches it trains again.
 
 A run without an archiver (``astraflow run --no-archive``) leaves the archive group out of the readers:
 the log is trimmed all the same (it is a buffer; the archive, when there is one, is the history).
@@ -52,7 +55,8 @@ def run_readers(run: str, pools: Iterable[str], policies: Iterable[str], *,
     archive = [groups.archive] if archived else []
     readers = {topics.tasks(pool): [groups.raas(pool), groups.dataflow_recovery] for pool in pools}
     for policy in policies:
-        readers[topics.batches(policy)] = [groups.trainer(policy), groups.dataflow_recovery, *archive]
+        readers[topics.batches(policy)] = [groups.trainer(policy), groups.trainer_rollback(policy),
+                                           groups.dataflow_recovery, *archive]
         readers[topics.weights(policy)] = [groups.dataflow, *archive]
     readers[topics.trajectories] = [groups.dataflow, *archive]
     readers[topics.metrics] = [groups.dataflow, *archive]

@@ -29,6 +29,8 @@ DELTA_FILE = "delta.zst"
 MANIFEST_FILE = "manifest.json"
 TRAINER_POINTER_FILE = "latest.json"
 """A trainer checkpoint's pointer, under ``<run>/trainer/<policy>/`` (it names the step's parts)."""
+STEP_POINTER = "pointer.json"
+"""The copy of a checkpoint's pointer in its step folder, ``<run>/trainer/<policy>/step-NNNNNNNN/``."""
 
 
 def _check_name(kind: str, value: str) -> str:

@@ -35,6 +35,9 @@ class RunSummary:
     """Archive kind -> keys of its Parquet parts."""
     checkpoint_pointers: dict[str, str] = field(default_factory=dict)
     """Policy -> key of its trainer's checkpoint pointer (its step: :func:`checkpointed_steps`)."""
+    kept_checkpoints: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    """Policy -> the steps of its kept checkpoints (step folders with their copy of the pointer; sorted):
+    what ``astraflow run --run-id R --from-checkpoint STEP`` may roll back to."""
 
     @property
     def policies(self) -> list[str]:
@@ -54,7 +57,7 @@ class RunSummary:
 
 def list_runs(store: ObjectStore, run: str | None = None) -> list[RunSummary]:
     """One summary per run in the bucket (or only ``run``), from one listing."""
-    from astraflow.objstore.layout import TRAINER_POINTER_FILE, parse_version
+    from astraflow.objstore.layout import STEP_POINTER, TRAINER_POINTER_FILE, parse_version
 
     runs: dict[str, RunSummary] = {}
     for obj in store.list_objects(f"{run}/" if run else ""):
@@ -76,10 +79,13 @@ def list_runs(store: ObjectStore, run: str | None = None) -> list[RunSummary]:
             summary.versions[parts[1]].append(parse_version(key))
         elif area == "trainer" and len(parts) == 3 and parts[2] == TRAINER_POINTER_FILE:
             summary.checkpoint_pointers[parts[1]] = key
+        elif (area == "trainer" and len(parts) == 4 and parts[3] == STEP_POINTER and parts[2].startswith("step-")
+              and parts[2][len("step-"):].isdigit()):
+            summary.kept_checkpoints[parts[1]].append(int(parts[2][len("step-"):]))
         elif area == "archive" and key.endswith(".parquet") and parts[1].startswith("kind="):
             summary.archive_parts[parts[1][len("kind="):]].append(key)
     for summary in runs.values():
-        for versions in summary.versions.values():
+        for versions in (*summary.versions.values(), *summary.kept_checkpoints.values()):
             versions.sort()
     return [runs[name] for name in sorted(runs)]
 

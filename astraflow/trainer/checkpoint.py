@@ -5,7 +5,7 @@ Layout under ``<run>/trainer/<policy>/``::
     step-00000012/model.safetensors    weights (safetensors, fp32 as trained)
     step-00000012/optimizer.safetensors   optimizer tensors (moments, step counters as tensors)
     step-00000012/optimizer.json          the rest of the optimizer state (param groups, state keys)
-    step-00000012/pointer.json            a copy of that step's pointer (for a rollback by hand)
+    step-00000012/pointer.json            a copy of that step's pointer (what a rollback or a fall back loads)
     latest.json                        pointer, written LAST: step, version, the parts' sha256,
                                        the consumed offsets and the ids of the batches trained
 
@@ -17,9 +17,14 @@ crash mid-save leaves the previous checkpoint in force.
 Retention (``keep_checkpoints``, the recipe's ``trainer.keep_checkpoints``): once the pointer names
 step S, the step folders below the K newest at or below S are deleted (after the pointer write, so
 a crash never leaves a pointer to deleted parts; folders above S, a crashed save's leftovers, are
-left alone). :meth:`CheckpointStore.load` reads only ``latest.json`` and refuses a corrupt one rather
-than falling back; the older K-1 are there for a human to roll back to, by copying a step's
-``pointer.json`` over ``latest.json``.
+left alone). :meth:`CheckpointStore.load` reads ``latest.json`` (or, given a step, that step's copy) and
+refuses a corrupt checkpoint; the trainer then falls back to the next older kept one
+(:meth:`TrainerService._resume_from_checkpoints <astraflow.trainer.service.TrainerService._resume_from_checkpoints>`).
+The older K-1 are also there to roll back to: :meth:`CheckpointStore.roll_back` copies a step's
+``pointer.json`` over ``latest.json`` (``astraflow run --run-id R --from-checkpoint STEP``). The batches
+such a checkpoint would train again stay in the log: after each save the trainer holds the oldest kept
+checkpoint's consumed offsets (:meth:`CheckpointStore.oldest_kept_offsets`) as the memberless group
+``<run>.trainer-rollback.<policy>``, which log retention respects.
 
 A backend with sharded state (the torch backend, at any world size) writes format 3 instead: its
 model and optimizer through torch.distributed.checkpoint as safetensors shards, one folder per save
@@ -41,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from astraflow.objstore import ChecksumError, ObjectNotFoundError, ObjectStoreError, RunLayout
-from astraflow.objstore.layout import TRAINER_POINTER_FILE
+from astraflow.objstore.layout import STEP_POINTER, TRAINER_POINTER_FILE
 from astraflow.trainer import sharded_checkpoint
 from astraflow.trainer.checkpoint_error import CheckpointError
 from astraflow.trainer.sharded_checkpoint import LocalShards, StoredShards
@@ -51,8 +56,6 @@ if TYPE_CHECKING:
     from astraflow.objstore import ObjectStore
 
 POINTER = TRAINER_POINTER_FILE
-STEP_POINTER = "pointer.json"
-"""The copy of a step's pointer inside its folder."""
 STEP_DIR_RE = re.compile(r"^step-(\d+)/")
 log = logging.getLogger(__name__)
 FORMAT = 2
@@ -96,6 +99,10 @@ class CheckpointStore:
         """Step folders kept after each save (None: all of them)."""
         self.pruned_steps = 0
         """Step folders deleted by this store's saves so far."""
+        self._saved_offsets: dict[int, dict[str, int]] = {}
+        """Step -> the consumed offsets of the checkpoints this store saved and has not deleted."""
+        self.oldest_kept: int | None = None
+        """After a save: the oldest checkpoint step still kept at or below the one saved."""
 
     def _key(self, name: str) -> str:
         return self.layout.trainer_key(self.policy, name)
@@ -137,10 +144,16 @@ class CheckpointStore:
 
     def _write_pointer(self, pointer: dict[str, Any]) -> None:
         """The step's copy, then ``latest.json`` (last), then retention."""
-        self.store.put_json(self._key(f"step-{pointer['step']:08d}/{STEP_POINTER}"), pointer)
+        self.store.put_json(self._step_pointer(pointer["step"]), pointer)
         self.store.put_json(self._key(POINTER), pointer)
+        self._saved_offsets[pointer["step"]] = dict(pointer["offsets"])
         if self.keep_checkpoints is not None:
             self._prune(pointer["step"])  # strictly after the pointer: it never names deleted parts
+        elif self.oldest_kept is None:  # every checkpoint kept: the oldest stays the oldest
+            self.oldest_kept = min(self.kept_steps(), default=pointer["step"])
+
+    def _step_pointer(self, step: int) -> str:
+        return self._key(f"step-{step:08d}/{STEP_POINTER}")
 
     def _prune(self, pointed: int) -> None:
         """Delete the step folders older than the ``keep_checkpoints`` newest at or below ``pointed``
@@ -156,6 +169,9 @@ class CheckpointStore:
             held = sorted({pointed, *(s for s in folders if s <= pointed)})
             old = held[:-self.keep_checkpoints]
             self.store.delete_many(k for s in old for k in folders.get(s, ()))
+            self.oldest_kept = held[-self.keep_checkpoints:][0]
+            for s in old:
+                self._saved_offsets.pop(s, None)
         except Exception as exc:  # noqa: BLE001 - pruning is housekeeping after a durable save
             log.warning("trainer %s: deleting checkpoints older than step %d failed (the next save tries "
                         "again): %s", self.policy, pointed, exc)
@@ -168,17 +184,19 @@ class CheckpointStore:
     def exists(self) -> bool:
         return self.store.exists(self._key(POINTER))
 
-    def load(self) -> TrainerCheckpoint | None:
-        """The latest checkpoint, None if there is none; :class:`CheckpointError` if it is corrupt."""
+    def load(self, step: int | None = None) -> TrainerCheckpoint | None:
+        """The latest checkpoint (``step``: the kept one of that step, from its folder's copy of the
+        pointer), None if there is none; :class:`CheckpointError` if it is corrupt."""
+        where = self._key(POINTER) if step is None else self._step_pointer(step)
         try:
-            pointer = self.store.get_json(self._key(POINTER))
+            pointer = self.store.get_json(where)
         except ObjectNotFoundError:
             return None
         except ObjectStoreError as exc:  # checksum mismatch or not JSON
-            raise CheckpointError(f"trainer checkpoint pointer {self._key(POINTER)} is corrupt: {exc}") from exc
+            raise CheckpointError(f"trainer checkpoint pointer {where} is corrupt: {exc}") from exc
         if isinstance(pointer, dict) and pointer.get("format") == sharded_checkpoint.FORMAT:
             return self._sharded(pointer)
-        self._check_pointer(pointer)
+        self._check_pointer(pointer, where)
         blobs = {}
         for part, info in pointer["parts"].items():
             try:
@@ -221,9 +239,8 @@ class CheckpointStore:
             raise CheckpointError(f"trainer checkpoint pointer {self._key(POINTER)} is not a checkpoint pointer: "
                                   f"{exc}") from None
 
-    def _check_pointer(self, pointer: Any) -> None:
-        """Refuse a pointer this version must not load, naming the object at fault."""
-        where = self._key(POINTER)
+    def _check_pointer(self, pointer: Any, where: str) -> None:
+        """Refuse a pointer (the object ``where``) this version must not load, naming the object at fault."""
         if not isinstance(pointer, dict) or not isinstance(pointer.get("parts"), dict):
             raise CheckpointError(f"trainer checkpoint pointer {where} is not a checkpoint pointer")
         if pointer.get("format") == 1:
@@ -236,6 +253,49 @@ class CheckpointStore:
         unknown = set(pointer["parts"]) - {"model", "optimizer_tensors", "optimizer_structure"}
         if unknown:
             raise CheckpointError(f"trainer checkpoint pointer {where} names unknown parts {sorted(unknown)}")
+
+    def kept_steps(self) -> list[int]:
+        """The steps of the checkpoints in the bucket (step folders with their copy of the pointer),
+        oldest first."""
+        root = self.layout.trainer_prefix(self.policy)
+        steps = set()
+        for key in self.store.list(root):
+            match = STEP_DIR_RE.match(key[len(root):])
+            if match and key.endswith(f"/{STEP_POINTER}") and key.count("/", len(root)) == 1:
+                steps.add(int(match.group(1)))
+        return sorted(steps)
+
+    def oldest_kept_offsets(self) -> dict[str, int] | None:
+        """After a save: the consumed offsets of the oldest checkpoint kept (the one a rollback may go
+        furthest back to); None before the first save or when its pointer cannot be read."""
+        step = self.oldest_kept
+        if step is None:
+            return None
+        if step not in self._saved_offsets:  # saved by an earlier life
+            try:
+                self._saved_offsets[step] = {k: int(v) for k, v in self.store.get_json(self._step_pointer(step))
+                                             .get("offsets", {}).items()}
+            except (ObjectStoreError, AttributeError, TypeError, ValueError) as exc:
+                log.warning("trainer %s: cannot read the offsets of kept checkpoint step %d: %s", self.policy,
+                            step, exc)
+                return None
+        return self._saved_offsets[step]
+
+    def roll_back(self, step: int) -> dict[str, Any]:
+        """Make the kept checkpoint of ``step`` the latest (its folder's pointer copied over
+        ``latest.json``): the trainer's next life resumes from it. Returns that pointer; refuses a step
+        that has no kept checkpoint, naming those there are. The checkpoints above it stay until the
+        resumed lineage's saves replace or prune them."""
+        kept = self.kept_steps()
+        if step not in kept:
+            raise CheckpointError(f"trainer {self.policy}: no kept checkpoint at step {step} under "
+                                  f"{self.layout.trainer_prefix(self.policy)} (kept: {kept or 'none'})")
+        try:
+            pointer = self.store.get_json(self._step_pointer(step))
+        except ObjectStoreError as exc:
+            raise CheckpointError(f"trainer checkpoint pointer {self._step_pointer(step)} is corrupt: {exc}") from exc
+        self.store.put_json(self._key(POINTER), pointer)
+        return pointer
 
     @staticmethod
     def _model_state(step: Any, key: str, data: bytes) -> dict[str, Any]:

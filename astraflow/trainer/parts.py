@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from astraflow.config import ClusterConfig
     from astraflow.delta import WeightPublisher, WeightSubscriber
     from astraflow.log import LogProducer
+    from astraflow.log.positions import HeldPosition
     from astraflow.recipe import Recipe
     from astraflow.trainer.base import TrainerBackend
     from astraflow.trainer.distributed import RankGroup
@@ -50,13 +51,16 @@ class TrainerParts:
     kind, so a refused one is sent again (leader)."""
     publisher: WeightPublisher | None = None
     """Publishes weight versions off the training loop (leader)."""
+    rollback_position: HeldPosition | None = None
+    """Holds the batches back to the oldest kept checkpoint in the log, committed after each save (leader)."""
 
 
 def build_trainer_parts(cfg: ClusterConfig, recipe: Recipe, policy: str, group: RankGroup) -> TrainerParts:
     """The parts of ``policy``'s trainer; ``group`` has started. Collective on a rank group: the life
     id is rank 0's. On rank 0 the trainer's topics exist (and their ids are known) when it returns."""
-    from astraflow.log import Topics, ensure_topics
+    from astraflow.log import ConsumerGroups, Topics, ensure_topics
     from astraflow.log.identity import topic_ids
+    from astraflow.log.positions import HeldPosition
     from astraflow.models import load_policy_model
     from astraflow.objstore import ObjectStore
     from astraflow.trainer.backend import build_backend
@@ -71,14 +75,15 @@ def build_trainer_parts(cfg: ClusterConfig, recipe: Recipe, policy: str, group: 
         ids = topic_ids(cfg, [topics.batches(policy)])
     checkpoints = CheckpointStore(ObjectStore.from_config(cfg), cfg.run, policy,
                                   keep_checkpoints=tspec.keep_checkpoints)
+    rollback = HeldPosition(cfg, ConsumerGroups(cfg.run).trainer_rollback(policy)) if group.leader else None
     writer: CheckpointWriter[list[Any]] = CheckpointWriter(
-        functools.partial(_save_checkpoint, cfg, policy, checkpoints), f"checkpoint-{policy}")
+        functools.partial(_save_checkpoint, cfg, policy, checkpoints, rollback), f"checkpoint-{policy}")
     backend = build_backend(load_policy_model(recipe, policy), spec.backend)
     if group.distributed and not backend.runs_as_rank_group:
         raise RuntimeError(f"trainer {policy}: backend {spec.backend.type!r} does not run as a group of "
                            f"ranks (trainer.ranks = {group.world_size}); run it with trainer.ranks: 1")
     parts = TrainerParts(life=life, topic_ids=ids, checkpoints=checkpoints, checkpoint_writer=writer,
-                         backend=backend)
+                         backend=backend, rollback_position=rollback)
     if group.leader:
         _open_leader_parts(parts, cfg, recipe, policy)
     return parts
@@ -103,10 +108,17 @@ def _open_leader_parts(parts: TrainerParts, cfg: ClusterConfig, recipe: Recipe, 
 
 
 def _save_checkpoint(cfg: ClusterConfig, policy: str, checkpoints: CheckpointStore,
-                     ckpt: TrainerCheckpoint) -> None:
+                     rollback: HeldPosition | None, ckpt: TrainerCheckpoint) -> None:
     """On the writer's thread. A restarting S3 server is waited out (one line per backoff step),
-    not a reason to exit: the save writes the same keys again, pointer last."""
+    not a reason to exit: the save writes the same keys again, pointer last. Then (rank 0) the log
+    position ``rollback`` moves to the oldest kept checkpoint's offsets: what a rollback to it, or a
+    fall back from a corrupt newer one, trains again stays in the log. A failed hold keeps the older
+    position (more of the log, never less)."""
+    from astraflow.log.offsets import partitions_of
     from astraflow.outage import OutageReport, wait_out_outage
 
     s3 = OutageReport(f"trainer {policy}: checkpoint, S3 endpoint", str(cfg.s3.endpoint), log)
-    wait_out_outage(lambda: checkpoints.save(ckpt), s3)
+    pointer = wait_out_outage(lambda: checkpoints.save(ckpt), s3)
+    offsets = checkpoints.oldest_kept_offsets() if pointer is not None and rollback is not None else None
+    if offsets:
+        rollback.hold(partitions_of(offsets))

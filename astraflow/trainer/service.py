@@ -1,9 +1,10 @@
 """The trainer process of one policy: batches in, weight versions out, resumable from the bucket.
 
 Bootstrap (the weight bootstrap rule): resume from this policy's checkpoint in the bucket if there
-is one (a corrupt one is refused: :class:`CheckpointError`); else load the latest version the weight
-store has (e.g. v0 published by ``astraflow demo`` after the SFT warm start); else build the model
-from the recipe (seeded), run the policy's ``sft`` warm start if the recipe has one (so
+is one (a corrupt one is refused by name, in an error line and a ``TrainerCheckpointRefused`` record,
+and the next older kept checkpoint is tried; :class:`CheckpointError` when none is left); else load
+the latest version the weight store has (e.g. v0 published by ``astraflow demo`` after the SFT warm
+start); else build the model from the recipe (seeded), run the policy's ``sft`` warm start if the recipe has one (so
 ``astraflow run RECIPE`` alone starts RL from the same kind of weights as the demo), and publish it
 as v0 (an anchor).
 
@@ -23,6 +24,9 @@ Versions: each step publishes ``version + 1`` (its weights cast to ``trainer.pub
 bf16 by default; checkpoints keep the fp32 masters) off the critical path (``WeightPublisher`` encodes
 and uploads on its own thread; the step waits only when more than ``trainer.max_publish_lag``
 versions are queued).
+A life that resumes from an older checkpoint than its group committed (a rollback with ``astraflow run
+--from-checkpoint``, a corrupt newest checkpoint refused) reads its batch topic from that checkpoint's
+offsets, not the group's, and trains the batches since it again.
 Versions that a crashed life published after its last checkpoint are orphaned: the resumed trainer
 publishes its checkpointed weights as a fresh version above anything published, so nodes never
 see a version number go backwards, and continues from there.
@@ -35,7 +39,8 @@ the torch backend are sharded (torch.distributed.checkpoint, format 3) at any wo
 at any other.
 
 Records on ``<run>.metrics`` (key ``trainer.<policy>``), typed control records
-(:mod:`astraflow.records.control`, each with its own schema name): a ``TrainerStart`` per life; a
+(:mod:`astraflow.records.control`, each with its own schema name): a ``TrainerCheckpointRefused`` per
+checkpoint refused at the start; a ``TrainerStart`` per life; a
 ``TrainerStep`` per step once its version is published (``publish_bytes`` known; ``publish_s``: seconds
 from the step's end to its version's announcement being acknowledged; the torch backend's
 ``zero_adv_frac``, ``trained_trajectories``, ``entropy`` and (a KL objective) ``kl_ref``; ``weights_gc_deleted`` and ``checkpoints_deleted``: weight
@@ -58,6 +63,7 @@ from astraflow.log.handoff import HandoffLatency
 from astraflow.records import batch as batch_rec
 from astraflow.records.batch import Batch
 from astraflow.records.control import (
+    TrainerCheckpointRefused,
     TrainerDone,
     TrainerRecord,
     TrainerSkipped,
@@ -122,6 +128,7 @@ class TrainerService:
         # rank 0's alone (None on the other ranks): only rank 0 reads and writes the log and the weight store
         self.subscriber, self.producer, self.records, self.publisher = (parts.subscriber, parts.producer,
                                                                         parts.records, parts.publisher)
+        self.rollback_position = parts.rollback_position
         self.step = 0
         self.version = 0
         self.offsets: dict[str, int] = {}
@@ -134,6 +141,8 @@ class TrainerService:
         """Version -> its step's :class:`TrainerStep` fields known at the step's end and the Unix time it
         ended, until the version is published."""
         self._seen_published = 0
+        self._read_partitions: set[str] = set()
+        """Batch partitions this life has read a record of (the first one is checked against the checkpoint)."""
         self.topic_ids: dict[str, str | None] = parts.topic_ids
         """Ids of the topics this trainer reads, as of its start (saved with each checkpoint)."""
         self.warm_start: dict[str, Any] | None = None
@@ -151,14 +160,10 @@ class TrainerService:
     def _bootstrap(self) -> str:
         """Collective on a rank group: every rank loads the same state; rank 0 alone reads and writes
         the weight store (what it finds is broadcast). Returns where the state came from."""
-        ckpt = self.checkpoints.load()
         latest = self.group.broadcast_json(self.subscriber.latest_version() if self.group.leader else None)
-        if ckpt is not None:
-            origin = self._resume(ckpt, latest)
-        elif latest is not None:
-            origin = self._load_published(latest)
-        else:
-            origin = self._start_fresh()
+        origin = self._resume_from_checkpoints(latest)
+        if origin is None:
+            origin = self._load_published(latest) if latest is not None else self._start_fresh()
         if self.backend.wants_reference:
             self._load_reference()
         return origin
@@ -183,6 +188,44 @@ class TrainerService:
                                    "trainer.weights_gc_every: 0") from exc
         self.backend.set_reference(state)
         log.info("trainer %s: reference policy for the KL term: version 0", self.policy)
+
+    def _resume_from_checkpoints(self, latest: int | None) -> str | None:
+        """Resume from the newest checkpoint that passes its checks (:meth:`_resume`); None when there is
+        none. One that fails them (a part whose bytes changed in the bucket, a pointer that does not parse)
+        is refused by name, loudly (an error line and a :class:`TrainerCheckpointRefused` record), and the
+        next older kept checkpoint is tried; the batches trained since that one come again
+        (:meth:`_join_batches`), kept in the log by the rollback position (:mod:`astraflow.trainer.parts`).
+        Raises :class:`CheckpointError` when no kept checkpoint passes. The same on every rank of a group:
+        each reads every object, so each refuses the same ones."""
+        step: int | None = None  # None: latest.json
+        refusals: list[str] = []
+        while True:
+            refused: int | None = step
+            try:
+                ckpt = self.checkpoints.load(step)
+                if ckpt is None:
+                    if step is None:
+                        return None
+                    raise CheckpointError(f"trainer checkpoint step {step}: its pointer is gone")
+                refused = ckpt.step
+                origin = self._resume(ckpt, latest)
+            except CheckpointError as exc:
+                older = [s for s in self.checkpoints.kept_steps() if refused is None or s < refused]
+                step = older[-1] if older else None
+                self._refuse(refused, exc, step)
+                if step is None:
+                    raise
+                refusals.append(f"step {refused}" if refused is not None else "latest.json")
+                continue
+            return origin + (f", after refusing corrupt checkpoint {', '.join(refusals)}" if refusals else "")
+
+    def _refuse(self, refused: int | None, exc: CheckpointError, fallback: int | None) -> None:
+        what = f"checkpoint step {refused}" if refused is not None else "the latest checkpoint's pointer"
+        then = (f"FALLING BACK to the previous kept checkpoint, step {fallback}; the batches trained since it are "
+                f"trained again" if fallback is not None else "no older kept checkpoint is left: stopping")
+        log.error("trainer %s: REFUSED %s: %s; %s", self.policy, what, exc, then)
+        if self.group.leader:
+            self._emit(TrainerCheckpointRefused, step=0, refused_step=refused, error=str(exc), fallback_step=fallback)
 
     def _resume(self, ckpt: TrainerCheckpoint, latest: int | None) -> str:
         """Continue from checkpoint ``ckpt``; ``latest``: the newest version in the weight store."""
@@ -375,10 +418,13 @@ class TrainerService:
         """Rank 0's consumer of the batch topic. Created only after the bootstrap: it joins the
         trainer's group once the checkpointed offsets are known."""
         from astraflow.log import ConsumerGroups, LogConsumer, Topics
+        from astraflow.log.offsets import partitions_of
 
         group = ConsumerGroups(self.cfg.run).trainer(self.policy)
+        # From the checkpoint's offsets, not the group's: they differ when this life resumes from an older
+        # checkpoint than the newest (a rollback, a corrupt newest one refused), whose batches come again.
         return LogConsumer(self.cfg, Topics(self.cfg.run).batches(self.policy), group,
-                           {batch_rec.SCHEMA_NAME: batch_rec.SCHEMA_VERSION},
+                           {batch_rec.SCHEMA_NAME: batch_rec.SCHEMA_VERSION}, start_at=partitions_of(self.offsets),
                            max_poll_interval_ms=600_000, client_id=f"trainer-{self.policy}-{self.life}")
 
     def _loop(self, consumer: Any) -> None:
@@ -414,6 +460,8 @@ class TrainerService:
         try:
             self.publisher.close()
         finally:
+            if self.rollback_position is not None:
+                self.rollback_position.close()
             if consumer is not None:
                 consumer.close()
         if not self.records.settle(10):
@@ -459,6 +507,9 @@ class TrainerService:
     def _admit(self, msg: Any) -> Batch | None:
         """The batch of a batch record; None (and the record marked for commit) for one not to train."""
         key = _offset_key(msg.topic, msg.partition)
+        if key not in self._read_partitions:
+            self._read_partitions.add(key)
+            self._check_nothing_trimmed(key, msg.offset)
         if msg.offset < self.offsets.get(key, -1):
             self.skipped["already_checkpointed"] += 1
             self._uncommitted.append(msg)
@@ -479,6 +530,17 @@ class TrainerService:
             self._report_skipped("duplicate", b.batch_id)
             return None
         return b
+
+    def _check_nothing_trimmed(self, key: str, first: int) -> None:
+        """Say loudly when this life's first batch record of a partition lies beyond where its checkpoint
+        reads from: the records between are gone from the log (trimmed by a retention that did not know the
+        trainer's rollback position, e.g. an external broker's ``retention.ms``), and the batches in them
+        are not trained in this lineage."""
+        start = self.offsets.get(key)
+        if start is not None and first > start:
+            log.error("trainer %s: the log no longer has batch records %d..%d of %s that its checkpoint (step %d) "
+                      "reads from: they are NOT trained in this lineage; training on from offset %d", self.policy,
+                      start, first - 1, key, self.step, first)
 
     def _report_skipped(self, reason: str, batch_id: str) -> None:
         """The dataflow counts a batch it served as a version to come and its run's end as one batch

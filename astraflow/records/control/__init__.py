@@ -9,7 +9,7 @@ but does not parse (reason ``bad-control-record``); a line of ``metrics.jsonl``,
 is parsed with ``parse_control(None, None, line)``. A record's JSON keys are the ones it had before it was typed, so the readers of the JSON itself
 (``metrics.jsonl``, the benchmarks, the archive's metric rows) read it as before.
 
-* ``<run>.metrics``: the trainer's ``start``, ``step``, ``skipped`` and ``done``
+* ``<run>.metrics``: the trainer's ``start``, ``step``, ``skipped``, ``done`` and ``checkpoint-refused``
   (:mod:`~astraflow.records.control.trainer`); a node's status, the dataflow's counters and its
   autoscaling report (:mod:`~astraflow.records.control.status`).
 * ``<run>.weights.<policy>``: the weight announcement (:mod:`~astraflow.records.control.weights`).
@@ -36,6 +36,7 @@ from astraflow.records.control.status import (
 )
 from astraflow.records.control.trainer import (
     TRAINER_RECORDS,
+    TrainerCheckpointRefused,
     TrainerDone,
     TrainerRecord,
     TrainerSkipped,
@@ -100,7 +101,8 @@ def _metrics_json_schema(obj: Any) -> str | None:
     elif component == "dataflow":
         model = {"dataflow": DataflowCounters, "autoscale": AutoscaleReport}.get(kind)
     elif component == "trainer":
-        model = {None: TrainerStep, "start": TrainerStart, "skipped": TrainerSkipped, "done": TrainerDone}.get(event)
+        model = {None: TrainerStep, "start": TrainerStart, "skipped": TrainerSkipped, "done": TrainerDone,
+                 "checkpoint-refused": TrainerCheckpointRefused}.get(event)
     else:
         model = None
     return None if model is None else model.SCHEMA_NAME
@@ -142,7 +144,8 @@ for _name, _version in CONTROL_RECORDS:
 
 __all__ = [
     "CONTROL_RECORDS", "METRICS_TOPIC_SCHEMAS", "ActuatorEvent", "AutoscaleReport", "ControlRecord",
-    "ControlRecordError", "DataflowCounters", "NodeStatus", "PoolReport", "SupervisorEvent", "TrainerDone",
+    "ControlRecordError", "DataflowCounters", "NodeStatus", "PoolReport", "SupervisorEvent",
+    "TrainerCheckpointRefused", "TrainerDone",
     "TrainerRecord", "TrainerSkipped", "TrainerStart", "TrainerStep", "WeightAnnouncement", "is_control",
     "parse_control", "send_control",
 ]

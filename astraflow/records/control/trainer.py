@@ -152,4 +152,23 @@ class TrainerDone(TrainerRecord):
     """Batch records not trained, by reason, over this life."""
 
 
-TRAINER_RECORDS: tuple[type[TrainerRecord], ...] = (TrainerStart, TrainerStep, TrainerSkipped, TrainerDone)
+class TrainerCheckpointRefused(TrainerRecord):
+    """A checkpoint the trainer would have resumed from failed its checks (a part's sha256, a pointer
+    that does not parse): it is refused, and the trainer falls back to the next older kept checkpoint."""
+
+    SCHEMA_NAME: ClassVar[str] = "trainer-checkpoint-refused"
+    SCHEMA_VERSION: ClassVar[int] = 1
+    event: Literal["checkpoint-refused"] = "checkpoint-refused"
+    """Tells the trainer's records apart in ``metrics.jsonl``."""
+    step: int = Field(ge=0)
+    """Steps this life had taken when it refused the checkpoint (0: at its start, the only time it reads one)."""
+    refused_step: int | None = Field(ge=0)
+    """The refused checkpoint's step; null when its pointer (``latest.json``) itself could not be read."""
+    error: str
+    """Why, naming the object at fault."""
+    fallback_step: int | None = Field(ge=0)
+    """The kept checkpoint tried next; null when none is left (the trainer stops with the error)."""
+
+
+TRAINER_RECORDS: tuple[type[TrainerRecord], ...] = (TrainerStart, TrainerStep, TrainerSkipped, TrainerDone,
+                                                    TrainerCheckpointRefused)
