@@ -197,6 +197,9 @@ class ClusterConfig(_Section):
     """A credential file (``ASTRAFLOW_CREDENTIALS_FILE``) whose settings are read under this config's at
     load: the secrets (S3 keys, the TLS client key) stay in it, and a config the launcher writes
     (``runs/<run>/cluster.yaml``) keeps this path instead of their values (docs/security.md)."""
+    role_credentials_dir: Path | None = None
+    """A folder of credential files named by role (``trainer.yaml``, ``node.yaml``, ...): ``astraflow
+    run`` gives each component its own role's (a secured embedded stack's ``secure/credentials/``)."""
 
     # -- loading -----------------------------------------------------------------------------
     @classmethod
@@ -259,7 +262,8 @@ class ClusterConfig(_Section):
             # A secured stack: its operator credential (TLS client certificate, S3 keys) by reference.
             own = self.model_dump(mode="json", exclude_unset=True)
             creds = read_yaml_mapping(Path(stack["credentials_file"]), "credential file")
-            data = _merged(creds, {**own, "credentials_file": stack["credentials_file"]})
+            data = _merged(creds, {**own, "credentials_file": stack["credentials_file"],
+                                   "role_credentials_dir": str(Path(stack["credentials_file"]).parent)})
             return ClusterConfig.model_validate(data).with_pem_files().resolve()
         kafka_update: dict[str, Any] = {"bootstrap": self.kafka.bootstrap or stack["kafka_bootstrap"]}
         if self.kafka.bootstrap is None:
