@@ -18,6 +18,8 @@ from e2e_helpers import tiny_recipe
 from waiting import wait_until
 
 from astraflow.config import ClusterConfig
+from astraflow.embedded.ports import StackPorts
+from astraflow.embedded.supervisor import SupervisedProcess
 from astraflow.objstore import ObjectStore, RunLayout
 from astraflow.records.control import TrainerDone, TrainerStep
 from astraflow.report.plot import typed_records
@@ -103,3 +105,42 @@ def _astraflow_processes(run_id: str) -> str:
     out = subprocess.run(["ps", "-eww", "-o", "args"], check=True, capture_output=True, text=True).stdout
     mine = "\n".join(line for line in out.splitlines() if "astraflow" in line or "stunnel" in line or "tansu" in line)
     return mine if "remote-1" in mine and "trainer" in mine else ""
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120, check=False,
+                          env={**_env(), "COLUMNS": "200"})
+
+
+def _free_block_plan() -> StackPorts:
+    """Free ports for `up`'s layout: kafka, s3, base..base+9 and base+10009."""
+    for _ in range(200):
+        candidate = StackPorts.free()
+        plan = StackPorts.plan(candidate.kafka, candidate.s3, candidate.master)
+        if plan.master + 10009 <= 65535 and not plan.taken():
+            return plan
+    raise RuntimeError("no free port block")
+
+
+def test_up_secure_keeps_its_secrets_in_private_files_and_down_stops_the_terminator(tmp_path: Path) -> None:
+    state, ports = tmp_path / "state", _free_block_plan()
+    up = _cli("up", "--secure", "--state-dir", str(state), "--log-storage", "memory", "--kafka-port", str(ports.kafka),
+              "--s3-port", str(ports.s3), "--internal-port-base", str(ports.master))
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        material = SecureMaterial(state)
+        assert "operator credential" in up.stdout and not _leaks(_secrets(material), up.stdout + up.stderr)
+        stack = json.loads((state / "stack.json").read_text())
+        assert stack["kafka_bootstrap"] == f"127.0.0.1:{ports.kafka}" and stack["s3_endpoint"] == f"https://127.0.0.1:{ports.s3}"
+        assert "s3_secret_key" not in stack and stack["credentials_file"] == str(material.credentials_file("admin"))
+        assert {stat.S_IMODE(p.stat().st_mode) for p in material.dir.rglob("*") if p.is_file()} == {0o600}
+        status = _cli("status", "--state-dir", str(state))
+        assert status.returncode == 0 and "tls (stunnel)" in status.stdout, status.stdout
+        assert "SSL" in status.stdout  # the resolved config the components will use
+        (tmp_path / "taken.yaml").write_text("keep me")
+        refused = _cli("credentials", "issue", "node", "--out", str(tmp_path / "taken.yaml"), "--state-dir", str(state))
+        assert refused.returncode == 2 and (tmp_path / "taken.yaml").read_text() == "keep me"
+    finally:
+        down = _cli("down", "--state-dir", str(state))
+    assert down.returncode == 0 and "stunnel" in down.stdout, down.stdout
+    assert not any(SupervisedProcess(name, state).alive() for name in ("stunnel", "tansu", "seaweedfs"))
