@@ -19,10 +19,11 @@ from astraflow.security.pki import make_ca
 pytestmark = pytest.mark.integration
 
 
-def _denied(call) -> str:
+def _denied(call, secret: str = "") -> str:
     with pytest.raises(ObjectStoreError) as refused:
         call()
     assert "AccessDenied" in str(refused.value), refused.value
+    assert not secret or secret not in str(refused.value)
     return str(refused.value)
 
 
@@ -44,8 +45,8 @@ def test_a_node_key_cannot_put_overwrite_or_delete_what_decides_the_model(secure
     before = {key: hashlib.sha256(trainer.get_bytes(key)).hexdigest() for key in published}
 
     for key in published:
-        _denied(lambda key=key: node.put_bytes(key, b"poisoned"))  # overwrite
-        _denied(lambda key=key: node.delete(key))
+        _denied(lambda key=key: node.put_bytes(key, b"poisoned"), node_cfg.s3.secret_key)  # overwrite
+        _denied(lambda key=key: node.delete(key), node_cfg.s3.secret_key)
     for key in (layout.anchor_key("pi", 14), layout.delta_key("pi", 14), layout.trainer_key("pi", "step-14/model.pt")):
         _denied(lambda key=key: node.put_bytes(key, b"forged"))  # a new version or checkpoint
     _denied(lambda: node.put_bytes(layout.manifest_key("pi", 14), b"{}", if_none_match=True))
@@ -95,5 +96,6 @@ def test_the_bucket_speaks_https_only_and_refuses_bad_keys_and_other_cas(secure_
     for access, secret, code in ((cfg.s3.access_key, "wrong-secret", "SignatureDoesNotMatch"),
                                  ("AFNOBODY", "x" * 40, "InvalidAccessKeyId")):
         bad = cfg.model_copy(update={"s3": cfg.s3.model_copy(update={"access_key": access, "secret_key": secret})})
-        with pytest.raises(ObjectStoreError, match=code):
+        with pytest.raises(ObjectStoreError, match=code) as refused:
             ObjectStore.from_config(bad, max_attempts=1, check_bucket=False).get_bytes("x")
+        assert secret not in str(refused.value) and cfg.s3.secret_key not in str(refused.value)
