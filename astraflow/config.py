@@ -214,6 +214,7 @@ class ClusterConfig(_Section):
                 data["credentials_file"] = str(Path(path).absolute())
         _overlay_env(data, env)
         if data.get("credentials_file"):
+            data["credentials_file"] = str(Path(data["credentials_file"]).absolute())  # children's cwd differs
             data = _merged(read_yaml_mapping(Path(data["credentials_file"]), "credential file"), data)
         try:
             return cls.model_validate(data).with_pem_files()
