@@ -57,6 +57,7 @@ def test_a_remote_node_joins_with_one_file_and_nothing_leaks(secure_stack, tmp_p
     assert stat.S_IMODE((remote / "node.yaml").stat().st_mode) == 0o600
     node_file = yaml.safe_load((remote / "node.yaml").read_text())
     assert node_file["kafka"]["bootstrap"] == secure_stack.kafka_bootstrap and node_file["s3"]["endpoint"].startswith("https")
+    assert node_file["kafka"]["fetch_max_wait_ms"] == 20  # the embedded in-memory log's, not kafka-python's 500
     assert not _leaks(secrets, issued.stdout + issued.stderr)
 
     run_id = unique_name("secure-run")

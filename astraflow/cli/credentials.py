@@ -33,7 +33,7 @@ def cmd_issue(args: argparse.Namespace) -> int:
 
     import yaml
 
-    from astraflow.config import STACK_FILE, ConfigError
+    from astraflow.config import EMBEDDED_FETCH_MAX_WAIT_MS, STACK_FILE, ConfigError
     from astraflow.security.material import SecureMaterial, write_private
 
     cfg = load_cluster(args)
@@ -44,7 +44,8 @@ def cmd_issue(args: argparse.Namespace) -> int:
     if args.out.exists():
         raise ConfigError(f"{args.out} exists: a credential is not overwritten (remove it first)")
     data = SecureMaterial(cfg.state_dir).credential_file(args.role, stack["kafka_bootstrap"], stack["s3_endpoint"],
-                                                         stack["s3_bucket"])
+                                                         stack["s3_bucket"],
+                                                         EMBEDDED_FETCH_MAX_WAIT_MS.get(stack.get("log_storage", "s3")))
     write_private(args.out, yaml.safe_dump(data, sort_keys=False))
     print(f"wrote the {args.role} credential to {args.out} (mode 0600; it is a secret)", file=sys.stderr)
     return 0

@@ -127,13 +127,17 @@ class SecureMaterial:
         return {"role": role, "kafka": self.client_tls(role), "s3": {**keys, "ca_file": str(self.ca_file)}}
 
     # -- one file for another machine --------------------------------------------------------------
-    def credential_file(self, role: Role, kafka_bootstrap: str, s3_endpoint: str, bucket: str) -> dict[str, Any]:
+    def credential_file(self, role: Role, kafka_bootstrap: str, s3_endpoint: str, bucket: str,
+                        fetch_max_wait_ms: int | None = None) -> dict[str, Any]:
         """``role``'s whole credential as a cluster config: the endpoints, the CA, its client
-        certificate and key and its S3 keys inline (``astraflow credentials issue``)."""
+        certificate and key and its S3 keys inline (``astraflow credentials issue``).
+        ``fetch_max_wait_ms``: the embedded broker's (a config with a bootstrap of its own would take
+        kafka-python's 500 ms, which Tansu holds for half: every hand-off to the node ~250 ms later)."""
         cert_file, key_file = self._client_files(role)
         keys = self.s3_keys()[role]
+        wait = {} if fetch_max_wait_ms is None else {"fetch_max_wait_ms": fetch_max_wait_ms}
         return {"role": role,
-                "kafka": {"bootstrap": kafka_bootstrap, "security_protocol": "SSL",
+                "kafka": {"bootstrap": kafka_bootstrap, "security_protocol": "SSL", **wait,
                           "ssl_ca_pem": self.ca_file.read_text(), "ssl_cert_pem": cert_file.read_text(),
                           "ssl_key_pem": key_file.read_text()},
                 "s3": {"endpoint": s3_endpoint, "bucket": bucket, **keys, "ca_pem": self.ca_file.read_text()}}
