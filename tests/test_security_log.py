@@ -4,6 +4,9 @@ a certificate of another CA and one that does not trust the broker, each with an
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 
@@ -50,3 +53,26 @@ def test_the_broker_refuses_wrong_credentials_naming_the_cause(secure_role, tmp_
         with pytest.raises(BrokerRefusedError, match=cause) as refused:
             open_admin(bad, timeout_s=2)
         assert cfg.s3.secret_key not in str(refused.value)
+
+
+def test_a_node_without_its_certificate_exits_with_the_cause(secure_stack, tmp_path):
+    """What docs/security.md promises a component: a refusal waiting cannot cure ends it with status 1
+    and one line naming the cause (its supervisor, if any, then restarts it within its budget)."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from astraflow.security.material import SecureMaterial
+
+    issued = SecureMaterial(secure_stack.state_dir).credential_file("node", secure_stack.kafka_bootstrap,
+                                                                    secure_stack.s3_endpoint, "astraflow")
+    del issued["kafka"]["ssl_cert_pem"], issued["kafka"]["ssl_key_pem"]
+    (tmp_path / "node.yaml").write_text(yaml.safe_dump(issued))
+    recipe = str(Path(__file__).parent.parent / "examples" / "recipes" / "math.yaml")
+    node = subprocess.run([sys.executable, "-m", "astraflow.cli.main", "node", "--cluster", "node.yaml", "--recipe",
+                           recipe, "--run-id", "refused"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          check=False, env={k: v for k, v in os.environ.items() if not k.startswith("ASTRAFLOW_")})
+    assert node.returncode == 1, node.stderr[-2000:]
+    assert "requires a client certificate and this client has none" in node.stderr.splitlines()[-1]
+    assert "Traceback" not in node.stderr
