@@ -1,6 +1,7 @@
 """A secured run with a remote-style node (docs/security.md): the node joins from another state dir and
 process with the one file `astraflow credentials issue node` wrote, the run finishes through the TLS
-listeners, and no secret shows in the run dir, the logs, the archive or the process arguments."""
+listeners, and no secret shows in the run dir, the components' and servers' logs, the archive or the
+process arguments."""
 
 from __future__ import annotations
 
@@ -93,6 +94,7 @@ def test_a_remote_node_joins_with_one_file_and_nothing_leaks(secure_stack, tmp_p
     assert cluster["credentials_file"] == str(material.credentials_file("admin")) and "secret_key" not in cluster["s3"]
     texts = {str(p): p.read_bytes().decode(errors="replace") for p in run_dir.rglob("*") if p.is_file()}
     texts["launcher output"], texts["node output"] = launcher_out.read_text(), node_out.read_text()
+    texts.update({str(p): p.read_text(errors="replace") for p in (secure_stack.state_dir / "logs").glob("*.log")})
     admin = ObjectStore.from_config(ClusterConfig.load(env={"ASTRAFLOW_STATE_DIR": str(secure_stack.state_dir),
                                                             "ASTRAFLOW_RUN": run_id}).resolve())
     for key in admin.list(RunLayout(run_id).archive_prefix()):
