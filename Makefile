@@ -9,6 +9,9 @@ install: $(VENV)/.installed
 # constraints.txt pins every version the results depend on (issue 40: an unpinned install moved the agent
 # demo's held-out figure between two days with no code change); regenerate it on purpose.
 $(VENV)/.installed: pyproject.toml constraints.txt
+	# stunnel: the TLS terminator of a secured embedded stack (`astraflow up --secure`, docs/security.md).
+	# Not fatal: without it only the secured stack (and its tests) fail, saying how to install it.
+	command -v stunnel4 >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends stunnel4 >/dev/null; } || echo "stunnel4 not installed: astraflow up --secure needs it"
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	# The local CPU build first, so that the package's `torch>=...` pulls no CUDA wheels.

@@ -53,8 +53,18 @@ class KafkaSettings(_Section):
     sasl_username: str | None = None
     sasl_password: str | None = None
     ssl_cafile: str | None = None
+    """CA bundle that signs the brokers' certificates (with an SSL protocol)."""
     ssl_certfile: str | None = None
+    """This client's certificate (a secured embedded stack's log authenticates clients by it)."""
     ssl_keyfile: str | None = None
+    """The private key of ``ssl_certfile``."""
+    ssl_ca_pem: str | None = None
+    """``ssl_cafile``'s contents inline (a credential file, ``astraflow credentials issue``): written to a
+    0600 file under ``<state_dir>/tls/`` at load, which then fills ``ssl_cafile``."""
+    ssl_cert_pem: str | None = None
+    """``ssl_certfile``'s contents inline, as ``ssl_ca_pem``."""
+    ssl_key_pem: str | None = None
+    """``ssl_keyfile``'s contents inline, as ``ssl_ca_pem`` (a secret)."""
     fetch_max_wait_ms: int | None = Field(default=None, ge=1, le=10_000)
     """How long the broker may hold a consumer's fetch that has no new record. Tansu looks again after
     half the time left (at 1/2, 3/4, ... of the wait), so a record waits up to about half of this
@@ -105,6 +115,10 @@ class S3Settings(_Section):
     the regional endpoint)."""
     access_key: str | None = None
     secret_key: str | None = None
+    ca_file: str | None = None
+    """CA bundle to verify an ``https`` endpoint with (``None``: the system's)."""
+    ca_pem: str | None = None
+    """``ca_file``'s contents inline (a credential file): written under ``<state_dir>/tls/`` at load."""
     region: str = "us-east-1"
     bucket: str = "astraflow"
     """The bucket holding every run's weights, checkpoints, claims and archives."""
@@ -176,6 +190,16 @@ class ClusterConfig(_Section):
     check). The default stays under the broker's 1 MiB message limit."""
     prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
     """The component's Prometheus endpoint (``ASTRAFLOW_PROMETHEUS_PORT`` / ``_HOST``); off by default."""
+    role: str | None = None
+    """The role whose credential this config carries (``node``, ``trainer``, ...), set in a credential
+    file (``astraflow credentials issue``); a config naming a role is its own ``credentials_file``."""
+    credentials_file: Path | None = None
+    """A credential file (``ASTRAFLOW_CREDENTIALS_FILE``) whose settings are read under this config's at
+    load: the secrets (S3 keys, the TLS client key) stay in it, and a config the launcher writes
+    (``runs/<run>/cluster.yaml``) keeps this path instead of their values (docs/security.md)."""
+    role_credentials_dir: Path | None = None
+    """A folder of credential files named by role (``trainer.yaml``, ``node.yaml``, ...): ``astraflow
+    run`` gives each component its own role's (a secured embedded stack's ``secure/credentials/``)."""
 
     # -- loading -----------------------------------------------------------------------------
     @classmethod
@@ -186,12 +210,31 @@ class ClusterConfig(_Section):
         data: dict[str, Any] = {}
         if path:
             data = read_yaml_mapping(Path(path), "cluster config")
+            if data.get("role") and not data.get("credentials_file"):
+                data["credentials_file"] = str(Path(path).absolute())
         _overlay_env(data, env)
+        if data.get("credentials_file"):
+            data["credentials_file"] = str(Path(data["credentials_file"]).absolute())  # children's cwd differs
+            data = _merged(read_yaml_mapping(Path(data["credentials_file"]), "credential file"), data)
         try:
-            return cls.model_validate(data)
+            return cls.model_validate(data).with_pem_files()
         except ValidationError as exc:
             where = f" in {path}" if path else ""
             raise ConfigError(f"invalid cluster config{where}:\n{exc}") from None
+
+    def with_pem_files(self) -> ClusterConfig:
+        """Inline PEMs (``kafka.ssl_*_pem``, ``s3.ca_pem``) written to 0600 files under
+        ``<state_dir>/tls/`` (named by their digest) and named by the file fields instead, since the
+        TLS libraries read files; the inline values leave the config."""
+        kafka = {f"ssl_{kind}file": _pem_file(self.state_dir, pem)
+                 for kind, pem in (("ca", self.kafka.ssl_ca_pem), ("cert", self.kafka.ssl_cert_pem),
+                                   ("key", self.kafka.ssl_key_pem)) if pem}
+        s3 = {"ca_file": _pem_file(self.state_dir, self.s3.ca_pem)} if self.s3.ca_pem else {}
+        if not kafka and not s3:
+            return self
+        kafka.update(ssl_ca_pem=None, ssl_cert_pem=None, ssl_key_pem=None)
+        return self.model_copy(update={"kafka": self.kafka.model_copy(update=kafka),
+                                       "s3": self.s3.model_copy(update={**s3, "ca_pem": None})})
 
     @property
     def is_embedded(self) -> bool:
@@ -216,6 +259,13 @@ class ClusterConfig(_Section):
                 f"{self.state_dir} (no {STACK_FILE}): run `astraflow up`, or configure the endpoint"
             )
         stack = json.loads(stack_file.read_text())
+        if stack.get("credentials_file") and self.credentials_file is None:
+            # A secured stack: its operator credential (TLS client certificate, S3 keys) by reference.
+            own = self.model_dump(mode="json", exclude_unset=True)
+            creds = read_yaml_mapping(Path(stack["credentials_file"]), "credential file")
+            data = _merged(creds, {**own, "credentials_file": stack["credentials_file"],
+                                   "role_credentials_dir": str(Path(stack["credentials_file"]).parent)})
+            return ClusterConfig.model_validate(data).with_pem_files().resolve()
         kafka_update: dict[str, Any] = {"bootstrap": self.kafka.bootstrap or stack["kafka_bootstrap"]}
         if self.kafka.bootstrap is None:
             storage = stack.get("log_storage", "s3")
@@ -227,12 +277,37 @@ class ClusterConfig(_Section):
         if self.s3.endpoint is None:
             s3_update = {
                 "endpoint": stack["s3_endpoint"],
-                "access_key": stack["s3_access_key"],
-                "secret_key": stack["s3_secret_key"],
+                "access_key": self.s3.access_key or stack["s3_access_key"],
+                "secret_key": self.s3.secret_key or stack["s3_secret_key"],
                 "bucket": stack.get("s3_bucket", self.s3.bucket),
                 "embedded_master": stack.get("s3_master"),
             }
         return self.model_copy(update={"kafka": kafka, "s3": self.s3.model_copy(update=s3_update)})
+
+
+def _merged(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over``'s values in place of its own, section by section."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merged(out[key], value) if isinstance(value, Mapping) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _pem_file(state_dir: Path, pem: str) -> str:
+    """``pem`` in ``<state_dir>/tls/<digest>.pem`` (directory 0700, file 0600), written once."""
+    import hashlib
+
+    folder = Path(state_dir).absolute() / "tls"
+    folder.mkdir(parents=True, exist_ok=True)
+    folder.chmod(0o700)
+    path = folder / f"{hashlib.sha256(pem.encode()).hexdigest()[:24]}.pem"
+    if not path.exists():
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(pem)
+        tmp.replace(path)
+    return str(path)
 
 
 def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:

@@ -43,8 +43,8 @@ FLOORS: list[tuple[str, list[str]]] = [
         "astraflow", "connectors", "astraflow.config", "astraflow.registry", "astraflow.devices",
         "astraflow.background_calls",
     ]),
-    ("the log and the bucket (transport, record format, what an outage of either looks like)", [
-        "astraflow.log", "astraflow.objstore", "astraflow.process", "astraflow.outage",
+    ("the log and the bucket (transport, record format, what an outage of either looks like, who may do what)", [
+        "astraflow.log", "astraflow.objstore", "astraflow.process", "astraflow.outage", "astraflow.security",
     ]),
     ("records: the Arrow records and the typed control records", ["astraflow.records", "astraflow.records.control"]),
     ("weights on the wire", ["astraflow.delta"]),

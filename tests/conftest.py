@@ -123,6 +123,35 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterConfig]
                 part.stop()
 
 
+@pytest.fixture(scope="session")
+def secure_stack(tmp_path_factory: pytest.TempPathFactory):
+    """A secured embedded stack (``astraflow up --secure``: mutual TLS on the log, HTTPS and one
+    identity per role on the bucket), started for the tests that ask for it."""
+    from astraflow.embedded import EmbeddedStack
+
+    stack, _ = EmbeddedStack.start_private(tmp_path_factory.mktemp("secure-stack"), storage="memory", secure=True)
+    try:
+        yield stack
+    finally:
+        stack.down()
+
+
+@pytest.fixture
+def secure_role(secure_stack, unique_name) -> Callable[[str], ClusterConfig]:
+    """``role -> ClusterConfig`` on :func:`secure_stack` with that role's credential file, for one run
+    of the test's own."""
+    from astraflow.security.material import SecureMaterial
+
+    run = unique_name("sec")
+
+    def make(role: str) -> ClusterConfig:
+        env = {"ASTRAFLOW_STATE_DIR": str(secure_stack.state_dir), "ASTRAFLOW_RUN": run,
+               "ASTRAFLOW_CREDENTIALS_FILE": str(SecureMaterial(secure_stack.state_dir).credentials_file(role))}
+        return ClusterConfig.load(env=env).resolve()
+
+    return make
+
+
 def _slug(text: str, limit: int = 40) -> str:
     """A test's node name as a safe topic/run fragment (Kafka allows ``[A-Za-z0-9._-]``)."""
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")[:limit] or "t"

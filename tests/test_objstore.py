@@ -291,7 +291,7 @@ def _weed_argv(data_dir: Path, ports: StackPorts) -> list[str]:
 
 
 def _start_weed(argv: list[str], log: Path, endpoint: str) -> subprocess.Popen[bytes]:
-    env = weed_env("killtest", "killtest-secret")
+    env = weed_env(("killtest", "killtest-secret"))
     proc = subprocess.Popen(argv, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env)
     import boto3  # the raw client, so that readiness does not depend on the layer under test
     from botocore.config import Config

@@ -24,10 +24,14 @@ from astraflow.log.client_logs import summarise_kafka_logs
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     raas = subparsers.add_parser(
-        "raas", help="run a RaaS node of a pool (consume tasks, produce trajectories, follow weights)",
+        "raas", aliases=["node"],
+        help="run a RaaS node of a pool (consume tasks, produce trajectories, follow weights)",
         description="Join the consumer group of <run>.tasks.<pool>, run episodes with one engine per "
         "policy, produce trajectories and refresh weights between generation steps.")
     _common(raas)
+    raas.add_argument("--cluster", dest="config", default=argparse.SUPPRESS, metavar="YAML",
+                      help="the cluster config or a node credential file (`astraflow credentials issue node`); "
+                      "same as the global --config")
     raas.add_argument("--pool", default=None, help="pool name from the recipe (default: its first pool)")
     raas.add_argument("--node-id", default=None, help="node id (default: <host>-<pid>-<random>)")
     raas.set_defaults(func=cmd_raas)

@@ -17,6 +17,7 @@ from astraflow.config import ConfigError
 # Order here is the order in ``--help``.
 COMMAND_MODULES = [
     "astraflow.cli.stack",      # up, down, status
+    "astraflow.cli.credentials", # credentials issue
     "astraflow.cli.weights",    # weights ls|show|verify|gc
     "astraflow.cli.components", # raas, dataflow, trainer
     "astraflow.cli.run",        # run RECIPE, demo

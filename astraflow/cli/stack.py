@@ -47,6 +47,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument(
         "--timeout", type=float, default=60.0, help="seconds to wait for each service (default: %(default)s)"
     )
+    up.add_argument(
+        "--secure", action="store_true",
+        help="a stack for remote nodes (docs/security.md): TLS on both public ports (stunnel), a client "
+        "certificate required on the log, one S3 identity per role on the bucket; the CA, certificates and "
+        "credentials are generated under <state-dir>/secure/ (0600). Hand a node its credential with "
+        "`astraflow credentials issue node --out node.yaml`",
+    )
+    up.add_argument("--bind", default="127.0.0.1", metavar="HOST",
+                    help="with --secure: address the two public listeners bind (0.0.0.0: every interface; "
+                    "the servers themselves stay on loopback) (default: %(default)s)")
+    up.add_argument("--advertise", default=None, metavar="HOST",
+                    help="with --secure: the host name or address other machines reach this one by (in the "
+                    "server certificate and the broker's metadata) (default: --bind, or 127.0.0.1)")
     up.set_defaults(func=cmd_up)
 
     down = subparsers.add_parser(
@@ -99,7 +112,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     except ValueError as exc:
         console.print(f"[red]invalid port:[/red] {exc}")
         return 2
-    stack = EmbeddedStack(cfg.state_dir, ports, storage=args.log_storage, start_timeout_s=args.timeout)
+    stack = EmbeddedStack(cfg.state_dir, ports, storage=args.log_storage, start_timeout_s=args.timeout,
+                          secure=args.secure, bind_host=args.bind if args.secure else "127.0.0.1",
+                          advertise_host=args.advertise)
     try:
         result = stack.up()
     except StackError as exc:
@@ -127,8 +142,12 @@ def _print_endpoints(console, ep: dict) -> None:
     table.add_row("Kafka bootstrap", ep["kafka_bootstrap"], "ASTRAFLOW_KAFKA_BOOTSTRAP")
     table.add_row("S3 endpoint", ep["s3_endpoint"], "ASTRAFLOW_S3_ENDPOINT")
     table.add_row("S3 bucket", ep["s3_bucket"], "ASTRAFLOW_S3_BUCKET")
-    table.add_row("S3 access key", ep["s3_access_key"], "ASTRAFLOW_S3_ACCESS_KEY")
-    table.add_row("S3 secret key", "(in stack.json)", "ASTRAFLOW_S3_SECRET_KEY")
+    if ep.get("credentials_file"):
+        table.add_row("operator credential", ep["credentials_file"], "ASTRAFLOW_CREDENTIALS_FILE")
+        table.add_row("a node's credential", "astraflow credentials issue node --out node.yaml", "")
+    else:
+        table.add_row("S3 access key", ep["s3_access_key"], "ASTRAFLOW_S3_ACCESS_KEY")
+        table.add_row("S3 secret key", "(in stack.json)", "ASTRAFLOW_S3_SECRET_KEY")
     table.add_row("log storage", ep.get("log_storage", "?"), "")
     console.print(table)
 

@@ -70,7 +70,7 @@ class SeaweedServer:
             self.ports = StackPorts.free()
             self.metrics_port = _free_port(set(self.ports.by_service().values()))
             argv = [*weed_argv(data_dir, self.ports, self.buckets), f"-metricsPort={self.metrics_port}"]
-            self.process.spawn(argv, weed_env(self.access_key, self.secret_key), cwd=self.state_dir,
+            self.process.spawn(argv, weed_env((self.access_key, self.secret_key)), cwd=self.state_dir,
                                die_with_parent=self.die_with_parent)
             try:
                 self.process.wait_until(

@@ -58,15 +58,19 @@ def weed_argv(data_dir: Path, ports: StackPorts, buckets: list[str]) -> list[str
     ]
 
 
-def weed_env(access_key: str, secret_key: str) -> dict[str, str]:
-    """``weed mini`` takes its admin S3 identity from these variables."""
+def weed_env(admin_keys: tuple[str, str] | None) -> dict[str, str]:
+    """``weed mini`` takes its admin S3 identity from these variables (``None``: from its ``-s3.config``
+    identities file, a secured stack's)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update({"AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key})
+    if admin_keys is not None:
+        env.update({"AWS_ACCESS_KEY_ID": admin_keys[0], "AWS_SECRET_ACCESS_KEY": admin_keys[1]})
     return env
 
 
-def s3_answers(endpoint: str, access_key: str, secret_key: str, buckets: list[str]) -> bool:
-    """True when S3 accepts the credentials and every bucket exists (creating missing ones)."""
+def s3_answers(endpoint: str, access_key: str, secret_key: str, buckets: list[str],
+               ca_file: str | None = None) -> bool:
+    """True when S3 accepts the credentials and every bucket exists (creating missing ones);
+    ``ca_file`` verifies an ``https`` endpoint."""
     import boto3
     from botocore.config import Config
 
@@ -76,6 +80,7 @@ def s3_answers(endpoint: str, access_key: str, secret_key: str, buckets: list[st
         aws_access_key_id=access_key,
         aws_secret_access_key=secret_key,
         region_name="us-east-1",
+        verify=ca_file if ca_file else None,
         config=Config(connect_timeout=1, read_timeout=3, retries={"max_attempts": 1}),
     )
     existing = {b["Name"] for b in client.list_buckets().get("Buckets", [])}

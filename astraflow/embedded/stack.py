@@ -4,6 +4,12 @@
 waits until both answer, and writes ``stack.json`` (the contract read by
 :meth:`astraflow.config.ClusterConfig.resolve`). ``down`` stops Tansu first (so that it is not left
 writing into a vanished S3), then SeaweedFS, and removes ``stack.json``.
+
+``secure=True`` (``astraflow up --secure``, docs/security.md) keeps both servers on loopback ports of
+their own and puts stunnel (:mod:`astraflow.embedded.stunnel`) on the public ports: the log with mutual
+TLS, the bucket with HTTPS and one S3 identity per role, from the CA and credentials generated under
+``<state_dir>/secure/`` (:mod:`astraflow.security.material`). ``stack.json`` then names the operator's
+credential file instead of holding keys.
 """
 
 from __future__ import annotations
@@ -16,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from astraflow.config import STACK_FILE
-from astraflow.embedded.ports import LOOPBACK, StackPorts
+from astraflow.embedded.ports import LOOPBACK, StackPorts, port_is_free
 from astraflow.embedded.seaweedfs import s3_answers, weed_argv, weed_env
+from astraflow.embedded.stunnel import find_stunnel_bin, stunnel_conf
 from astraflow.embedded.supervisor import SupervisedProcess
 from astraflow.embedded.tansu import (
     DEFAULT_LOG_STORAGE,
@@ -28,6 +35,7 @@ from astraflow.embedded.tansu import (
     tansu_env,
 )
 from astraflow.log.trim import TANSU_BUCKET
+from astraflow.security.material import SecureMaterial, write_private
 
 CREDENTIALS_FILE = "s3-credentials.json"
 DATA_BUCKET = "astraflow"
@@ -64,6 +72,9 @@ class EmbeddedStack:
         storage: LogStorage = DEFAULT_LOG_STORAGE,
         die_with_parent: bool = False,
         start_timeout_s: float = 60.0,
+        secure: bool = False,
+        bind_host: str = LOOPBACK,
+        advertise_host: str | None = None,
     ) -> None:
         if storage not in LOG_STORAGES:
             raise StackError(f"log storage must be one of {', '.join(LOG_STORAGES)}, not {storage!r}")
@@ -75,6 +86,15 @@ class EmbeddedStack:
         self.start_timeout_s = start_timeout_s
         self.s3 = SupervisedProcess("seaweedfs", self.state_dir)
         self.kafka = SupervisedProcess("tansu", self.state_dir)
+        self.secure = secure
+        """TLS on the public ports (stunnel), role identities on the bucket (see the module doc)."""
+        self.bind_host = bind_host
+        """Address the public listeners of a secured stack bind (``0.0.0.0``: every interface)."""
+        self.advertise_host = advertise_host or (bind_host if bind_host != "0.0.0.0" else LOOPBACK)
+        """Host name clients reach the public listeners by (in ``stack.json`` and the server certificate)."""
+        self.tls = SupervisedProcess("stunnel", self.state_dir)
+        self._backend = self.ports
+        """The servers' own ports: the public ones, or loopback ones behind stunnel when secure."""
 
     @classmethod
     def start_private(
@@ -84,6 +104,7 @@ class EmbeddedStack:
         ports: StackPorts | None = None,
         storage: LogStorage = "memory",
         attempts: int = 3,
+        secure: bool = False,
     ) -> tuple[EmbeddedStack, UpResult]:
         """Start a stack owned by the calling process (tests, benchmarks, a run): it dies with the
         caller even on SIGKILL; the caller stops it with :meth:`down`. On ``ports`` if given, else
@@ -91,7 +112,7 @@ class EmbeddedStack:
         another process (a teammate's test run) may take it in between: a failed start is retried
         on a fresh random plan, ``attempts`` times in all."""
         for attempt in range(attempts):
-            stack = cls(state_dir, ports or StackPorts.free(), storage=storage, die_with_parent=True)
+            stack = cls(state_dir, ports or StackPorts.free(), storage=storage, die_with_parent=True, secure=secure)
             try:
                 return stack, stack.up()
             except StackError:
@@ -120,11 +141,22 @@ class EmbeddedStack:
         return access, secret
 
     # -- lifecycle ---------------------------------------------------------------------------
+    def admin_keys(self) -> tuple[str, str]:
+        """The S3 key pair the stack itself uses (bucket creation, the broker's s3 log): the state
+        dir's one key, or a secured stack's ``admin`` identity."""
+        if self.secure:
+            keys = SecureMaterial(self.state_dir).s3_keys()["admin"]
+            return keys["access_key"], keys["secret_key"]
+        return self.credentials()
+
     def running_endpoints(self) -> dict | None:
-        """``stack.json`` if both services of a previous ``up`` are alive, else None."""
+        """``stack.json`` if every service of a previous ``up`` is alive, else None."""
         if not self.stack_file.exists() or not (self.s3.alive() and self.kafka.alive()):
             return None
-        return json.loads(self.stack_file.read_text())
+        endpoints = json.loads(self.stack_file.read_text())
+        if endpoints.get("credentials_file") and not self.tls.alive():
+            return None
+        return endpoints
 
     def up(self) -> UpResult:
         """Start both services and wait until they answer; harmless if already running."""
@@ -148,8 +180,15 @@ class EmbeddedStack:
             )
 
         seconds: dict[str, float] = {}
+        material = SecureMaterial(self.state_dir)
         try:
+            if self.secure:
+                material.ensure([self.advertise_host, LOOPBACK, "localhost"], DATA_BUCKET, TANSU_BUCKET)
+                kafka_backend, s3_backend = _free_ports(self.ports, 2)
+                self._backend = self.ports.model_copy(update={"kafka": kafka_backend, "s3": s3_backend})
             seconds["s3"] = self.start_service(self.s3.name)
+            if self.secure:  # before the broker, whose clients are told to come through it
+                seconds["tls"] = self.start_service(self.tls.name)
             seconds["kafka"] = self.start_service(self.kafka.name)
         except Exception as exc:
             self.down()
@@ -157,20 +196,20 @@ class EmbeddedStack:
                 raise
             raise StackError(f"embedded stack failed to start: {exc}") from exc
 
-        access, secret = self.credentials()
-        s3_endpoint = f"http://{LOOPBACK}:{self.ports.s3}"
-        bootstrap = f"{LOOPBACK}:{self.ports.kafka}"
         endpoints = {
-            "kafka_bootstrap": bootstrap,
-            "s3_endpoint": s3_endpoint,
+            "kafka_bootstrap": self.kafka_bootstrap,
+            "s3_endpoint": self.s3_endpoint,
             "s3_master": f"http://{LOOPBACK}:{self.ports.master}",
-            "s3_access_key": access,
-            "s3_secret_key": secret,
             "s3_bucket": DATA_BUCKET,
             "log_storage": self.storage,
             "ports": self.ports.by_service(),
             "started_at": time.time(),
         }
+        if self.secure:
+            endpoints["credentials_file"] = str(material.credentials_file("admin"))
+            endpoints["backend_ports"] = {"kafka": self._backend.kafka, "s3": self._backend.s3}
+        else:
+            endpoints["s3_access_key"], endpoints["s3_secret_key"] = self.credentials()
         tmp = self.stack_file.with_suffix(".json.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -178,27 +217,50 @@ class EmbeddedStack:
         tmp.replace(self.stack_file)
         return UpResult(already_running=False, endpoints=endpoints, seconds=seconds)
 
+    @property
+    def kafka_bootstrap(self) -> str:
+        """What clients bootstrap from (the TLS listener of a secured stack)."""
+        return f"{self.advertise_host if self.secure else LOOPBACK}:{self.ports.kafka}"
+
+    @property
+    def s3_endpoint(self) -> str:
+        return f"https://{self.advertise_host}:{self.ports.s3}" if self.secure else f"http://{LOOPBACK}:{self.ports.s3}"
+
     def start_service(self, name: str) -> float:
-        """Start ``seaweedfs`` or ``tansu`` on this stack's ports and log storage and wait until it
-        answers; returns the seconds taken. ``up`` starts both with it; the supervisor of a run that
-        owns the stack calls it again for a server that died (S3 first: a durable log lives in it)."""
-        access, secret = self.credentials()
-        s3_endpoint = f"http://{LOOPBACK}:{self.ports.s3}"
+        """Start ``seaweedfs``, ``tansu`` or (secured) ``stunnel`` on this stack's ports and log storage
+        and wait until it answers; returns the seconds taken. ``up`` starts them with it; the
+        supervisor of a run that owns the stack calls it again for a server that died (S3 first: a
+        durable log lives in it)."""
+        access, secret = self.admin_keys()
+        backend_s3 = f"http://{LOOPBACK}:{self._backend.s3}"
+        material = SecureMaterial(self.state_dir)
         t0 = time.monotonic()
         if name == self.s3.name:
             buckets = [DATA_BUCKET, TANSU_BUCKET]
             data_dir = self.state_dir / "seaweedfs"
             data_dir.mkdir(parents=True, exist_ok=True)
-            self.s3.spawn(weed_argv(data_dir, self.ports, buckets), weed_env(access, secret),
+            argv = weed_argv(data_dir, self._backend, buckets)
+            if self.secure:  # the admin identity comes from the identities file with the others
+                argv.append(f"-s3.config={material.identities_file}")
+            self.s3.spawn(argv, weed_env(None if self.secure else (access, secret)),
                           cwd=self.state_dir, die_with_parent=self.die_with_parent)
-            self.s3.wait_until(lambda: s3_answers(s3_endpoint, access, secret, buckets),
-                               self.start_timeout_s, f"S3 on {s3_endpoint}")
+            self.s3.wait_until(lambda: s3_answers(backend_s3, access, secret, buckets),
+                               self.start_timeout_s, f"S3 on {backend_s3}")
         elif name == self.kafka.name:
-            bootstrap = f"{LOOPBACK}:{self.ports.kafka}"
-            self.kafka.spawn(tansu_argv(self.ports.kafka, self.storage),
-                             tansu_env(self.storage, s3_endpoint, access, secret),
+            self.kafka.spawn(tansu_argv(self._backend.kafka, self.storage, advertised=self.kafka_bootstrap),
+                             tansu_env(self.storage, backend_s3, access, secret),
                              cwd=self.state_dir, die_with_parent=self.die_with_parent)
-            self.kafka.wait_until(lambda: kafka_answers(bootstrap), self.start_timeout_s, f"Kafka on {bootstrap}")
+            tls = material.client_tls("admin") if self.secure else {}
+            self.kafka.wait_until(lambda: kafka_answers(self.kafka_bootstrap, **tls), self.start_timeout_s,
+                                  f"Kafka on {self.kafka_bootstrap}")
+        elif name == self.tls.name and self.secure:
+            conf = write_private(material.dir / "stunnel.conf", stunnel_conf(
+                bind_host=self.bind_host, kafka_port=self.ports.kafka, kafka_backend=self._backend.kafka,
+                s3_port=self.ports.s3, s3_backend=self._backend.s3, cert_file=material.server_cert_file,
+                key_file=material.server_key_file, ca_file=material.ca_file))
+            self.tls.spawn([find_stunnel_bin(), str(conf)], cwd=self.state_dir, die_with_parent=self.die_with_parent)
+            self.tls.wait_until(lambda: s3_answers(self.s3_endpoint, access, secret, [], ca_file=str(material.ca_file)),
+                                self.start_timeout_s, f"TLS on {self.s3_endpoint}")
         else:
             raise StackError(f"no service {name!r} in the embedded stack")
         return round(time.monotonic() - t0, 3)
@@ -207,7 +269,7 @@ class EmbeddedStack:
         """Stop Tansu, then SeaweedFS; remove ``stack.json``. Returns the names of stopped services."""
         self.stack_file.unlink(missing_ok=True)
         stopped = []
-        for proc in (self.kafka, self.s3):
+        for proc in (self.tls, self.kafka, self.s3):
             if proc.stop(timeout_s):
                 stopped.append(proc.name)
         return stopped
@@ -227,7 +289,20 @@ class EmbeddedStack:
         ):
             pid = proc.pid()
             rows.append(ServiceStatus(service=name, pid=pid, endpoint=endpoint, alive=pid is not None))
+        if recorded.get("credentials_file"):
+            pid = self.tls.pid()
+            rows.append(ServiceStatus(service="tls (stunnel)", pid=pid, endpoint=f"{kafka_ep}, {s3_ep}",
+                                      alive=pid is not None))
         return rows
+
+
+def _free_ports(plan: StackPorts, count: int) -> list[int]:
+    """``count`` free loopback ports outside ``plan``, for the servers behind the TLS terminator."""
+    taken = set(plan.by_service().values())
+    ports = [port for port in StackPorts.free().by_service().values() if port not in taken and port_is_free(port)]
+    if len(ports) < count:
+        raise StackError("no free loopback port for a server behind the TLS terminator")
+    return ports[:count]
 
 
 def _describe(service: str) -> str:

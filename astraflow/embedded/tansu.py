@@ -61,14 +61,16 @@ def tansu_engines() -> tuple[str, ...]:
     return _engines_of(find_tansu_bin())
 
 
-def tansu_argv(port: int, storage: LogStorage) -> list[str]:
+def tansu_argv(port: int, storage: LogStorage, advertised: str | None = None) -> list[str]:
+    """Tansu on loopback ``port``; ``advertised`` (``host:port``): the address clients are told in
+    metadata (a secured stack's TLS listener), else the listener itself."""
     url = f"tcp://{LOOPBACK}:{port}"
     engine = f"s3://{TANSU_BUCKET}/" if storage == "s3" else "memory://tansu/"
     return [
         find_tansu_bin(),
         "broker",
         "--listener-url", url,
-        "--advertised-listener-url", url,
+        "--advertised-listener-url", f"tcp://{advertised}" if advertised else url,
         "--storage-engine", engine,
         "--kafka-cluster-id", TANSU_CLUSTER_ID,
     ]
@@ -93,11 +95,13 @@ def tansu_env(storage: LogStorage, s3_endpoint: str, access_key: str, secret_key
     return env
 
 
-def kafka_answers(bootstrap: str) -> bool:
-    """True when the broker answers ApiVersions and a metadata request."""
+def kafka_answers(bootstrap: str, **tls: str) -> bool:
+    """True when the broker answers ApiVersions and a metadata request; ``tls``: kafka-python's
+    ``security_protocol`` and ``ssl_*`` settings of a secured stack."""
     from kafka import KafkaConsumer
 
     consumer = KafkaConsumer(
+        **tls,
         bootstrap_servers=[bootstrap],
         request_timeout_ms=3000,
         metadata_max_age_ms=1000,

@@ -86,14 +86,32 @@ def open_run_cluster(cfg: ClusterConfig, *, log_storage: str | None = None,
                 announce("embedded stack stopped")
 
 
+SECRET_FIELDS = {"kafka": ("sasl_password", "ssl_key_pem"), "s3": ("access_key", "secret_key"),
+                 "region": ("access_key", "secret_key")}
+"""What a config with a ``credentials_file`` never copies, whatever that file holds."""
+
+
 def write_cluster_file(cfg: ClusterConfig, path: Path) -> Path:
-    """The resolved cluster config as YAML (mode 0600: it holds the S3 secret) for the children."""
+    """The resolved cluster config as YAML for the children, mode 0600. With a credential file
+    (a secured cluster) it names that file and holds no secret; else it holds the S3 key."""
     import os
 
     import yaml
 
     path.parent.mkdir(parents=True, exist_ok=True)
     data = json.loads(cfg.model_dump_json(exclude_none=True))
+    if cfg.credentials_file is not None:
+        # What the credential file provides is read from it (a component may be handed another
+        # role's file: ASTRAFLOW_CREDENTIALS_FILE), never copied.
+        from astraflow.config import read_yaml_mapping
+
+        provided = read_yaml_mapping(cfg.credentials_file, "credential file")
+        for section, fields in [*SECRET_FIELDS.items(), *provided.items()]:
+            if isinstance(fields, dict | tuple):
+                for field in fields:
+                    data.get(section, {}).pop(field, None)
+            else:
+                data.pop(section, None)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         yaml.safe_dump(data, f, sort_keys=False)

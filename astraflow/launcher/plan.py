@@ -132,8 +132,17 @@ def refuse_unavailable_devices(recipe: Recipe, source: str = "the recipe") -> No
         raise ValueError(f"{source} places models on devices this machine lacks:\n  " + "\n  ".join(missing))
 
 
-def child_env(cluster_file: Path, run_id: str, threads: int = 1) -> dict[str, str]:
+COMPONENT_ROLES = {"dataflow": "dataflow", "trainer": "trainer", "raas": "node", "archive": "archiver",
+                   "sinks": "reader"}
+"""The role whose credential each component command runs with on a secured cluster (security/roles.py)."""
+
+
+def child_env(cluster_file: Path, run_id: str, threads: int = 1, credential: Path | None = None) -> dict[str, str]:
+    """The environment of a component; ``credential``: its role's credential file, in place of the one
+    the cluster file names (least privilege on a secured cluster)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAFLOW_")}
+    if credential is not None:
+        env["ASTRAFLOW_CREDENTIALS_FILE"] = str(credential)
     env.update({
         "ASTRAFLOW_CONFIG": str(cluster_file),
         "ASTRAFLOW_RUN": run_id,
@@ -147,31 +156,45 @@ def child_env(cluster_file: Path, run_id: str, threads: int = 1) -> dict[str, st
     return env
 
 
+def role_credential(credentials_dir: Path | None, command: str) -> Path | None:
+    """The credential file of ``command``'s role in ``credentials_dir`` (None: none there)."""
+    if credentials_dir is None:
+        return None
+    path = Path(credentials_dir) / f"{COMPONENT_ROLES[command]}.yaml"
+    return path if path.exists() else None
+
+
 def component_specs(recipe: Recipe, recipe_file: Path, cluster_file: Path, run_dir: Path,
-                    *, threads: int = 1, archive: bool = True, rollouts: bool = True) -> list[ChildSpec]:
+                    *, threads: int = 1, archive: bool = True, rollouts: bool = True,
+                    credentials_dir: Path | None = None) -> list[ChildSpec]:
     """Dataflow first, then one trainer per policy, then ``nodes`` RaaS nodes per pool, then (with
     ``archive``) the archiver, which runs until the stop: on SIGTERM it reads what is left on the
     topics, flushes its last Parquet parts and exits 0 within the launcher's grace period. Without
     ``rollouts`` (trainers fed from an archive) no dataflow and no node."""
     base = _cli(cluster_file)
-    env = child_env(cluster_file, recipe.run, threads)
+
+    def env(command: str) -> dict[str, str]:
+        return child_env(cluster_file, recipe.run, threads, role_credential(credentials_dir, command))
+
     logs = run_dir / "logs"
     specs = []
     if rollouts:  # the dataflow trims the log; without an archiver, it waits for no archive group
         specs.append(ChildSpec("dataflow", [*base, "dataflow", "--recipe", str(recipe_file),
-                                            *([] if archive else ["--no-archive"])], env, logs / "dataflow.log"))
+                                            *([] if archive else ["--no-archive"])], env("dataflow"),
+                               logs / "dataflow.log"))
     for policy in recipe.policies:
         name = f"trainer-{policy.name}"
-        specs.append(ChildSpec(name, trainer_argv(recipe, recipe_file, cluster_file, policy.name), env,
+        specs.append(ChildSpec(name, trainer_argv(recipe, recipe_file, cluster_file, policy.name), env("trainer"),
                                logs / f"{name}.log", may_exit=True))
     for pool in recipe.pools if rollouts else []:
-        specs += [node_spec(recipe, recipe_file, cluster_file, run_dir, pool.name, i, threads=threads)
-                  for i in range(pool.nodes)]
+        specs += [node_spec(recipe, recipe_file, cluster_file, run_dir, pool.name, i, threads=threads,
+                            credentials_dir=credentials_dir) for i in range(pool.nodes)]
     if archive:  # without a dataflow (trainers fed from an archive), the archiver trims the log
         specs.append(ChildSpec("archive", [*base, "archive", "--recipe", str(recipe_file),
-                                           *([] if rollouts else ["--trim-log"])], env, logs / "archive.log"))
+                                           *([] if rollouts else ["--trim-log"])], env("archive"), logs / "archive.log"))
     if recipe.report.any:
-        specs.append(ChildSpec("sinks", [*base, "sinks", "--recipe", str(recipe_file)], env, logs / "sinks.log"))
+        specs.append(ChildSpec("sinks", [*base, "sinks", "--recipe", str(recipe_file)], env("sinks"),
+                               logs / "sinks.log"))
     return specs
 
 
@@ -193,11 +216,12 @@ def node_name(pool: str, index: int) -> str:
 
 
 def node_spec(recipe: Recipe, recipe_file: Path, cluster_file: Path, run_dir: Path, pool: str, index: int,
-              *, threads: int = 1) -> ChildSpec:
+              *, threads: int = 1, credentials_dir: Path | None = None) -> ChildSpec:
     """The command of one RaaS node of ``pool`` (at launch, or started later by the actuator)."""
     name = node_name(pool, index)
+    credential = role_credential(credentials_dir, "raas")
     return ChildSpec(name, [*_cli(cluster_file), "raas", "--recipe", str(recipe_file), "--pool", pool,
-                            "--node-id", name], child_env(cluster_file, recipe.run, threads),
+                            "--node-id", name], child_env(cluster_file, recipe.run, threads, credential),
                      run_dir / "logs" / f"{name}.log")
 
 

@@ -285,7 +285,8 @@ def _launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console, guard
     progress = RunProgress(run=run_id, steps=recipe.trainer.steps, policies=policies, done_since=time.time())
     metrics_path = run_dir / "metrics.jsonl"
     specs = component_specs(recipe, recipe_file, cluster_file, run_dir, threads=opts.threads,
-                            archive=opts.archive, rollouts=not opts.from_archive)
+                            archive=opts.archive, rollouts=not opts.from_archive,
+                            credentials_dir=cfg.role_credentials_dir)
     prometheus = PrometheusTargets(run_dir) if opts.prometheus else None
     if prometheus is not None:
         specs = [prometheus.serve(s) for s in specs]
@@ -312,7 +313,8 @@ def _launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console, guard
                            warn=lambda m: console.print(f"[yellow]{escape(m)}[/yellow]", highlight=False))
         if not opts.from_archive and any(p.autoscale is not None for p in recipe.pools):
             def scaled_node(pool: str, i: int) -> ChildSpec:
-                spec = node_spec(recipe, recipe_file, cluster_file, run_dir, pool, i, threads=opts.threads)
+                spec = node_spec(recipe, recipe_file, cluster_file, run_dir, pool, i, threads=opts.threads,
+                                 credentials_dir=cfg.role_credentials_dir)
                 return prometheus.serve(spec) if prometheus is not None else spec
 
             watched.append(_actuator(recipe, group, monitor, console, opts, scaled_node))

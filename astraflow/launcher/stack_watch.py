@@ -39,7 +39,11 @@ class StackWatch:
         """Dead servers waiting out their backoff: name -> (restart time, backoff)."""
 
     def _servers(self) -> tuple[SupervisedProcess, ...]:
-        return (self.stack.s3, self.stack.kafka)  # S3 first: the durable log lives in it
+        # S3 first: the durable log lives in it; a secured stack's TLS terminator before the broker,
+        # whose clients come through it.
+        if self.stack.secure:
+            return (self.stack.s3, self.stack.tls, self.stack.kafka)
+        return (self.stack.s3, self.stack.kafka)
 
     def check(self, now: float | None = None) -> list[RestartEvent]:
         """Notice dead servers, restart those whose backoff is over (blocking until they answer).

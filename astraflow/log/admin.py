@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from astraflow.log.errors import BrokerUnavailableError, LogError, TransientBrokerError
+from astraflow.log.errors import BrokerRefusedError, BrokerUnavailableError, LogError, TransientBrokerError
 from astraflow.log.retry import DEFAULT_DEADLINE_S, is_transient, retry_transient
 from astraflow.log.topics import validate_topic_name
 
@@ -26,9 +26,12 @@ def open_kafka_client(factory: Callable[..., C], who: str, cfg: ClusterConfig, t
                       **kwargs: Any) -> C:
     """A kafka-python client ``factory`` connected with the cluster config's settings, waiting at most
     ``timeout_s`` for a broker; ``kwargs`` add client-specific settings (and may override).
-    :class:`BrokerUnavailableError` names ``who`` and the bootstrap when no broker answers (a
-    configuration error, which no broker can fix, propagates as it is)."""
+    :class:`BrokerUnavailableError` names ``who`` and the bootstrap when no broker answers,
+    :class:`BrokerRefusedError` the cause when TLS keeps it off (a configuration error, which no
+    broker can fix, propagates as it is)."""
     from kafka.errors import KafkaConfigurationError, KafkaError
+
+    from astraflow.log.tls_probe import tls_refusal
 
     settings = {**cfg.kafka.client_kwargs(), "bootstrap_timeout_ms": int(timeout_s * 1000), **kwargs}
     try:
@@ -36,6 +39,9 @@ def open_kafka_client(factory: Callable[..., C], who: str, cfg: ClusterConfig, t
     except KafkaConfigurationError:
         raise
     except KafkaError as exc:
+        refusal = tls_refusal(cfg.kafka)
+        if refusal is not None:
+            raise BrokerRefusedError(f"{who}: {refusal}") from None
         raise BrokerUnavailableError(
             f"{who}: no Kafka broker answered at {cfg.kafka.bootstrap} within {timeout_s:g} s "
             f"({type(exc).__name__}: {exc}); is the stack up (`astraflow up`) or ASTRAFLOW_KAFKA_BOOTSTRAP right?"

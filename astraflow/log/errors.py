@@ -11,6 +11,11 @@ class BrokerUnavailableError(LogError):
     """No broker answered at the configured bootstrap address within the timeout."""
 
 
+class BrokerRefusedError(LogError):
+    """The broker refused this client's connection for a cause waiting cannot cure (TLS: a client
+    certificate it does not accept, a certificate the client does not trust, TLS on one side only)."""
+
+
 class TransientBrokerError(LogError):
     """The broker answered with a retriable error (timeout, no controller or leader yet): waiting
     may cure it, so :func:`astraflow.log.retry.retry_transient` retries it within its deadline."""

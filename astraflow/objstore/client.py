@@ -131,6 +131,7 @@ class ObjectStore:
             endpoint_url=s3.endpoint,
             aws_access_key_id=s3.access_key,
             aws_secret_access_key=s3.secret_key,
+            verify=s3.ca_file or None,
             config=config,
         )
         store = cls(client, s3.bucket, s3.endpoint or "(AWS default endpoint)", **transfer)
@@ -407,12 +408,16 @@ class ObjectStore:
             ClientError,
             NoCredentialsError,
             ReadTimeoutError,
+            SSLError,
         )
         from botocore.exceptions import (
             ConnectionError as BotoConnectionError,
         )
 
         where = self.url(key) if key is not None else f"s3://{self.bucket}"
+        if isinstance(exc, SSLError):  # a certificate the CA bundle does not trust: no wait cures it
+            return ObjectStoreError(f"TLS handshake with S3 endpoint {self.endpoint} failed ({op} {where}): {exc} "
+                                    "(is s3.ca_file the CA that signed its certificate?)")
         if isinstance(exc, BotoConnectionError | ReadTimeoutError):
             return ObjectStoreUnavailableError(f"S3 endpoint {self.endpoint} unreachable ({op} {where}): {exc}")
         if isinstance(exc, NoCredentialsError):

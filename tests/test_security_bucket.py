@@ -1,0 +1,101 @@
+"""A secured stack's bucket, on the real SeaweedFS behind the real TLS terminator (docs/security.md):
+HTTPS with the cluster's CA, one identity per role, and a node's key that cannot change the model."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import ssl
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from astraflow.delta.store import WeightStore
+from astraflow.objstore import ObjectStore, RunLayout
+from astraflow.objstore.errors import ObjectStoreError, ObjectStoreUnavailableError
+from astraflow.security.pki import make_ca
+
+pytestmark = pytest.mark.integration
+
+
+def _denied(call, secret: str = "") -> str:
+    with pytest.raises(ObjectStoreError) as refused:
+        call()
+    assert "AccessDenied" in str(refused.value), refused.value
+    assert not secret or secret not in str(refused.value)
+    return str(refused.value)
+
+
+def _published(store: ObjectStore, layout: RunLayout) -> dict[str, bytes]:
+    """A version of policy ``pi`` as a trainer leaves it: anchor, delta, manifest, checkpoint."""
+    objects = {layout.anchor_key("pi", 12): b"anchor-bytes" * 100, layout.delta_key("pi", 13): b"delta" * 50,
+               layout.manifest_key("pi", 13): b'{"version": 13}', layout.trainer_key("pi", "latest.json"): b'{"step": 13}'}
+    for key, data in objects.items():
+        store.put_bytes(key, data)
+    return objects
+
+
+def test_a_node_key_cannot_put_overwrite_or_delete_what_decides_the_model(secure_role):
+    trainer_cfg, node_cfg = secure_role("trainer"), secure_role("node")
+    assert trainer_cfg.s3.endpoint.startswith("https://") and node_cfg.s3.access_key != trainer_cfg.s3.access_key
+    trainer, node = ObjectStore.from_config(trainer_cfg), ObjectStore.from_config(node_cfg)
+    layout = RunLayout(node_cfg.run)
+    published = _published(trainer, layout)
+    before = {key: hashlib.sha256(trainer.get_bytes(key)).hexdigest() for key in published}
+
+    for key in published:
+        _denied(lambda key=key: node.put_bytes(key, b"poisoned"), node_cfg.s3.secret_key)  # overwrite
+        _denied(lambda key=key: node.delete(key), node_cfg.s3.secret_key)
+    for key in (layout.anchor_key("pi", 14), layout.delta_key("pi", 14), layout.trainer_key("pi", "step-14/model.pt")):
+        _denied(lambda key=key: node.put_bytes(key, b"forged"))  # a new version or checkpoint
+    _denied(lambda: node.put_bytes(layout.manifest_key("pi", 14), b"{}", if_none_match=True))
+    assert {key: hashlib.sha256(trainer.get_bytes(key)).hexdigest() for key in published} == before
+    assert not trainer.exists(layout.manifest_key("pi", 14))
+
+    # What a node does need: read the weights, list versions, register as a subscriber, put a claim.
+    assert node.get_bytes(layout.manifest_key("pi", 13)) == published[layout.manifest_key("pi", 13)]
+    assert len(list(node.list(layout.weights_prefix("pi")))) >= 3
+    weights = WeightStore(node, node_cfg.run, "pi")
+    weights.register_subscriber("node-1", 13)
+    assert [s.version for s in WeightStore(trainer, node_cfg.run, "pi").subscribers()] == [13]
+    weights.unregister_subscriber("node-1")
+    node.put_bytes(layout.claim_key("a" * 64), b"large trajectory")
+
+    # The trainer may replace its own objects (a GC deletes old versions).
+    trainer.delete(layout.delta_key("pi", 13))
+
+
+def test_each_role_writes_only_its_prefixes(secure_role):
+    layout = RunLayout(secure_role("reader").run)
+    stores = {role: ObjectStore.from_config(secure_role(role)) for role in ("dataflow", "archiver", "reader")}
+    stores["dataflow"].put_json(layout.dataflow_key("state.json"), {"ok": 1})
+    stores["archiver"].put_bytes(layout.archive_prefix("metrics") + "part-0.parquet", b"PAR1")
+    _denied(lambda: stores["dataflow"].put_bytes(layout.anchor_key("pi", 1), b"x"))
+    _denied(lambda: stores["archiver"].put_bytes(layout.trainer_key("pi", "latest.json"), b"x"))
+    _denied(lambda: stores["reader"].put_bytes(layout.claim_key("b" * 64), b"x"))
+    assert stores["reader"].get_json(layout.dataflow_key("state.json")) == {"ok": 1}
+
+
+def test_the_bucket_speaks_https_only_and_refuses_bad_keys_and_other_cas(secure_role, tmp_path):
+    cfg = secure_role("reader")
+    https = cfg.s3.endpoint
+    with pytest.raises(Exception, match="(?i)closed|reset|remote end|ssl|http"):
+        urllib.request.urlopen(https.replace("https://", "http://") + "/", timeout=5)  # plaintext to the TLS port
+
+    other_ca = tmp_path / "other-ca.pem"
+    other_ca.write_bytes(make_ca("someone else").cert_pem)
+    stranger = cfg.model_copy(update={"s3": cfg.s3.model_copy(update={"ca_file": str(other_ca)})})
+    with pytest.raises(ObjectStoreError, match="TLS handshake .* failed.*s3.ca_file") as untrusted:
+        ObjectStore.from_config(stranger, max_attempts=1, check_bucket=False).exists("x")
+    assert not isinstance(untrusted.value, ObjectStoreUnavailableError)  # waiting cannot cure it
+    url = urllib.parse.urlsplit(https)
+    with pytest.raises(ssl.SSLCertVerificationError), socket.create_connection((url.hostname, url.port), 5) as sock:
+        ssl.create_default_context(cafile=str(other_ca)).wrap_socket(sock, server_hostname=url.hostname)
+
+    for access, secret, code in ((cfg.s3.access_key, "wrong-secret", "SignatureDoesNotMatch"),
+                                 ("AFNOBODY", "x" * 40, "InvalidAccessKeyId")):
+        bad = cfg.model_copy(update={"s3": cfg.s3.model_copy(update={"access_key": access, "secret_key": secret})})
+        with pytest.raises(ObjectStoreError, match=code) as refused:
+            ObjectStore.from_config(bad, max_attempts=1, check_bucket=False).get_bytes("x")
+        assert secret not in str(refused.value) and cfg.s3.secret_key not in str(refused.value)
