@@ -52,6 +52,8 @@ def compare(a: dict, b: dict) -> dict:
     same = [all(x[k] == y[k] for k in FIGURES) for x, y in pairs]
     first_diff = next((i for i, s in enumerate(same) if not s), None)
     return {"steps": len(pairs), "identical_steps": sum(same), "first_different_step": first_diff,
+            "first_difference": None if first_diff is None else [pairs[first_diff][0], pairs[first_diff][1]],
+            "same_per_figure": {k: sum(x[k] == y[k] for x, y in pairs) for k in FIGURES},
             "heldout_after": [a["heldout_after"], b["heldout_after"]],
             "heldout_before": [a["heldout_before"], b["heldout_before"]],
             "reward_last": [a["steps"][-1]["reward_mean"] if a["steps"] else None,
