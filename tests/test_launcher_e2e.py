@@ -183,6 +183,10 @@ def test_ctrl_c_exits_within_10_s_and_the_run_resumes(tmp_path: Path) -> None:
     assert rc == 130 and "Traceback" not in out and "interrupted (SIGINT)" in out, out[-3000:]
     assert exit_s <= INTERRUPT_EXIT_S, f"exit took {exit_s:.1f} s:\n{out[-3000:]}"
     assert [p for p in pids if pid_alive(p)] == [] and _stack_pids(state_dir) == []
+    png = first.run_dir / "report.png"  # drawn after the exit, by a process of its own
+    wait_until(lambda: png.exists(), 60, "report.png of the interrupted run",
+               on_timeout=lambda: png.with_suffix(".log").read_text() if png.with_suffix(".log").exists() else "")
+    assert png.read_bytes()[:4] == b"\x89PNG"
     trained = max(r["step"] for r in first.records() if r.get("component") == "trainer" and "step" in r)
     _assert_step_figures(first.records(), max_new_tokens=3)  # the tiny math recipe's cap
     steps = {r["step"]: r for r in first.records() if r.get("component") == "trainer" and "batch_id" in r}

@@ -389,6 +389,7 @@ def _finish(run_id: str, run_dir: Path, progress: RunProgress, monitor, restarts
             codes: dict[str, int], reason: str, rc: int, t0: float, console) -> RunResult:
     """Report, summary lines, result."""
     from astraflow.report import load_metrics, write_report
+    from astraflow.report.draw import draw_detached
 
     wall = time.monotonic() - t0
     metrics_path = run_dir / "metrics.jsonl"
@@ -396,16 +397,20 @@ def _finish(run_id: str, run_dir: Path, progress: RunProgress, monitor, restarts
         missing = [p for p in progress.policies if p not in progress.done]
         if missing:
             console.print(f"[yellow]trainers {missing} exited without a 'done' metrics record[/yellow]")
-    report_path = None
+    report_path, drawing = None, ""
     try:
-        report_path = write_report(load_metrics(metrics_path), run_dir / "report.png", title=f"run {run_id}")
+        if reason == "interrupted":  # the prompt first: the picture is drawn by a process of its own
+            draw_detached(metrics_path, run_dir / "report.png", f"run {run_id}")
+            report_path, drawing = run_dir / "report.png", " (being drawn)"
+        else:
+            report_path = write_report(load_metrics(metrics_path), run_dir / "report.png", title=f"run {run_id}")
     except Exception as exc:  # noqa: BLE001 - a failed plot must not hide the run's outcome
         console.print(f"[yellow]report.png not written: {exc}[/yellow]")
     records = monitor.metrics.count if monitor is not None else 0
     console.print(progress.summary_line(), highlight=False)
     console.print(f"run {run_id}: {reason if rc else 'done'} after {wall:.0f} s; exit codes "
                   f"{codes}; metrics {metrics_path} ({records} records)"
-                  + (f", report {report_path}" if report_path else ""), highlight=False)
+                  + (f", report {report_path}{drawing}" if report_path else ""), highlight=False)
     return RunResult(run_id=run_id, run_dir=run_dir, returncode=rc, reason=reason, restarts=restarts,
                      wall_s=wall, trainers=dict(progress.trainers), done=dict(progress.done),
                      metrics_path=metrics_path, report_path=report_path, records=records)
