@@ -75,7 +75,7 @@ def test_anchor_loads_with_from_pretrained_unconverted(test_cluster, tiny_checkp
         pub.publish(state, 0)
         pub.flush()
     store = WeightStore.from_config(test_cluster, POLICY)
-    anchor = store.manifest(0).anchor
+    anchor = store.manifest(0).parts[0].anchor
     assert anchor is not None
 
     ckpt = tmp_path / "from-anchor"

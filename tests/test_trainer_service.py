@@ -236,7 +236,7 @@ def test_trainer_bootstrapped_from_the_store_publishes_v1_as_a_delta(test_cluste
                                                       "trainer-step"]
     store = WeightStore.from_config(cfg, "policy")
     m1 = store.manifest(1)
-    assert (m1.kind, m1.base, m1.anchor) == ("delta", 0, None)
+    assert (m1.kind, m1.base, m1.has_anchor) == ("delta", 0, False)
     state, version, _ = node.pull(1)
     node.close(unregister=False)
     assert version == 1 and all(t.dtype == torch.bfloat16 for t in state.values())
