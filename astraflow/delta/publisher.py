@@ -64,6 +64,8 @@ _STOP = object()
 ANNOUNCED_MANIFEST_MAX_TENSORS = 2048
 """Announcements carry the manifest up to this many tensors (~120 KB of JSON), so that they stay
 small inline records; a larger model's subscribers read the manifest from the bucket."""
+STAGES_KEPT = 64
+"""Versions whose stage timings a publisher keeps (:attr:`WeightPublisher.stage_s`)."""
 PART_WAIT_S = 600.0
 """How long the manifest's writer waits for the other parts of a version (a dead rank stops the group sooner)."""
 GC_CLOSE_WAIT_S = 60.0
@@ -106,6 +108,10 @@ class WeightPublisher:
         self._s3 = OutageReport(f"weight publisher {policy}: S3 endpoint",
                                 str(getattr(self.store.objects, "endpoint", "?")), log)
         self.published: list[Manifest] = []
+        self.stage_s: dict[int, dict[str, float]] = {}
+        """Version -> seconds of its stages on the publisher's thread: ``encode`` (CRCs + delta),
+        ``upload`` (this part's objects and record), ``parts_wait`` (the manifest's writer waiting for the
+        other parts), ``announce`` (manifest + announcement); the newest :data:`STAGES_KEPT` versions."""
         self.announced_at: dict[int, float] = {}
         """Version -> Unix time its announcement was acknowledged (or its manifest written, without
         announcements); the caller pops what it has read."""
@@ -275,6 +281,10 @@ class WeightPublisher:
         # Refuse before uploading: objects of a published version must never be replaced. (Two
         # live publishers of one policy racing on a version remain unsupported.) The HEAD runs beside
         # the CRCs and the encode, which upload nothing, and is awaited before the first upload.
+        t0 = time.perf_counter()
+        stages = self.stage_s.setdefault(version, {})
+        while len(self.stage_s) > STAGES_KEPT:
+            self.stage_s.pop(next(iter(self.stage_s)))
         manifest_key = self.store.layout.manifest_key(self.policy, version)
         published = self._side.submit(lambda: self._s3_call(lambda: self.store.objects.exists(manifest_key)))
         crcs = state_crcs(state)
@@ -283,6 +293,8 @@ class WeightPublisher:
         if published.result():
             raise VersionExistsError(f"{self.policy} v{version} is already published")
         index, count = (0, 1) if self.part is None else (self.part.index, self.part.parts)
+        t1 = time.perf_counter()
+        stages["encode"] = t1 - t0
         # An anchor falls due every ``anchor_every`` versions, and when there is no delta (the first
         # version, or versions skipped); it uploads beside the delta, so a due anchor adds no time of its own.
         # Every part decides alike: each publishes the same versions.
@@ -292,6 +304,7 @@ class WeightPublisher:
         header = read_header(blob) if blob is not None else None
         delta = self._s3_call(lambda: self.store.put_delta(version, blob, index, count)) if blob is not None else None
         anchor = anchor_upload.result() if anchor_upload is not None else None
+        stages["upload"] = time.perf_counter() - t1
         if self.part is None:
             shapes = {name: list(t.shape) for name, t in state.items()}
             part, tensors = Part(anchor=anchor, delta=delta), crcs
@@ -304,9 +317,12 @@ class WeightPublisher:
                                 changed=header.changed if header else None)
             record_key = self.store.layout.part_record_key(self.policy, version, index, count)
             self._s3_call(lambda: self.store.objects.put_json(record_key, record.model_dump(mode="json")))
+            stages["upload"] = time.perf_counter() - t1
             if not self.part.writes_manifest:
                 return None
+            t2 = time.perf_counter()
             records = self._part_records(version)
+            stages["parts_wait"] = time.perf_counter() - t2
             part = None
             tensors = combined_crcs([(r.part.rows, r.part.tensors, r.nbytes) for r in records])
             changed = None if any(r.changed is None for r in records) else sum(r.changed for r in records)
@@ -327,6 +343,7 @@ class WeightPublisher:
             state_digest=state_digest(tensors),
         )
         # A retry after a lost response finds its own manifest: republishing it unchanged is a no-op.
+        t3 = time.perf_counter()
         self._s3_call(lambda: self.store.publish(manifest))
         if self._producer is not None:
             announcement = WeightAnnouncement(
@@ -344,6 +361,7 @@ class WeightPublisher:
                 policy=self.policy,
             ).result(timeout=30)
         self.announced_at[version] = time.time()
+        stages["announce"] = time.perf_counter() - t3
         return manifest
 
     def _part_records(self, version: int) -> list[PartRecord]:
