@@ -103,6 +103,14 @@ def apply_parts_inplace(state: MutableMapping[str, torch.Tensor],
     checksums and base names/shapes are checked before the first is written, so a corrupt or truncated
     part, or a base that is not ``base_version`` (its bits), leaves ``state`` untouched. ``names``:
     each part's name (its key) for the error that refuses it."""
+    if len(parts) == 1:  # one part: apply_inplace is all-or-nothing by itself (and checks the base once)
+        try:
+            apply_inplace(row_views(state, parts[0][0]), parts[0][1], base_version=base_version)
+            return
+        except DeltaError as exc:
+            if names is None:
+                raise
+            raise type(exc)(f"{names[0]}: {exc}") from exc
     views = [(row_views(state, rows), blob) for rows, blob in parts]
     for check in (False, True):
         for i, (view, blob) in enumerate(views):

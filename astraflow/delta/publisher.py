@@ -62,8 +62,9 @@ if TYPE_CHECKING:
 
 _STOP = object()
 ANNOUNCED_MANIFEST_MAX_TENSORS = 2048
-"""Announcements carry the manifest up to this many tensors (~120 KB of JSON), so that they stay
-small inline records; a larger model's subscribers read the manifest from the bucket."""
+"""Announcements carry the manifest up to this many tensors (~120 KB of JSON; a version in N parts
+counts each tensor N times: each part lists its rows), so that they stay small inline records; a
+larger model's subscribers read the manifest from the bucket."""
 STAGES_KEPT = 64
 """Versions whose stage timings a publisher keeps (:attr:`WeightPublisher.stage_s`)."""
 PART_WAIT_S = 600.0
@@ -353,7 +354,8 @@ class WeightPublisher:
                 # The manifest itself (one CRC per tensor: ~20 KB at 1.5B), so that a subscriber following
                 # the topic plans without reading it back from the bucket (WeightStore.remember).
                 manifest_body=(manifest.model_dump(mode="json")
-                               if len(manifest.tensors) <= ANNOUNCED_MANIFEST_MAX_TENSORS else None),
+                               if len(manifest.tensors) * len(manifest.parts) <= ANNOUNCED_MANIFEST_MAX_TENSORS
+                               else None),
             )
             self._producer.send_json(
                 self._topic, str(version), announcement.model_dump(mode="json", exclude_none=True),
