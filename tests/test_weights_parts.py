@@ -7,6 +7,7 @@ anchor / one delta, as older buckets hold) still loads."""
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 
@@ -125,6 +126,25 @@ def test_two_ranks_publish_in_parts_and_a_node_serves_them_bit_exactly(published
     checks = verify_chain(parted)
     assert [c.ok for c in checks] == [True] * VERSIONS, checks
     assert "2 parts" in checks[1].detail
+
+
+def test_the_weights_cli_lists_shows_and_verifies_versions_in_parts(published_run, tmp_path, capsys):
+    import yaml
+
+    from astraflow.cli.main import main as cli
+
+    config = tmp_path / "cluster.yaml"
+    config.write_text(yaml.safe_dump(published_run.model_dump(mode="json", exclude={"run", "state_dir"})))
+    args, common = ["--config", str(config), "weights"], ["--run", published_run.run, "--policy", PARTED]
+    assert cli([*args, "ls", *common]) == 0
+    assert cli([*args, "show", *common, "3"]) == 0
+    assert "parts" in capsys.readouterr().out
+    assert cli([*args, "show", *common, "3", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [p["delta"]["key"].rsplit("/", 1)[1] for p in shown["parts"]] == ["delta.part-0-of-2.zst",
+                                                                           "delta.part-1-of-2.zst"]
+    assert cli([*args, "verify", *common]) == 0
+    assert f"{VERSIONS} versions, 0 failed" in capsys.readouterr().out
 
 
 def test_gc_deletes_every_part_of_a_collected_version(published_run):
