@@ -272,10 +272,9 @@ class TorchBackend(PolicyGradientStep):
             else:
                 local, span = t, (0, rows) if rank == 0 else (0, 0)
             out.shapes[name] = shape
-            if span[1] > span[0]:
-                local = local.detach().to("cpu", copy=True)
-                out.tensors[name] = (local.to(dtype) if dtype is not None and local.is_floating_point()
-                                     else local).contiguous()
+            if span[1] > span[0]:  # one copy, cast on the way (the fp32 masters are never copied whole)
+                cast = dtype if dtype is not None and local.is_floating_point() else local.dtype
+                out.tensors[name] = local.detach().to("cpu", dtype=cast, copy=True).contiguous()
                 out.rows[name] = span
         return out
 
