@@ -134,7 +134,7 @@ def measure_patch(args: argparse.Namespace, shape: str) -> dict:
     from pathlib import Path
 
     from astraflow.delta.codec import encode
-    from astraflow.delta.patch import prepare_patch
+    from astraflow.delta.patch import one_part, prepare_patch
     from astraflow.engines import FullState, InPlacePatch
     from connectors.vllm.config import VLLMEngineConfig
     from connectors.vllm.engine import VLLMEngine
@@ -163,7 +163,7 @@ def measure_patch(args: argparse.Namespace, shape: str) -> dict:
         new = sparse_change(base, args.changed, seed=rep + 1)
         t0 = time.perf_counter()
         blob = encode(base, new, base_version=v, target_version=v + 1)
-        patch = prepare_patch(live, [(v + 1, blob)], v)
+        patch = prepare_patch(live, [one_part(v + 1, blob)], v)
         prepare.append(time.perf_counter() - t0)
         delta_bytes.append(len(blob))
         engine.update_weights(InPlacePatch(patch.write, v + 1))

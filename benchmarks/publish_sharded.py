@@ -322,6 +322,7 @@ def verify(cfg, layers: int, world: int, last: int) -> dict:
     from safetensors.torch import load_file
 
     from astraflow.delta import WeightStore, apply_inplace
+    from astraflow.delta.parts import apply_parts_inplace
     from astraflow.delta.store import check_state
 
     sharded = WeightStore.from_config(cfg, PER_RANK_POLICY)
@@ -344,7 +345,7 @@ def verify(cfg, layers: int, world: int, last: int) -> dict:
             apply_inplace(part, blob, base_version=v - 1)
     gathered = WeightStore.from_config(cfg, GATHER_POLICY)
     for v in range(1, last + 1):
-        apply_inplace(state, gathered.get_delta(v), base_version=v - 1)
+        apply_parts_inplace(state, gathered.get_delta(v), v - 1)
     check_state(state, gathered.manifest(last))  # the published manifest's CRC-32C of every tensor
     # the full state per_rank's parts make (each rank's rows), bit for bit against gather's
     same = set(state) == set(shapes(layers))

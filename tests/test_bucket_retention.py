@@ -163,7 +163,7 @@ def test_weights_gc_runs_while_publishing_and_keeps_live_chains(test_cluster):
 
     # The live subscriber catches up by its kept delta chain; a new one from the latest anchor.
     got, at, nbytes = slow.pull()
-    assert at == 24 and nbytes == sum(store.manifest(v).delta.bytes for v in range(13, 25))
+    assert at == 24 and nbytes == sum(store.manifest(v).delta_bytes for v in range(13, 25))
     _assert_bits_equal(got, truth[24])
     fresh = WeightSubscriber(test_cluster, POLICY, "fresh")
     got, at, _ = fresh.pull()

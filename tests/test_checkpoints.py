@@ -104,7 +104,7 @@ def test_anchor_loads_with_from_pretrained_unconverted(test_cluster, tiny_checkp
         pub.publish(state, 0)
         pub.flush()
     store = WeightStore.from_config(test_cluster, POLICY)
-    anchor = store.manifest(0).anchor
+    anchor = store.manifest(0).parts[0].anchor
     assert anchor is not None
 
     ckpt = tmp_path / "from-anchor"
@@ -123,19 +123,38 @@ def test_anchor_loads_with_from_pretrained_unconverted(test_cluster, tiny_checkp
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("parts", [1, 2])
 def test_weights_export_writes_a_checkpoint_from_pretrained_loads(test_cluster, tiny_checkpoint, tmp_path,
-                                                                  monkeypatch):
+                                                                  monkeypatch, parts):
+    """Whole versions, and versions in 2 parts (two part publishers, as two ranks have: each its rows)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from weights_helpers import shard_rows
+
+    from astraflow.delta import WeightStore
+    from astraflow.delta.parts import PartOf
 
     model = load_model(tiny_checkpoint)
     states = []
-    with WeightPublisher(test_cluster, POLICY, announce=False, anchor_every=10) as pub:
+    pubs = [WeightPublisher(test_cluster, POLICY, announce=False, anchor_every=10,
+                            part=PartOf(i, parts, "export") if parts > 1 else None) for i in range(parts)]
+    try:
         for v in range(3):  # v0 anchor, v1 and v2 deltas: the export replays the chain
             with torch.no_grad():
                 model.model.norm.weight.add_(0.5)
             states.append(publishable(model.state_dict(), "bfloat16"))
-            pub.publish(states[-1], v)
-        pub.flush()
+            shapes = {name: list(t.shape) for name, t in states[-1].items()}
+            for i, pub in enumerate(pubs):
+                if parts == 1:
+                    pub.publish(states[-1], v)
+                else:
+                    views, rows = shard_rows(states[-1], i, parts)
+                    pub.publish(views, v, rows=rows, shapes=shapes)
+        for pub in pubs:
+            pub.flush()
+    finally:
+        for pub in pubs:
+            pub.close()
+    assert len(WeightStore.from_config(test_cluster, POLICY).manifest(2).parts) == parts
     recipe = yaml.safe_load(Path("examples/recipes/math.yaml").read_text())
     recipe["policies"][0]["model"] = str(tiny_checkpoint)
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))

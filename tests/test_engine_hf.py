@@ -358,14 +358,14 @@ def test_a_delta_chain_patches_a_bf16_cuda_engine_bit_exact(tiny_checkpoint, pro
     """A node's refresh on a GPU: two deltas folded into one patch, written into the engine's CUDA
     tensors between decoding steps, bit-exact to the trainer's weights, verified by checksum."""
     from astraflow.delta import encode
-    from astraflow.delta.patch import prepare_patch
+    from astraflow.delta.patch import one_part, prepare_patch
 
     engine = build_engine({"device": "cuda"}, load_model(tiny_checkpoint).to(torch.bfloat16), version=0)
     v0 = {k: v.cpu().clone() for k, v in engine.state_dict().items()}
     v1 = _nudged(v0, 37)
     v2 = _nudged(v1, 53)
-    deltas = [(1, encode(v0, v1, base_version=0, target_version=1)),
-              (2, encode(v1, v2, base_version=1, target_version=2))]
+    deltas = [one_part(1, encode(v0, v1, base_version=0, target_version=1)),
+              one_part(2, encode(v1, v2, base_version=1, target_version=2))]
     live = engine.state_dict()
     patch = prepare_patch(live, deltas, base_version=0)
     assert patch.changed and all(c.new_bits is None for c in patch.changes)  # XOR on the device

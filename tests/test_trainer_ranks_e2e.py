@@ -1,6 +1,6 @@
 """End to end: ``astraflow run`` of the demo's math recipe (tiny settings) with a 2-rank trainer
 (torch.distributed.run, FSDP2 on gloo) on the real broker and bucket: the run finishes, and the node
-serves the versions the group published, bit-exactly; a SIGKILLed rank restarts the whole group from
+serves the versions the group published (each rank its own rows: two parts a version), bit-exactly; a SIGKILLed rank restarts the whole group from
 its checkpoint and the run finishes without training a checkpointed batch twice."""
 
 from __future__ import annotations
@@ -101,6 +101,8 @@ def test_a_two_rank_run_finishes_and_the_node_serves_its_weights_bit_exactly(tmp
     sub = WeightSubscriber(test_cluster, "policy", f"test-{uuid.uuid4().hex[:8]}", register=False)
     try:
         assert sub.latest_version() == steps
+        # each rank published its own rows of every version (two parts, no gather)
+        assert all(len(sub.store.manifest(v).parts) == 2 for v in range(steps + 1))
         served, _, _ = sub.pull(steps)
         assert sorted(served) == sorted(expected)
         assert all(torch.equal(served[k], expected[k]) for k in expected)

@@ -236,7 +236,7 @@ def test_trainer_bootstrapped_from_the_store_publishes_v1_as_a_delta(test_cluste
                                                       "trainer-step"]
     store = WeightStore.from_config(cfg, "policy")
     m1 = store.manifest(1)
-    assert (m1.kind, m1.base, m1.anchor) == ("delta", 0, None)
+    assert (m1.kind, m1.base, m1.has_anchor) == ("delta", 0, False)
     state, version, _ = node.pull(1)
     node.close(unregister=False)
     assert version == 1 and all(t.dtype == torch.bfloat16 for t in state.values())
@@ -328,6 +328,16 @@ def test_a_two_rank_trainer_reads_each_batch_once_and_resumes_on_one_rank(test_c
     steps = [(r.life, r.step, r.batch_id) for r in records if isinstance(r, TrainerStep)]
     assert steps == [(group[0]["life"], i + 1, f"b{i}") for i in range(4)] + [(one["life"], 5, "b4"), (one["life"], 6, "b5")]
     assert [r.batch_id for r in records if isinstance(r, TrainerSkipped)] == ["b1"]
+    # the group published each version in two parts (each rank its rows), the one-rank life whole; a node
+    # that held the group's last version reaches the one-rank life's, and the chain verifies
+    from astraflow.delta import WeightStore, WeightSubscriber
+    from astraflow.delta.verify import verify_chain
+
+    store = WeightStore.from_config(cfg, "policy")
+    assert [len(store.manifest(v).parts) for v in range(7)] == [2] * 5 + [1] * 2
+    node = WeightSubscriber(cfg, "policy", "node", register=False)
+    assert node.pull(4)[1] == 4 and node.pull(6)[1] == 6
+    assert all(c.ok for c in verify_chain(store))
 
 
 def test_a_kl_objective_takes_version_0_from_the_store_as_its_reference(test_cluster):

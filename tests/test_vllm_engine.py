@@ -146,7 +146,7 @@ def _copies(state: dict) -> dict:
 
 def test_in_place_patches_land_in_vllms_own_tensors_where_it_computes_from_them(engines):
     from astraflow.delta.codec import encode
-    from astraflow.delta.patch import prepare_patch
+    from astraflow.delta.patch import one_part, prepare_patch
     from astraflow.engines import FullState, InPlacePatch, SamplingParams, UpdateRefusedError
 
     vllm, hf = engines
@@ -170,7 +170,7 @@ def test_in_place_patches_land_in_vllms_own_tensors_where_it_computes_from_them(
         flat = t.view(-1)
         flat[torch.randperm(flat.numel(), generator=g)[:flat.numel() // 100]] += 0.5 * float(t.std())
         new.update({k: t for k, x in old.items() if x is old[name]})  # both names of a tied tensor
-    patch = prepare_patch(live, [(v + 1, encode(old, new, base_version=v, target_version=v + 1))], v)
+    patch = prepare_patch(live, [one_part(v + 1, encode(old, new, base_version=v, target_version=v + 1))], v)
     greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
     before = vllm.generate(PROMPTS, greedy)
     vllm.update_weights(InPlacePatch(patch.write, v + 1))

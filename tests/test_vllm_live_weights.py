@@ -51,7 +51,7 @@ def main() -> None:
     from engine_agreement import LOGPROB_TOL, max_diff
 
     from astraflow.delta.codec import encode
-    from astraflow.delta.patch import prepare_patch
+    from astraflow.delta.patch import one_part, prepare_patch
     from astraflow.engines import FullState, InPlacePatch, SamplingParams, build_engine
     from astraflow.engines.hf import HFEngine
     from astraflow.models.checkpoint import load_model, resolve_checkpoint
@@ -83,7 +83,7 @@ def main() -> None:
         flat = t.view(-1)
         flat[torch.randperm(flat.numel(), generator=g)[:max(1, flat.numel() // 20)]] += 2.0 * float(t.std())
         new.update({k: t for k, x in old.items() if x is old[name]})  # both names of a tied tensor
-    patch = prepare_patch(live, [(v + 1, encode(old, new, base_version=v, target_version=v + 1))], v)
+    patch = prepare_patch(live, [one_part(v + 1, encode(old, new, base_version=v, target_version=v + 1))], v)
     prompts = [[1, 5, 9, 14, 20], [2, 7, 7, 3]]
     greedy = SamplingParams(max_new_tokens=8, temperature=0.0, stop_token_ids=())
     before = engine.generate(prompts, greedy)

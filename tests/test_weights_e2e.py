@@ -95,7 +95,7 @@ def test_subscribers_reach_latest_bit_exact(published):
     assert store.versions() == list(range(LAST + 1))
     m = store.manifest(17)
     assert m.kind == "delta" and m.base == 16 and 0.95 < m.sparsity < 0.995
-    assert m.delta.bytes < 0.05 * m.full_bytes
+    assert m.delta_bytes < 0.05 * m.full_bytes
 
     pulled = {}
     for start in (0, 29, None):
@@ -111,7 +111,7 @@ def test_subscribers_reach_latest_bit_exact(published):
         pulled[start] = nbytes
         sub.close()
     print("bytes pulled to reach v30:", pulled)
-    one_delta = store.manifest(LAST).delta.bytes
+    one_delta = store.manifest(LAST).delta_bytes
     assert pulled[29] == one_delta
     assert pulled[29] * 10 < pulled[None]
     # From v0 the planner takes the chain or anchor 24 + 6 deltas, whichever is fewer bytes.
@@ -179,7 +179,7 @@ def test_a_corrupt_delta_is_refused_before_any_write(published):
     model = make_model(seed=1)
     with WeightSubscriber(cfg, POLICY, "patch-victim") as sub:
         sub.apply_to(model, 8)
-        key = store.manifest(9).delta.key
+        key = store.manifest(9).parts[0].delta.key
         blob = bytearray(store.objects.get_bytes(key))
         blob[len(blob) // 2] ^= 0x40
         store.objects.put_bytes(key, bytes(blob))
@@ -213,7 +213,7 @@ def test_corrupted_delta_is_refused_and_state_kept(published):
     store = WeightStore.from_config(cfg, POLICY)
     sub = WeightSubscriber(cfg, POLICY, "victim")
     state, _, _ = sub.pull(29)
-    key = store.manifest(LAST).delta.key
+    key = store.manifest(LAST).parts[0].delta.key
     blob = bytearray(store.objects.get_bytes(key))
     blob[len(blob) // 2] ^= 0x40
     store.objects.put_bytes(key, bytes(blob))  # a consistent object, not the one the manifest names
@@ -269,7 +269,7 @@ def test_gc_keeps_latest_anchor_recent_and_live_chains(published, tmp_path):
 
     # Everyone still gets there: the slow one by its chain, a new one from anchor 24.
     state, v, nbytes = slow.pull()
-    assert v == LAST and nbytes == sum(store.manifest(u).delta.bytes for u in range(21, LAST + 1))
+    assert v == LAST and nbytes == sum(store.manifest(u).delta_bytes for u in range(21, LAST + 1))
     assert_bits_equal(state, truth[LAST])
     new, v, _ = WeightSubscriber(cfg, POLICY, "new").pull()
     assert_bits_equal(new, truth[LAST])

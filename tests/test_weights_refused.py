@@ -64,7 +64,7 @@ def test_corrupt_delta_and_anchor_are_refused_counted_and_routed_around(test_clu
         assert follower.catch_up(timeout_s=30) == {POLICY: 1}
         # v2's delta is corrupt (a consistent object, not the one its manifest names); v3 is on top.
         publish(3)
-        flip(store, store.manifest(2).delta.key, keep_metadata=False)
+        flip(store, store.manifest(2).parts[0].delta.key, keep_metadata=False)
         assert follower.refresh(POLICY) is False  # refused, not raised
         assert engine.weight_version == 1
         assert_bits_equal(engine.state_dict(), truth[1])
@@ -85,7 +85,7 @@ def test_corrupt_delta_and_anchor_are_refused_counted_and_routed_around(test_clu
         # A corrupt anchor (v8: the bytes no longer match the sha256 stored with them). A node that
         # joins now falls back to the v4 anchor + deltas 5..9 in the same pull.
         publish(9)
-        flip(store, store.manifest(8).anchor.key, keep_metadata=True)
+        flip(store, store.manifest(8).parts[0].anchor.key, keep_metadata=True)
         late = FakeEngine(accepts=frozenset({FullState}))
         joiner = WeightFollower(test_cluster, {POLICY: late}, "node-b")
         try:
@@ -116,7 +116,7 @@ def test_subscriber_refusal_is_the_cause_of_no_path(test_cluster):
                 model.weight.add_(torch.randn_like(model.weight) * 0.01)
             pub.publish(model.state_dict(), v)
         pub.flush()
-    key = store.manifest(2).delta.key
+    key = store.manifest(2).parts[0].delta.key
     flip(store, key, keep_metadata=True)
     sub = WeightSubscriber(test_cluster, POLICY, "victim", register=False)
     sub.pull(1)

@@ -51,7 +51,7 @@ def test_a_near_plan_reads_manifests_and_lists_nothing(store):
 
 
 def test_a_refused_delta_in_between_takes_the_anchor_after_it_without_listing(store):
-    avoid = {store.manifest(10).delta.key}  # v10 is an anchor (anchor_every 5): a10 + d11 + d12
+    avoid = {store.manifest(10).parts[0].delta.key}  # v10 is an anchor (anchor_every 5): a10 + d11 + d12
     plan = store.plan(9, 12, avoid=avoid)
     assert store.lists == []
     assert _steps(plan) == [("anchor", 10), ("delta", 11), ("delta", 12)]

@@ -92,6 +92,11 @@ def _size(n: int | None) -> str:
     return str(n)
 
 
+def _objects(infos: list) -> str:
+    """One line per object of a version's parts."""
+    return "\n".join(f"{o.key} ({_size(o.bytes)}, sha256 {o.sha256[:16]}…)" for o in infos)
+
+
 def cmd_ls(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -105,9 +110,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
     for v, m in sorted(manifests.items()):
         table.add_row(
             str(v), m.kind,
-            _size(m.anchor.bytes if m.anchor else None),
-            _size(m.delta.bytes if m.delta else None),
-            f"{100 * m.delta.bytes / m.full_bytes:.2f}%" if m.delta and m.full_bytes else "-",
+            _size(m.anchor_bytes),
+            _size(m.delta_bytes),
+            f"{100 * m.delta_bytes / m.full_bytes:.2f}%" if m.delta_bytes and m.full_bytes else "-",
             f"{m.sparsity:.4%}" if m.sparsity is not None else "-",
             f"{m.changed:,}" if m.changed is not None else "-",
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m.created_at)),
@@ -143,8 +148,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     table.add_column("value")
     rows = {
         "kind": m.kind, "base": str(m.base), "params": f"{m.params:,}", "full size": _size(m.full_bytes),
-        "anchor": f"{m.anchor.key} ({_size(m.anchor.bytes)}, sha256 {m.anchor.sha256[:16]}…)" if m.anchor else "-",
-        "delta": f"{m.delta.key} ({_size(m.delta.bytes)}, sha256 {m.delta.sha256[:16]}…)" if m.delta else "-",
+        "parts": str(len(m.parts)),
+        "anchor": _objects([p.anchor for p in m.parts]) if m.has_anchor else "-",
+        "delta": _objects([p.delta for p in m.parts]) if m.has_delta else "-",
         "changed": f"{m.changed:,}" if m.changed is not None else "-",
         "sparsity": f"{m.sparsity:.4%}" if m.sparsity is not None else "-",
         "tensors": str(len(m.tensors)), "state digest": m.state_digest,

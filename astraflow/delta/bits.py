@@ -76,3 +76,42 @@ def checksum(arr: np.ndarray | bytes | memoryview) -> int:
 
 def tensor_checksum(t: torch.Tensor) -> int:
     return checksum(host_bits(t))
+
+
+# -- CRC-32C of a concatenation, from the CRCs of its pieces (zlib's crc32_combine, for CRC-32C) -------
+# The crc32c package computes CRCs but cannot combine them; a tensor published in parts (row ranges,
+# one per rank) has its whole CRC-32C combined from the parts' without any rank holding the whole.
+_CRC32C_POLY = 0x82F63B78  # reflected Castagnoli polynomial
+
+
+def _gf2_times(mat: list[int], vec: int) -> int:
+    out, i = 0, 0
+    while vec:
+        if vec & 1:
+            out ^= mat[i]
+        vec >>= 1
+        i += 1
+    return out
+
+
+@functools.cache
+def _zeros_operator(log2_bytes: int) -> list[int]:
+    """The GF(2) matrix that appends ``2 ** log2_bytes`` zero bytes to a CRC-32C register."""
+    if log2_bytes == 0:
+        mat = [_CRC32C_POLY] + [1 << n for n in range(31)]  # one zero bit
+        for _ in range(3):  # 2, 4, 8 bits
+            mat = [_gf2_times(mat, mat[n]) for n in range(32)]
+        return mat
+    half = _zeros_operator(log2_bytes - 1)
+    return [_gf2_times(half, half[n]) for n in range(32)]
+
+
+def crc_concat(crc_a: int, crc_b: int, len_b: int) -> int:
+    """CRC-32C of ``a + b`` given CRC-32C of ``a``, of ``b`` and ``len(b)`` in bytes."""
+    k = 0
+    while len_b:
+        if len_b & 1:
+            crc_a = _gf2_times(_zeros_operator(k), crc_a)
+        len_b >>= 1
+        k += 1
+    return crc_a ^ crc_b

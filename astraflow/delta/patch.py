@@ -5,7 +5,7 @@ several passes over every byte of the model, all while the tensors are being wri
 engine cannot generate meanwhile. :class:`WeightPatch` splits the same work in three:
 
 1. :func:`prepare_patch` (off to the side; the engine keeps generating): the delta chain from the
-   version the engine holds is checked against the engine's tensors (names, dtypes, shapes, payload
+   version the engine holds (each version's parts, a rank group's rows, in the whole tensors' positions) is checked against the engine's tensors (names, dtypes, shapes, payload
    checksums, base version) and decoded to (positions, new bits) per changed tensor. The engine's
    tensors are read at those positions, never written. Memory: the decoded changes (~ the delta's
    size decompressed; one tensor for a dense change).
@@ -33,6 +33,8 @@ import torch
 from astraflow.delta.bits import bits, checksum, host_bits, itemsize, storage_key
 from astraflow.delta.codec import decode_change, scatter_xor, validate_delta
 from astraflow.delta.errors import DeltaError
+from astraflow.delta.format import read_header
+from astraflow.delta.parts import Rows, row_views, to_whole
 from astraflow.delta.streams import PlaneDecompressor
 
 StateDict = Mapping[str, torch.Tensor]
@@ -90,30 +92,42 @@ class WeightPatch:
         return [n for n, good in zip(names, ok, strict=True) if not good]
 
 
-def prepare_patch(live: StateDict, deltas: list[tuple[int, bytes | memoryview]], base_version: int) -> WeightPatch:
-    """Decode ``deltas`` (``(version, blob)`` in order, the first from ``base_version``) against the
-    tensor names, dtypes and shapes of ``live``, and fold them into one change per tensor; ``live``
-    is read (the current bits at the changed positions), never written. Raises
-    :class:`~astraflow.delta.errors.DeltaError` for a delta that is corrupt, does not follow on, or
-    adds / removes / reshapes a tensor (those need a full load)."""
+def prepare_patch(live: StateDict, deltas: list[tuple[int, list[tuple[Rows | None, bytes | memoryview]], dict[str, int]]],
+                  base_version: int) -> WeightPatch:
+    """Decode ``deltas`` (``(version, parts, CRCs)`` in order, the first from ``base_version``; each
+    part ``(rows, blob)`` of that version, rows None for the whole state; CRCs: the version's whole
+    tensors', from its manifest) against the tensor names, dtypes and shapes of ``live``, and fold them
+    into one change per tensor, in the whole tensors' positions (so versions stored in different
+    parts fold alike); ``live`` is read (the current bits at the changed positions), never written.
+    Raises :class:`~astraflow.delta.errors.DeltaError` for a delta that is corrupt, does not follow
+    on, or adds / removes / reshapes a tensor (those need a full load)."""
     patch = WeightPatch(base_version=base_version, version=base_version)
     dec = PlaneDecompressor()
-    parts: dict[str, list[tuple[np.ndarray | None, np.ndarray]]] = {}
-    for version, blob in deltas:
-        header, payload = validate_delta(live, blob, patch.version, verify_base=False)
-        if header.target_version != version:
-            raise DeltaError(f"the delta stored as v{version} targets v{header.target_version}")
-        for entry in header.tensors:
-            if entry.op in ("full", "removed"):
-                raise DeltaError(f"v{version} {entry.op} tensor {entry.name!r}: a full load is needed")
-            if entry.op != "same":
-                parts.setdefault(entry.name, []).append(
-                    decode_change(entry, payload, dec, itemsize(live[entry.name].dtype)))
-        patch.crc_target = {e.name: e.crc_target for e in header.tensors}
+    changes: dict[str, list[tuple[np.ndarray | None, np.ndarray]]] = {}
+    for version, parts, crcs in deltas:
+        for rows, blob in parts:
+            views = row_views(live, rows)
+            header, payload = validate_delta(views, blob, patch.version, verify_base=False)
+            if header.target_version != version:
+                raise DeltaError(f"the delta stored as v{version} targets v{header.target_version}")
+            for entry in header.tensors:
+                if entry.op in ("full", "removed"):
+                    raise DeltaError(f"v{version} {entry.op} tensor {entry.name!r}: a full load is needed")
+                if entry.op != "same":
+                    t = live[entry.name]
+                    idx, vals = decode_change(entry, payload, dec, itemsize(t.dtype))
+                    span = None if rows is None else rows[entry.name]
+                    changes.setdefault(entry.name, []).append((to_whole(idx, t, span), vals))
+        patch.crc_target = dict(crcs)
         patch.version = version
     # Folding reads the engine's current bits at the changed positions: tensor by tensor, in parallel.
-    patch.changes = _run(lambda item: _fold(item[0], live[item[0]], item[1]), list(parts.items()), None)
+    patch.changes = _run(lambda item: _fold(item[0], live[item[0]], item[1]), list(changes.items()), None)
     return patch
+
+
+def one_part(version: int, blob: bytes | memoryview) -> tuple[int, list[tuple[None, bytes | memoryview]], dict[str, int]]:
+    """A delta of a whole state (one part), as :func:`prepare_patch` takes it: its target CRCs from its header."""
+    return version, [(None, blob)], {e.name: e.crc_target for e in read_header(blob).tensors}
 
 
 def _fold(name: str, t: torch.Tensor, parts: list[tuple[np.ndarray | None, np.ndarray]]) -> TensorChange:

@@ -3,7 +3,8 @@
 Candidates: the chain of deltas ``have+1 .. want`` (one delta when one behind), and for every
 anchor ``a <= want`` that anchor plus deltas ``a+1 .. want``. Walking back from ``want`` while
 deltas exist prices them all in one pass. Ties go to fewer downloads. Objects named in ``avoid``
-(ones a subscriber refused: corrupt, or not what their manifest names) are not used: a chain through
+(ones a subscriber refused: corrupt, or not what their manifest names) are not used; a version
+stored in parts is one step whose objects are all its parts': a chain through
 an avoided delta is cut there, an avoided anchor is no candidate.
 """
 
@@ -21,8 +22,14 @@ from astraflow.delta.manifest import Manifest
 class Step:
     kind: Literal["anchor", "delta"]
     version: int
-    key: str
+    keys: tuple[str, ...]
+    """The version's anchor or delta objects, one per part."""
     bytes: int
+
+    @property
+    def key(self) -> str:
+        """The objects, for a log line (the one key of a one-part version)."""
+        return ", ".join(self.keys)
 
 
 @dataclass
@@ -38,6 +45,7 @@ class Plan:
 
 def plan_path(manifests: Mapping[int, Manifest], have: int | None, want: int,
               avoid: Collection[str] = ()) -> Plan:
+    avoid = set(avoid)
     if want not in manifests:
         raise VersionNotFoundError(f"version {want} is not published (or was garbage-collected)")
     if have == want:
@@ -50,15 +58,15 @@ def plan_path(manifests: Mapping[int, Manifest], have: int | None, want: int,
         candidates = []
         if have is not None and have == v:
             candidates.append(list(chain))
-        if m.anchor is not None and m.anchor.key not in avoid:
-            candidates.append([Step("anchor", v, m.anchor.key, m.anchor.bytes), *chain])
+        if m.has_anchor and avoid.isdisjoint(m.anchor_keys):
+            candidates.append([Step("anchor", v, tuple(m.anchor_keys), m.anchor_bytes), *chain])
         for steps in candidates:
             cost = (sum(s.bytes for s in steps), len(steps))
             if best is None or cost < best[:2]:
                 best = (*cost, steps)
-        if m.delta is None or m.base != v - 1 or m.delta.key in avoid:
+        if not m.has_delta or m.base != v - 1 or not avoid.isdisjoint(m.delta_keys):
             break
-        chain.insert(0, Step("delta", v, m.delta.key, m.delta.bytes))
+        chain.insert(0, Step("delta", v, tuple(m.delta_keys), m.delta_bytes))
         v -= 1
     if have is not None and have == v and v not in manifests:
         # The subscriber holds v although its manifest is gone (GC): the deltas after it still work.

@@ -15,6 +15,13 @@ upload waits for it (:func:`~astraflow.outage.wait_out_outage`, one log line per
 ``outage_deadline_s``) and the version is published when it returns; versions stay in order (one
 thread), and the caller blocks only once ``max_lag_versions`` versions are queued behind it.
 
+A rank group publishes in parts (``part``, :mod:`astraflow.delta.parts`): every rank's publisher
+encodes and uploads the delta (and anchor) of its own rows against its previous rows, side by side with
+the others, then a small part record (``part-<i>-of-<n>.json``: its objects, its rows' CRCs); rank 0's
+waits until every part's record of the group is in the bucket, writes the manifest listing the parts
+(the whole tensors' CRCs combined from the parts'), announces it and runs the GC. No rank gathers the
+weights. One rank is the one-part case of the same format.
+
 Garbage collection during the run (``gc_every``): every ``gc_every`` versions published, the publisher
 runs :meth:`WeightStore.gc` (the same call as ``astraflow weights gc``, the same retention rule:
 :mod:`astraflow.delta.retention`) on a thread of its own, so neither the training loop nor the next
@@ -26,6 +33,7 @@ next one deletes what it left. :attr:`gc_totals` counts what was deleted.
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -34,15 +42,18 @@ from concurrent.futures import wait as wait_futures
 from typing import TYPE_CHECKING, Self
 
 import torch
+from pydantic import BaseModel, ConfigDict
 
 from astraflow.background_calls import BackgroundCalls
 from astraflow.delta.codec import encode
 from astraflow.delta.errors import PublisherError, VersionExistsError
 from astraflow.delta.format import read_header
-from astraflow.delta.manifest import Manifest, state_digest
+from astraflow.delta.manifest import Manifest, Part, state_digest
+from astraflow.delta.parts import PartOf, Rows, combined_crcs
 from astraflow.delta.retention import RetentionPolicy
 from astraflow.delta.store import WeightStore, state_crcs
 from astraflow.log.codec import WEIGHT_ANNOUNCEMENT_SCHEMA
+from astraflow.objstore.errors import ObjectNotFoundError
 from astraflow.outage import OUTAGE_DEADLINE_S, OutageReport, wait_out_outage
 from astraflow.records.control import WeightAnnouncement
 
@@ -51,8 +62,13 @@ if TYPE_CHECKING:
 
 _STOP = object()
 ANNOUNCED_MANIFEST_MAX_TENSORS = 2048
-"""Announcements carry the manifest up to this many tensors (~120 KB of JSON), so that they stay
-small inline records; a larger model's subscribers read the manifest from the bucket."""
+"""Announcements carry the manifest up to this many tensors (~120 KB of JSON; a version in N parts
+counts each tensor N times: each part lists its rows), so that they stay small inline records; a
+larger model's subscribers read the manifest from the bucket."""
+STAGES_KEPT = 64
+"""Versions whose stage timings a publisher keeps (:attr:`WeightPublisher.stage_s`)."""
+PART_WAIT_S = 600.0
+"""How long the manifest's writer waits for the other parts of a version (a dead rank stops the group sooner)."""
 GC_CLOSE_WAIT_S = 60.0
 """``close`` waits this long for a GC still running (a GC cut short deletes manifests first: harmless)."""
 log = logging.getLogger(__name__)
@@ -72,7 +88,17 @@ class WeightPublisher:
         outage_deadline_s: float = OUTAGE_DEADLINE_S,
         gc_every: int = 0,
         retention: RetentionPolicy | None = None,
+        part: PartOf | None = None,
+        part_wait_s: float = PART_WAIT_S,
     ) -> None:
+        """``part``: this publisher writes one part of each version (a rank of a group: its own rows,
+        given to :meth:`publish`); the one with ``part.writes_manifest`` waits for the others' part
+        records, writes the manifest, announces and runs the GC (``announce`` and ``gc_every`` are
+        ignored on the others). ``part_wait_s``: how long it waits for them before it fails."""
+        if part is not None and not part.writes_manifest:
+            announce, gc_every = False, 0
+        self.part = part
+        self.part_wait_s = part_wait_s
         if anchor_every < 1 or max_lag_versions < 0 or gc_every < 0:
             raise ValueError("anchor_every must be >= 1, max_lag_versions and gc_every >= 0")
         self.cfg = cfg
@@ -83,6 +109,10 @@ class WeightPublisher:
         self._s3 = OutageReport(f"weight publisher {policy}: S3 endpoint",
                                 str(getattr(self.store.objects, "endpoint", "?")), log)
         self.published: list[Manifest] = []
+        self.stage_s: dict[int, dict[str, float]] = {}
+        """Version -> seconds of its stages on the publisher's thread: ``encode`` (CRCs + delta),
+        ``upload`` (this part's objects and record), ``parts_wait`` (the manifest's writer waiting for the
+        other parts), ``announce`` (manifest + announcement); the newest :data:`STAGES_KEPT` versions."""
         self.announced_at: dict[int, float] = {}
         """Version -> Unix time its announcement was acknowledged (or its manifest written, without
         announcements); the caller pops what it has read."""
@@ -117,12 +147,16 @@ class WeightPublisher:
 
     # -- caller side -----------------------------------------------------------------------------
     def publish(self, state_dict: dict[str, torch.Tensor], version: int, *, owned: bool = False,
-                batch_id: str | None = None) -> None:
+                batch_id: str | None = None, rows: Rows | None = None,
+                shapes: dict[str, list[int]] | None = None) -> None:
         """Snapshot ``state_dict`` as ``version`` and queue it (blocks only when the queue is full).
         ``owned``: the caller hands the tensors over (nothing writes them after this call, e.g. the
         fresh copies a trainer backend's ``state_dict`` returns), so host tensors are not copied again.
         ``batch_id``: the last batch trained into these weights, carried by the announcement
-        (:attr:`WeightAnnouncement.batch_id`)."""
+        (:attr:`WeightAnnouncement.batch_id`). A part publisher (``part``) is given its rows of each
+        tensor as ``state_dict`` (e.g. its FSDP shards), their spans ``rows`` and the whole ``shapes``."""
+        if (self.part is None) != (rows is None) or (rows is None) != (shapes is None):
+            raise ValueError("a part publisher takes rows and shapes with each state, a whole one neither")
         self._raise_if_failed()
         if self._closed:
             raise PublisherError("publisher is closed")
@@ -134,20 +168,21 @@ class WeightPublisher:
         }
         while True:  # a bounded wait, so a failure of the thread is noticed while blocked
             try:
-                self._queue.put((version, snapshot, batch_id), timeout=0.5)
+                self._queue.put((version, snapshot, batch_id, rows, shapes), timeout=0.5)
                 break
             except queue.Full:
                 self._raise_if_failed()
         self._last_version = version
 
-    def assume_published(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+    def assume_published(self, state_dict: dict[str, torch.Tensor], version: int, *, rows: Rows | None = None,
+                         shapes: dict[str, list[int]] | None = None) -> None:
         """Take ``version``, already in the store with exactly these bits (e.g. the version a trainer
         bootstrapped from, as pulled), as the base of the next publish: ``version + 1`` is then a
         delta instead of the anchor a fresh publisher starts with. Call before the first publish."""
         if self._last_version is not None:
             raise ValueError("assume_published must come before the first publish")
         self._base_version = version  # before queueing: the thread must never upload it
-        self.publish(state_dict, version)
+        self.publish(state_dict, version, rows=rows, shapes=shapes)
 
     def flush(self) -> None:
         """Block until every queued version is published (or raise the thread's error)."""
@@ -188,9 +223,11 @@ class WeightPublisher:
             try:
                 if item is _STOP:
                     return
-                version, state, batch_id = item
+                version, state, batch_id, rows, shapes = item
                 if version != self._base_version:
-                    self.published.append(self._publish_one(version, state, prev, batch_id))
+                    manifest = self._publish_one(version, state, prev, batch_id, rows, shapes)
+                    if manifest is not None:
+                        self.published.append(manifest)
                     if self.gc_every and len(self.published) % self.gc_every == 0:
                         self._start_gc()
                 prev = (version, state)
@@ -238,11 +275,17 @@ class WeightPublisher:
         """One idempotent bucket call, waiting out an unreachable bucket (other errors raise)."""
         return wait_out_outage(fn, self._s3, deadline_s=self.outage_deadline_s)
 
-    def _publish_one(self, version: int, state: dict, prev: tuple[int, dict] | None,
-                     batch_id: str | None) -> Manifest:
+    def _publish_one(self, version: int, state: dict, prev: tuple[int, dict] | None, batch_id: str | None,
+                     rows: Rows | None, shapes: dict[str, list[int]] | None) -> Manifest | None:
+        """Upload this publisher's part of ``version`` (the whole state when it is the only part); the
+        manifest's writer then writes the manifest and announces it (returned; None on the others)."""
         # Refuse before uploading: objects of a published version must never be replaced. (Two
         # live publishers of one policy racing on a version remain unsupported.) The HEAD runs beside
         # the CRCs and the encode, which upload nothing, and is awaited before the first upload.
+        t0 = time.perf_counter()
+        stages = self.stage_s.setdefault(version, {})
+        while len(self.stage_s) > STAGES_KEPT:
+            self.stage_s.pop(next(iter(self.stage_s)))
         manifest_key = self.store.layout.manifest_key(self.policy, version)
         published = self._side.submit(lambda: self._s3_call(lambda: self.store.objects.exists(manifest_key)))
         crcs = state_crcs(state)
@@ -250,29 +293,58 @@ class WeightPublisher:
         blob = encode(prev[1], state, base_version=prev[0], target_version=version) if has_base else None
         if published.result():
             raise VersionExistsError(f"{self.policy} v{version} is already published")
+        index, count = (0, 1) if self.part is None else (self.part.index, self.part.parts)
+        t1 = time.perf_counter()
+        stages["encode"] = t1 - t0
         # An anchor falls due every ``anchor_every`` versions, and when there is no delta (the first
         # version, or versions skipped); it uploads beside the delta, so a due anchor adds no time of its own.
+        # Every part decides alike: each publishes the same versions.
         anchor_due = blob is None or version % self.anchor_every == 0
-        anchor_upload = (self._side.submit(lambda: self._s3_call(lambda: self.store.put_anchor(version, state)))
-                         if anchor_due else None)
+        anchor_upload = (self._side.submit(lambda: self._s3_call(
+            lambda: self.store.put_anchor(version, state, index, count))) if anchor_due else None)
         header = read_header(blob) if blob is not None else None
-        delta = self._s3_call(lambda: self.store.put_delta(version, blob)) if blob is not None else None
+        delta = self._s3_call(lambda: self.store.put_delta(version, blob, index, count)) if blob is not None else None
         anchor = anchor_upload.result() if anchor_upload is not None else None
+        stages["upload"] = time.perf_counter() - t1
+        if self.part is None:
+            shapes = {name: list(t.shape) for name, t in state.items()}
+            part, tensors = Part(anchor=anchor, delta=delta), crcs
+            changed = header.changed if header else None
+            params = sum(t.numel() for t in state.values())
+            full_bytes = sum(t.numel() * t.element_size() for t in state.values())
+        else:
+            record = PartRecord(group=self.part.group, part=Part(rows=rows, anchor=anchor, delta=delta, tensors=crcs),
+                                nbytes={name: t.numel() * t.element_size() for name, t in state.items()},
+                                changed=header.changed if header else None)
+            record_key = self.store.layout.part_record_key(self.policy, version, index, count)
+            self._s3_call(lambda: self.store.objects.put_json(record_key, record.model_dump(mode="json")))
+            stages["upload"] = time.perf_counter() - t1
+            if not self.part.writes_manifest:
+                return None
+            t2 = time.perf_counter()
+            records = self._part_records(version)
+            stages["parts_wait"] = time.perf_counter() - t2
+            part = None
+            tensors = combined_crcs([(r.part.rows, r.part.tensors, r.nbytes) for r in records])
+            changed = None if any(r.changed is None for r in records) else sum(r.changed for r in records)
+            params = sum(math.prod(shape) for shape in shapes.values())
+            full_bytes = sum(n for r in records for n in r.nbytes.values())
         manifest = Manifest(
             policy=self.policy,
             version=version,
             kind="anchor" if anchor is not None else "delta",
             base=version - 1 if delta is not None else None,
-            anchor=anchor,
-            delta=delta,
-            params=sum(t.numel() for t in state.values()),
-            full_bytes=sum(t.numel() * t.element_size() for t in state.values()),
-            changed=header.changed if header else None,
-            sparsity=header.sparsity if header else None,
-            tensors=crcs,
-            state_digest=state_digest(crcs),
+            parts=[part] if part is not None else [r.part for r in records],
+            shapes=shapes,
+            params=params,
+            full_bytes=full_bytes,
+            changed=changed,
+            sparsity=None if changed is None else (1.0 - changed / params if params else 1.0),
+            tensors=tensors,
+            state_digest=state_digest(tensors),
         )
         # A retry after a lost response finds its own manifest: republishing it unchanged is a no-op.
+        t3 = time.perf_counter()
         self._s3_call(lambda: self.store.publish(manifest))
         if self._producer is not None:
             announcement = WeightAnnouncement(
@@ -282,7 +354,8 @@ class WeightPublisher:
                 # The manifest itself (one CRC per tensor: ~20 KB at 1.5B), so that a subscriber following
                 # the topic plans without reading it back from the bucket (WeightStore.remember).
                 manifest_body=(manifest.model_dump(mode="json")
-                               if len(manifest.tensors) <= ANNOUNCED_MANIFEST_MAX_TENSORS else None),
+                               if len(manifest.tensors) * len(manifest.parts) <= ANNOUNCED_MANIFEST_MAX_TENSORS
+                               else None),
             )
             self._producer.send_json(
                 self._topic, str(version), announcement.model_dump(mode="json", exclude_none=True),
@@ -290,4 +363,45 @@ class WeightPublisher:
                 policy=self.policy,
             ).result(timeout=30)
         self.announced_at[version] = time.time()
+        stages["announce"] = time.perf_counter() - t3
         return manifest
+
+    def _part_records(self, version: int) -> list[PartRecord]:
+        """Every part's record of ``version`` from this publishing group, once all are in the bucket (the
+        group's barrier: the parts upload side by side, the manifest waits for the last)."""
+        layout, objects = self.store.layout, self.store.objects
+        found: dict[int, PartRecord] = {}
+        deadline, pause = time.monotonic() + self.part_wait_s, 0.005
+        while True:
+            for i in range(self.part.parts):
+                if i in found:
+                    continue
+                key = layout.part_record_key(self.policy, version, i, self.part.parts)
+                try:
+                    record = PartRecord.model_validate(self._s3_call(lambda key=key: objects.get_json(key)))
+                except ObjectNotFoundError:
+                    continue
+                if record.group == self.part.group:  # another group's: a dead life's, overwritten soon
+                    found[i] = record
+            if len(found) == self.part.parts:
+                return [found[i] for i in range(self.part.parts)]
+            if time.monotonic() > deadline:
+                missing = sorted(set(range(self.part.parts)) - set(found))
+                raise PublisherError(f"{self.policy} v{version}: parts {missing} of {self.part.parts} were not "
+                                     f"uploaded within {self.part_wait_s:.0f} s")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
+
+
+class PartRecord(BaseModel):
+    """What a part publisher uploaded for one version (``part-<i>-of-<n>.json``), read by the manifest's writer."""
+
+    model_config = ConfigDict(extra="forbid")
+    group: str
+    """The publishing group (:attr:`PartOf.group`)."""
+    part: Part
+    """The part as the manifest lists it."""
+    nbytes: dict[str, int]
+    """Bytes of each of its row ranges (to combine the CRCs)."""
+    changed: int | None
+    """Elements of its rows changed since the base (None: no delta)."""

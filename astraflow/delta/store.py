@@ -5,6 +5,8 @@ Layout (``RunLayout``)::
     <run>/weights/<policy>/v00000010/anchor.safetensors   full checkpoint, every K versions
     <run>/weights/<policy>/v00000011/delta.zst            codec delta v10 -> v11
     <run>/weights/<policy>/v00000011/manifest.json        written last, If-None-Match: *
+    <run>/weights/<policy>/v00000012/delta.part-0-of-2.zst  part 0 of 2 (a rank group's rows; anchors alike)
+    <run>/weights/<policy>/v00000012/part-0-of-2.json     what rank 0 uploaded, for the manifest's writer
     <run>/weights/<policy>/subscribers/<id>.json          {id, version, heartbeat}
 
 Manifests are immutable once published, so they are cached. Retention is described in
@@ -26,6 +28,7 @@ from astraflow.background_calls import BackgroundCalls
 from astraflow.delta.bits import dtype_name, tensor_checksum
 from astraflow.delta.errors import DeltaCorruptError, NoPathError, VersionExistsError, VersionNotFoundError
 from astraflow.delta.manifest import Manifest, ObjectInfo
+from astraflow.delta.parts import Rows, row_view
 from astraflow.delta.planner import Plan, plan_path
 from astraflow.delta.retention import GcPlan, RetentionPolicy, SubscriberRecord, plan_gc
 from astraflow.objstore import ObjectStore, RunLayout, parse_version, publish_manifest
@@ -47,7 +50,7 @@ class WeightStore:
         self.policy = policy
         self.prefix = self.layout.weights_prefix(policy)
         self._manifests: dict[int, Manifest] = {}
-        self._prefetched: tuple[int, str, Future] | None = None
+        self._prefetched: tuple[int, tuple[str, ...], Future] | None = None
         # One thread for the store's life (see BackgroundCalls on why not one per refresh).
         self._prefetcher = BackgroundCalls(f"delta-prefetch-{policy}")
 
@@ -56,20 +59,22 @@ class WeightStore:
         return cls(ObjectStore.from_config(cfg), cfg.run, policy)
 
     # -- writing ---------------------------------------------------------------------------------
-    def put_anchor(self, version: int, state: dict[str, torch.Tensor]) -> ObjectInfo:
-        """Upload a full safetensors checkpoint of ``state`` (contiguous CPU tensors)."""
+    def put_anchor(self, version: int, state: dict[str, torch.Tensor], part: int = 0, parts: int = 1) -> ObjectInfo:
+        """Upload a safetensors checkpoint of ``state`` (contiguous CPU tensors): the whole state, or
+        part ``part`` of ``parts`` (its rows)."""
         from safetensors.torch import save_file
 
-        key = self.layout.anchor_key(self.policy, version)
+        key = self.layout.part_key(self.policy, version, "anchor", part, parts)
         with tempfile.TemporaryDirectory(prefix="astraflow-anchor-") as tmp:
             path = Path(tmp) / "anchor.safetensors"
-            save_file(state, str(path), metadata={"policy": self.policy, "version": str(version)})
+            save_file({k: t.contiguous() for k, t in state.items()}, str(path),
+                      metadata={"policy": self.policy, "version": str(version)})
             digest = self.objects.put_file(key, path)
             size = path.stat().st_size
         return ObjectInfo(key=key, bytes=size, sha256=digest)
 
-    def put_delta(self, version: int, delta: bytes) -> ObjectInfo:
-        key = self.layout.delta_key(self.policy, version)
+    def put_delta(self, version: int, delta: bytes, part: int = 0, parts: int = 1) -> ObjectInfo:
+        key = self.layout.part_key(self.policy, version, "delta", part, parts)
         return ObjectInfo(key=key, bytes=len(delta), sha256=self.objects.put_bytes(key, delta))
 
     def publish(self, manifest: Manifest) -> str:
@@ -162,46 +167,84 @@ class WeightStore:
             return None
 
     def get_anchor(self, version: int, device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
-        """The anchor's state dict, each tensor checked against the manifest's CRC-32C."""
+        """The anchor's whole state dict (its parts' rows put together), each tensor checked against
+        the manifest's CRC-32C."""
         from safetensors.torch import load_file
 
         m = self.manifest(version)
-        if m.anchor is None:
+        if not m.has_anchor:
             raise VersionNotFoundError(f"{self.policy} v{version} has no anchor")
+        state: dict[str, torch.Tensor] = {}
         with tempfile.TemporaryDirectory(prefix="astraflow-anchor-") as tmp:
             path = Path(tmp) / "anchor.safetensors"
-            digest = self.objects.get_file(m.anchor.key, path)
-            if digest != m.anchor.sha256:
-                raise DeltaCorruptError(f"anchor {m.anchor.key} is not the object its manifest names (sha256)")
-            state = load_file(str(path), device=str(device or "cpu"))
+            for i, part in enumerate(m.parts):
+                digest = self._read_part(m, i, part.anchor, lambda key: self.objects.get_file(key, path))
+                if digest != part.anchor.sha256:
+                    raise DeltaCorruptError(f"anchor {part.anchor.key} is not the object its manifest names (sha256)")
+                rows = load_file(str(path), device=str(device or "cpu"))
+                if part.rows is None:
+                    state = rows
+                    continue
+                if set(rows) != set(part.rows):
+                    raise DeltaCorruptError(f"anchor part {part.anchor.key} holds other tensors than its manifest says")
+                for name, t in rows.items():
+                    if name not in state:
+                        state[name] = torch.empty(m.shapes[name], dtype=t.dtype, device=t.device)
+                    view = row_view(state[name], part.rows[name])
+                    if view.shape != t.shape or view.dtype != t.dtype:
+                        raise DeltaCorruptError(f"anchor part {part.anchor.key}: {name!r} is {t.dtype}{list(t.shape)}, "
+                                                f"its rows {view.dtype}{list(view.shape)}")
+                    view.copy_(t)
         check_state(state, m)
         return state
 
     def prefetch_delta(self, version: int) -> None:
-        """Start reading the delta of ``version`` from its usual key on the store's prefetch thread, so
-        that it downloads while the manifest is read: :meth:`get_delta` takes it when the manifest names
-        that object, and checks it as always. A miss (no delta there, an error) only costs the request:
-        ``get_delta`` reads the object itself then. Only the newest prefetch is kept."""
-        key = self.layout.delta_key(self.policy, version)
-        self._prefetched = (version, key, self._prefetcher.submit(lambda: self.objects.get_bytes_with_sha256(key)))
+        """Start reading the delta of ``version`` from its usual key(s) on the store's prefetch thread,
+        so that it downloads while the manifest is read: :meth:`get_delta` takes it when the manifest
+        names those objects, and checks them as always. The part count is guessed from the newest
+        manifest read (one part when none). A miss (no delta there, an error) only costs the requests:
+        ``get_delta`` reads the objects itself then. Only the newest prefetch is kept."""
+        parts = len(self._manifests[max(self._manifests)].parts) if self._manifests else 1
+        keys = tuple(self.layout.part_key(self.policy, version, "delta", i, parts) for i in range(parts))
+        self._prefetched = (version, keys, self._prefetcher.submit(
+            lambda: [self.objects.get_bytes_with_sha256(key) for key in keys]))
 
-    def _take_prefetched(self, version: int, key: str) -> tuple[bytes, str] | None:
+    def _take_prefetched(self, version: int, keys: tuple[str, ...]) -> list[tuple[bytes, str]] | None:
         prefetched, self._prefetched = self._prefetched, None
-        if prefetched is None or prefetched[:2] != (version, key):
+        if prefetched is None or prefetched[:2] != (version, keys):
             return None
         try:
             return prefetched[2].result()
-        except Exception:  # noqa: BLE001 - read it again below, where its error is raised
+        except Exception:  # noqa: BLE001 - read them again below, where the error is raised
             return None
 
-    def get_delta(self, version: int) -> bytes:
+    def get_delta(self, version: int) -> list[tuple[Rows | None, bytes]]:
+        """The delta parts of ``version``: ``(rows, blob)`` each (rows None: the whole state), each
+        object checked against the sha256 its manifest names."""
         m = self.manifest(version)
-        if m.delta is None:
+        if not m.has_delta:
             raise VersionNotFoundError(f"{self.policy} v{version} has no delta")
-        blob, digest = self._take_prefetched(version, m.delta.key) or self.objects.get_bytes_with_sha256(m.delta.key)
-        if digest != m.delta.sha256:
-            raise DeltaCorruptError(f"delta {m.delta.key} is not the object its manifest names (sha256)")
-        return blob
+        keys = tuple(m.delta_keys)
+        fetched = self._take_prefetched(version, keys)
+        out = []
+        for i, part in enumerate(m.parts):
+            blob, digest = fetched[i] if fetched is not None else self._read_part(
+                m, i, part.delta, self.objects.get_bytes_with_sha256)
+            if digest != part.delta.sha256:
+                raise DeltaCorruptError(f"delta {part.delta.key} is not the object its manifest names (sha256)")
+            out.append((part.rows, blob))
+        return out
+
+    def _read_part(self, m: Manifest, i: int, obj: ObjectInfo, read):
+        """``read(obj.key)``; a part of a version still published that is not in the bucket is refused by
+        name (:class:`DeltaCorruptError`): a missing object of a collected version is not (re-plan)."""
+        try:
+            return read(obj.key)
+        except ObjectNotFoundError:
+            if not self.objects.exists(self.layout.manifest_key(self.policy, m.version)):
+                raise
+            raise DeltaCorruptError(f"{self.policy} v{m.version}: part {i} of {len(m.parts)} ({obj.key}) is "
+                                    "missing from the bucket") from None
 
     # -- subscribers -----------------------------------------------------------------------------
     def subscriber_key(self, subscriber_id: str) -> str:
@@ -233,7 +276,7 @@ class WeightStore:
         ``dry_run``, would be) kept and deleted."""
         policy = policy or RetentionPolicy()
         published, objects = self._scan()
-        anchors = {v: self.manifest(v).anchor is not None for v in published}
+        anchors = {v: self.manifest(v).has_anchor for v in published}
         unpublished = [v for v in objects if v not in published]
         plan = plan_gc(anchors, unpublished, self.subscribers(), policy, time.time() if now is None else now)
         if dry_run:

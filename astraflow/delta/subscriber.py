@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Self
 import torch
 
 from astraflow.delta.bits import storage_key
-from astraflow.delta.codec import apply_inplace
 from astraflow.delta.errors import (
     BaseMismatchError,
     BaseVersionError,
@@ -45,6 +44,7 @@ from astraflow.delta.errors import (
 )
 from astraflow.delta.format import read_header
 from astraflow.delta.load_heartbeat import LOAD_HEARTBEAT_S, LoadHeartbeat
+from astraflow.delta.parts import apply_parts_inplace
 from astraflow.delta.patch import WeightPatch, prepare_patch
 from astraflow.delta.planner import Plan, Step
 from astraflow.delta.store import WeightStore
@@ -71,11 +71,21 @@ def refusal_reason(exc: BaseException) -> str:
 
 
 class _BadObject(Exception):
-    """Internal: ``step``'s object failed verification; the cause says how."""
+    """Internal: ``step``'s object (of one of its parts: ``keys``) failed verification; the cause says how."""
 
-    def __init__(self, step: Step) -> None:
-        super().__init__(step.key)
+    def __init__(self, step: Step, keys: list[str]) -> None:
+        super().__init__(", ".join(keys))
         self.step = step
+        self.keys = keys
+
+
+def refused_keys(step: Step, exc: BaseException) -> list[str]:
+    """The objects of ``step`` that ``exc`` refuses: the part it names (a version in parts is refused
+    part by part), or every object of the step when it names none."""
+    if isinstance(exc, ChecksumError) and exc.key in step.keys:
+        return [exc.key]
+    named = [key for key in step.keys if key in str(exc)]
+    return named or list(step.keys)
 
 
 class WeightSubscriber:
@@ -150,17 +160,16 @@ class WeightSubscriber:
         plan = self.store.plan(self.version, want, avoid=self.refused)
         if not plan.steps or any(step.kind != "delta" for step in plan.steps):
             return None
-        blobs = []
+        deltas = []
         for step in plan.steps:
             try:
-                blobs.append((step.version, self.store.get_delta(step.version)))
+                deltas.append((step.version, self.store.get_delta(step.version),
+                               self.store.manifest(step.version).tensors))
             except (ChecksumError, DeltaError) as exc:
-                self.refused[step.key] = refusal_reason(exc)
-                log.warning("%s: refused %s v%d object %s (%s): %s", self.subscriber_id, self.policy,
-                            step.version, step.key, self.refused[step.key], exc)
+                self._refuse(step, refused_keys(step, exc), exc)
                 return None
         try:
-            patch = prepare_patch(live, blobs, self.version)
+            patch = prepare_patch(live, deltas, self.version)
         except BaseMismatchError:  # the engine's tensors do not fit the deltas (names, dtypes, shapes)
             raise
         except DeltaError as exc:  # corrupt, or a tensor added / reshaped: the full path refuses or loads it
@@ -207,13 +216,18 @@ class WeightSubscriber:
                 if isinstance(exc, BaseMismatchError) and have is not None and not resync:
                     resync = True  # what we hold is not the version we think: resync from an anchor
                     continue
-                reason, refusal = refusal_reason(exc), exc
-                self.refused[bad.step.key] = reason
-                log.warning("%s: refused %s v%d object %s (%s): %s", self.subscriber_id, self.policy,
-                            bad.step.version, bad.step.key, reason, exc)
+                refusal = exc
+                self._refuse(bad.step, bad.keys, exc)
         if register:
             self._record()
         return self.bytes_pulled - before
+
+    def _refuse(self, step: Step, keys: list[str], exc: BaseException) -> None:
+        reason = refusal_reason(exc)
+        for key in keys:
+            self.refused[key] = reason
+        log.warning("%s: refused %s v%d object %s (%s): %s", self.subscriber_id, self.policy,
+                    step.version, ", ".join(keys), reason, exc)
 
     def _prefetch_next(self, want: int | None) -> None:
         """The usual refresh, one version ahead (a node following announcements): its delta downloads
@@ -242,23 +256,23 @@ class WeightSubscriber:
                 try:
                     anchor = self.store.get_anchor(step.version)
                 except (ChecksumError, DeltaError) as exc:
-                    raise _BadObject(step) from exc
+                    raise _BadObject(step, refused_keys(step, exc)) from exc
                 if into is None:
                     self._state = state = anchor
                 else:
                     _copy_into(into, anchor)
             else:
                 try:
-                    blob = self.store.get_delta(step.version)
-                    header = read_header(blob)
+                    parts = self.store.get_delta(step.version)
+                    headers = [read_header(blob) for _rows, blob in parts]
                 except (ChecksumError, DeltaError) as exc:
-                    raise _BadObject(step) from exc
-                if into is not None and any(t.op in ("full", "removed") for t in header.tensors):
+                    raise _BadObject(step, refused_keys(step, exc)) from exc
+                if into is not None and any(t.op in ("full", "removed") for h in headers for t in h.tensors):
                     raise DeltaError(f"v{step.version} changes tensor names/shapes: pull() a state dict instead")
                 try:
-                    apply_inplace(state, blob, base_version=step.version - 1)
+                    apply_parts_inplace(state, parts, step.version - 1, names=list(step.keys))
                 except DeltaError as exc:  # refused before writing: the state is still step.version - 1
-                    raise _BadObject(step) from exc
+                    raise _BadObject(step, refused_keys(step, exc)) from exc
             self.version = step.version
             self.bytes_pulled += step.bytes
         self.version = plan.want

@@ -2,7 +2,8 @@
 
 From the earliest anchor (or the first anchor at or after ``from_version``), every delta is
 applied to the running state (the codec checks its payload and every target tensor's CRC-32C),
-the result is compared with the manifest's per-tensor checksums, and at every anchor the anchor's
+the result is compared with the manifest's per-tensor checksums (a version in parts: every part
+applied to its rows, then the whole tensors checked), and at every anchor the anchor's
 own bits are compared with both its manifest and the state the chain arrived at.
 """
 
@@ -10,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from astraflow.delta.codec import apply_inplace
 from astraflow.delta.errors import DeltaError, WeightStoreError
 from astraflow.delta.format import read_header
+from astraflow.delta.parts import apply_parts_inplace
 from astraflow.delta.store import WeightStore, check_state
 from astraflow.objstore.errors import ObjectStoreError
 
@@ -34,21 +35,23 @@ def verify_chain(store: WeightStore, from_version: int | None = None) -> list[Ve
     for v in versions:
         m = manifests[v]
         notes = []
-        started = started or m.anchor is not None
+        started = started or m.has_anchor
         if not started:
             results.append(VersionCheck(v, m.kind, None, "skipped: before the first anchor in range"))
             continue
         try:
-            if m.delta is not None and state is not None and at == v - 1:
-                blob = store.get_delta(v)
-                header = read_header(blob)
-                if (header.base_version, header.target_version) != (v - 1, v):
-                    raise DeltaError(f"delta says v{header.base_version}->v{header.target_version}")
-                apply_inplace(state, blob, base_version=v - 1)
+            if m.has_delta and state is not None and at == v - 1:
+                parts = store.get_delta(v)
+                for key, (_rows, blob) in zip(m.delta_keys, parts, strict=True):
+                    header = read_header(blob)
+                    if (header.base_version, header.target_version) != (v - 1, v):
+                        raise DeltaError(f"{key} says v{header.base_version}->v{header.target_version}")
+                apply_parts_inplace(state, parts, v - 1, names=m.delta_keys)
                 check_state(state, m)
                 at = v
-                notes.append(f"delta from v{v - 1} applied, {len(m.tensors)} tensor checksums match")
-            if m.anchor is not None:
+                notes.append(f"delta from v{v - 1} applied ({len(parts)} part{'s' * (len(parts) > 1)}), "
+                             f"{len(m.tensors)} tensor checksums match")
+            if m.has_anchor:
                 anchor = store.get_anchor(v)  # checked against the manifest
                 if state is not None and at == v:
                     check_state(anchor, m)  # chain and anchor agree (state was checked above)

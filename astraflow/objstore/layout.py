@@ -97,6 +97,19 @@ class RunLayout:
     def manifest_key(self, policy: str, version: int) -> str:
         return self.version_prefix(policy, version) + MANIFEST_FILE
 
+    def part_key(self, policy: str, version: int, kind: str, part: int, parts: int) -> str:
+        """Part ``part`` of ``parts`` of a version's ``anchor`` or ``delta`` (one part: the keys above),
+        e.g. ``v00000013/delta.part-1-of-2.zst``."""
+        if parts == 1:
+            return self.anchor_key(policy, version) if kind == "anchor" else self.delta_key(policy, version)
+        stem, ext = (ANCHOR_FILE if kind == "anchor" else DELTA_FILE).split(".", 1)
+        return f"{self.version_prefix(policy, version)}{stem}.part-{part}-of-{parts}.{ext}"
+
+    def part_record_key(self, policy: str, version: int, part: int, parts: int) -> str:
+        """What a rank uploaded for its part of a version (``part-1-of-2.json``), read by the rank that
+        writes the manifest once every part's record is there."""
+        return f"{self.version_prefix(policy, version)}part-{part}-of-{parts}.json"
+
     # -- other state -----------------------------------------------------------------------------
     def trainer_prefix(self, policy: str) -> str:
         return f"{self.run}/trainer/{_check_name('policy', policy)}/"

@@ -35,6 +35,20 @@ class ShardedState:
     tuples and dicts only; kept in the checkpoint as JSON."""
 
 
+@dataclass
+class WeightRows:
+    """This rank's rows of the weights, published as its part of each version (no gather,
+    :mod:`astraflow.delta.parts`)."""
+
+    tensors: dict[str, Any]
+    """HF name -> CPU copies of this rank's rows ``[lo, hi)`` of dim 0 (the caller owns them); tensors
+    with no rows here are left out."""
+    rows: dict[str, tuple[int, int]]
+    """HF name -> the rows ``[lo, hi)`` of its dim 0 in :attr:`tensors`."""
+    shapes: dict[str, list[int]]
+    """Every tensor's whole shape (the same on every rank)."""
+
+
 class TrainerBackend(ABC):
     """What the trainer component needs from a training runtime."""
 
@@ -63,6 +77,18 @@ class TrainerBackend(ABC):
     def load_state(self, model_state: dict[str, Any], optimizer_state: dict[str, Any] | None) -> None:
         """Resume from full state (a single-rank checkpoint, or weights from the weight store). On a
         rank group: rank 0 passes the state, the others ``{}`` / None, and rank 0's is broadcast."""
+
+    @property
+    def publishes_rows(self) -> bool:
+        """On a rank group, each rank publishes its own rows (:meth:`weight_rows`) as its part of each
+        version, so no rank gathers the model. False, the default: the leader publishes
+        :meth:`state_dict`'s gathered weights whole."""
+        return False
+
+    def weight_rows(self, dtype: Any = None) -> WeightRows:
+        """This rank's rows of the weights, cast to ``dtype`` (COLLECTIVE on a rank group; only called
+        when :attr:`publishes_rows`)."""
+        raise NotImplementedError(f"{type(self).__name__} publishes its weights whole")
 
     @property
     def wants_reference(self) -> bool:

@@ -30,8 +30,12 @@ trainer service, when the world size is above 1 (with one rank nothing here appl
   leader and ``{}`` on the others (the publishable state, bit-exact to what one rank would hold).
   ``load_state(model, optimizer)`` takes full HF-named state on the leader and ``{}``/None on the
   others (broadcast from rank 0). ``sharded_state()`` / ``load_sharded_state()`` (below).
-* **Who publishes.** The leader alone: one weight version per step, whatever the world size, from
-  the gathered full state, through the unchanged weight plane. It also writes every control record.
+* **Who publishes.** One weight version per step, whatever the world size. A backend whose ranks hold
+  rows of every weight (``publishes_rows``: the torch backend's FSDP2 shards) publishes in parts:
+  every rank encodes and uploads the delta (and anchor) of its own rows (``weight_rows()``, collective)
+  beside the others, and the leader writes the manifest once every part is in (no gather;
+  :mod:`astraflow.delta.parts`). Otherwise the leader publishes the gathered full state whole. The
+  leader also writes every control record.
 * **Checkpoints** go through torch.distributed.checkpoint (DCP): ``sharded_state()`` exposes the
   backend's model and optimizer state as a nested dict of tensors (DTensor shards on a group) plus
   JSON-able extras (:class:`~astraflow.trainer.base.ShardedState`). On a ``CHECKPOINT`` every rank

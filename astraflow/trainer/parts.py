@@ -29,8 +29,9 @@ __all__ = ["TrainerParts", "build_trainer_parts"]
 
 @dataclass
 class TrainerParts:
-    """A trainer's identity and collaborators. Rank 0 alone reads and writes the log and the weight
-    store, so the leader-only parts (subscriber, producer, records, publisher) are None on the others."""
+    """A trainer's identity and collaborators. Rank 0 alone reads and writes the log and reads the weight
+    store, so the leader-only parts (subscriber, producer, records) are None on the others; the publisher
+    is rank 0's, or every rank's when each publishes its own rows (:attr:`publishes_rows`)."""
 
     life: str
     """Identifies this life of the trainer (the same on every rank of its group)."""
@@ -50,7 +51,10 @@ class TrainerParts:
     """The step, start, skipped and done records through ``producer``: each is the only one of its
     kind, so a refused one is sent again (leader)."""
     publisher: WeightPublisher | None = None
-    """Publishes weight versions off the training loop (leader)."""
+    """Publishes weight versions off the training loop (leader; every rank with :attr:`publishes_rows`)."""
+    publishes_rows: bool = False
+    """Each rank publishes its own rows of every version (its part, no gather); rank 0 writes the
+    manifest (:mod:`astraflow.delta.parts`). Otherwise rank 0 publishes the gathered weights whole."""
     rollback_position: HeldPosition | None = None
     """Holds the batches back to the oldest kept checkpoint in the log, committed after each save (leader)."""
 
@@ -84,27 +88,43 @@ def build_trainer_parts(cfg: ClusterConfig, recipe: Recipe, policy: str, group: 
                            f"ranks (trainer.ranks = {group.world_size}); run it with trainer.ranks: 1")
     parts = TrainerParts(life=life, topic_ids=ids, checkpoints=checkpoints, checkpoint_writer=writer,
                          backend=backend, rollback_position=rollback)
+    # the same answer on every rank: a rank group whose backend gives each rank its rows
+    parts.publishes_rows = group.distributed and backend.publishes_rows
     if group.leader:
-        _open_leader_parts(parts, cfg, recipe, policy)
+        _open_leader_parts(parts, cfg, recipe, policy, group)
+    elif parts.publishes_rows:
+        parts.publisher = _publisher(cfg, recipe, policy, parts, group, f"{cfg.run}.trainer.{policy}.{life}")
     return parts
 
 
-def _open_leader_parts(parts: TrainerParts, cfg: ClusterConfig, recipe: Recipe, policy: str) -> None:
+def _open_leader_parts(parts: TrainerParts, cfg: ClusterConfig, recipe: Recipe, policy: str,
+                       group: RankGroup) -> None:
     """Rank 0's clients of the weight store and the log, named after the trainer's life."""
-    from astraflow.delta import WeightPublisher, WeightSubscriber
-    from astraflow.delta.retention import RetentionPolicy
+    from astraflow.delta import WeightSubscriber
     from astraflow.log import LogProducer
 
-    tspec = recipe.trainer
     producer_id = f"{cfg.run}.trainer.{policy}.{parts.life}"
     parts.subscriber = WeightSubscriber(cfg, policy, f"trainer-{parts.life}", register=False)
     parts.producer = LogProducer(cfg, producer_id)
     parts.records = UntilAcked(parts.producer)
+    parts.publisher = _publisher(cfg, recipe, policy, parts, group, producer_id)
+
+
+def _publisher(cfg: ClusterConfig, recipe: Recipe, policy: str, parts: TrainerParts, group: RankGroup,
+               producer_id: str) -> WeightPublisher:
+    """The rank's weight publisher: of its part of each version with :attr:`TrainerParts.publishes_rows`
+    (rank 0's writes the manifests, announces and runs the GC), else rank 0's of the whole weights."""
+    from astraflow.delta import WeightPublisher
+    from astraflow.delta.parts import PartOf
+    from astraflow.delta.retention import RetentionPolicy
+
+    tspec = recipe.trainer
     # a KL objective's reference is v0, read at every start of the trainer: the in-run GC keeps it
     retention = RetentionPolicy(pinned=(0,)) if parts.backend.wants_reference else None
-    parts.publisher = WeightPublisher(cfg, policy, anchor_every=tspec.anchor_every,
-                                      max_lag_versions=tspec.max_publish_lag, gc_every=tspec.weights_gc_every,
-                                      retention=retention, producer_id=f"{producer_id}.weights")
+    part = PartOf(group.rank, group.world_size, parts.life) if parts.publishes_rows else None
+    return WeightPublisher(cfg, policy, anchor_every=tspec.anchor_every, max_lag_versions=tspec.max_publish_lag,
+                           gc_every=tspec.weights_gc_every, retention=retention, producer_id=f"{producer_id}.weights",
+                           part=part)
 
 
 def _save_checkpoint(cfg: ClusterConfig, policy: str, checkpoints: CheckpointStore,

@@ -125,10 +125,12 @@ class TrainerService:
         """Identifies this process in metrics (a restarted trainer has a new one)."""
         self.checkpoints, self.checkpoint_writer, self.backend = (parts.checkpoints, parts.checkpoint_writer,
                                                                   parts.backend)
-        # rank 0's alone (None on the other ranks): only rank 0 reads and writes the log and the weight store
+        # rank 0's alone (None on the other ranks): only rank 0 reads and writes the log and reads the weight
+        # store; the publisher is every rank's when each publishes its own rows (``publishes_rows``)
         self.subscriber, self.producer, self.records, self.publisher = (parts.subscriber, parts.producer,
                                                                         parts.records, parts.publisher)
         self.rollback_position = parts.rollback_position
+        self.publishes_rows = parts.publishes_rows
         self.step = 0
         self.version = 0
         self.offsets: dict[str, int] = {}
@@ -246,7 +248,7 @@ class TrainerService:
             # The lost life published past the checkpoint (or the checkpoint's own version never
             # made it): announce the checkpointed weights under a version nobody has seen.
             self.version = max(self.version, (latest or 0) + 1)
-            self._publish_now(self._served_state(), self.version, self.batch_ids[-1] if self.batch_ids else None)
+            self._publish_now(self.version, self.batch_ids[-1] if self.batch_ids else None)
         return f"checkpoint step {ckpt.step} (version {self.version})"
 
     def _load_published(self, latest: int) -> str:
@@ -255,8 +257,11 @@ class TrainerService:
         state = self.subscriber.pull(latest)[0] if leader else {}
         self.backend.load_state(state, None)
         self.version = latest
-        if leader:
-            # The pulled bits are the stored version's: the first step publishes a delta from them.
+        # The pulled bits are the stored version's: the first step publishes a delta from them.
+        if self.publishes_rows:  # each rank's rows of them, as loaded (the cast back to the published dtype is exact)
+            rows = self.backend.weight_rows(self._publish_dtype)
+            self.publisher.assume_published(rows.tensors, latest, rows=rows.rows, shapes=rows.shapes)
+        elif leader:
             self.publisher.assume_published(state, latest)
         return f"weight store version {latest}"
 
@@ -273,7 +278,7 @@ class TrainerService:
             # every rank starts from rank 0's weights, however each built its model
             full = self.backend.state_dict()
             self.backend.load_state(full, None)
-        self._publish_now(self._served_state(), 0)
+        self._publish_now(0)
         return f"{origin}, published as v0"
 
     def _forget_offsets_of_recreated_topics(self, saved_ids: dict[str, str | None]) -> None:
@@ -402,6 +407,8 @@ class TrainerService:
         finally:
             if self.group.leader:
                 self._close(consumer)
+            elif self.publisher is not None:
+                self.publisher.close()
         return {"step": self.step, "version": self.version, "finished": finished, "skipped": dict(self.skipped),
                 "life": self.life, "rank": self.group.rank, "ranks": self.group.world_size}
 
@@ -449,6 +456,8 @@ class TrainerService:
         if self.group.leader:
             self.publisher.flush()
             self._emit_published()
+        elif self.publisher is not None:
+            self.publisher.flush()
         self._commit_saved(consumer, wait=True)
         if finished and self.group.leader:
             self._emit(TrainerDone, step=self.step, version=self.version, skipped=self.skipped)
@@ -568,13 +577,19 @@ class TrainerService:
         self.batch_ids.append(b.batch_id)
         self._trained.add(b.batch_id)
         t1 = time.perf_counter()
-        served = self._served_state()  # on a rank group: gathered on rank 0, {} elsewhere
+        # every rank's own rows when each publishes its part; otherwise the whole weights (on a rank
+        # group: gathered on rank 0, {} elsewhere)
+        rows = self.backend.weight_rows(self._publish_dtype) if self.publishes_rows else None
+        served = self._served_state() if rows is None else rows.tensors
         t2 = time.perf_counter()
         if msg is None:
+            if rows is not None:
+                self.publisher.publish(rows.tensors, self.version, owned=True, rows=rows.rows, shapes=rows.shapes)
             return
         self._consumed(msg)
         record = self._step_record(b, m, stale, wait_s=wait_s, step_s=step_s, handoff_ms=handoff.drain())
-        self.publisher.publish(served, self.version, owned=True, batch_id=b.batch_id)
+        self.publisher.publish(served, self.version, owned=True, batch_id=b.batch_id,
+                               **({} if rows is None else {"rows": rows.rows, "shapes": rows.shapes}))
         record["state_copy_s"] = t2 - t1  # the backend's copy + cast of the weights (the trainer waits)
         record["publish_blocked_s"] = time.perf_counter() - t2
         self._pending_records[self.version] = (record, step_end)
@@ -609,13 +624,26 @@ class TrainerService:
     def _served_state(self) -> dict[str, Any]:
         return publishable(self.backend.state_dict(), self.tspec.publish_dtype)
 
-    def _publish_now(self, state: dict[str, Any], version: int, batch_id: str | None = None) -> None:
-        if not self.group.leader:
-            return
-        # _served_state's tensors are fresh copies
-        self.publisher.publish(state, version, owned=True, batch_id=batch_id)
+    @property
+    def _publish_dtype(self) -> Any:
+        import torch
+
+        return getattr(torch, self.tspec.publish_dtype)
+
+    def _publish_now(self, version: int, batch_id: str | None = None) -> None:
+        """Publish the weights as ``version`` and wait until it is (collective on a rank group)."""
+        if self.publishes_rows:
+            rows = self.backend.weight_rows(self._publish_dtype)
+            self.publisher.publish(rows.tensors, version, owned=True, batch_id=batch_id, rows=rows.rows,
+                                   shapes=rows.shapes)
+        else:
+            state = self._served_state()  # gathered on rank 0 ({} elsewhere); fresh copies
+            if not self.group.leader:
+                return
+            self.publisher.publish(state, version, owned=True, batch_id=batch_id)
         self.publisher.flush()
-        self._emit_published()  # a bootstrap version has no step record: this only counts it as seen
+        if self.group.leader:
+            self._emit_published()  # a bootstrap version has no step record: this only counts it as seen
 
     def _emit_published(self) -> None:
         """Step records whose version is now published, with the bytes it took."""

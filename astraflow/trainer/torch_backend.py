@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from astraflow.devices import describe as describe_device
-from astraflow.trainer.base import ShardedState
+from astraflow.trainer.base import ShardedState, WeightRows
 from astraflow.trainer.config import TorchBackendConfig
 from astraflow.trainer.distributed import RankGroup, current_group
 from astraflow.trainer.step import PolicyGradientStep, StepPlan, diagnostics
@@ -243,6 +243,40 @@ class TorchBackend(PolicyGradientStep):
         else:
             sd = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
         return {k: v.to(dtype) for k, v in sd.items()} if dtype is not None else sd
+
+    @property
+    def publishes_rows(self) -> bool:
+        return self.group.distributed and self.shards_over_ranks
+
+    def weight_rows(self, dtype: torch.dtype | None = None) -> WeightRows:
+        """On a rank group sharded with FSDP2: this rank's rows of every weight (its ``Shard(0)`` of the
+        parameter, ``ceil(n / ranks)`` rows a rank), CPU copies cast to ``dtype``; a plain tensor (a buffer,
+        the same on every rank) is rank 0's whole."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        from torch.distributed.tensor import DTensor, Shard
+
+        from astraflow.delta.parts import chunk_rows
+
+        rank, ranks = self.group.rank, self.group.world_size
+        out = WeightRows({}, {}, {})
+        sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=False))
+        for name, t in sd.items():
+            shape = list(t.shape)
+            rows = shape[0] if shape else 1
+            if isinstance(t, DTensor):
+                if tuple(t.placements) != (Shard(0),):
+                    raise RuntimeError(f"{name}: placements {t.placements}, not FSDP2's Shard(0): cannot publish rows")
+                local, span = t.to_local(), chunk_rows(rows, rank, ranks)
+                if local.shape[0] != span[1] - span[0]:
+                    raise RuntimeError(f"{name}: rank {rank} holds {local.shape[0]} rows, not rows {span} of {rows}")
+            else:
+                local, span = t, (0, rows) if rank == 0 else (0, 0)
+            out.shapes[name] = shape
+            if span[1] > span[0]:  # one copy, cast on the way (the fp32 masters are never copied whole)
+                cast = dtype if dtype is not None and local.is_floating_point() else local.dtype
+                out.tensors[name] = local.detach().to("cpu", dtype=cast, copy=True).contiguous()
+                out.rows[name] = span
+        return out
 
     def optimizer_state_dict(self) -> dict[str, Any]:
         """A deep copy: torch returns live references to the moment tensors, which the next step
