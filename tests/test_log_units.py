@@ -142,7 +142,7 @@ def test_commit_during_a_broker_outage_stays_pending_and_is_retried() -> None:
             self.commits.append({(tp.topic, tp.partition): m.offset for tp, m in offsets.items()})
 
     consumer = object.__new__(LogConsumer)
-    consumer._consumer, consumer._offsets = Broker(), ProcessedOffsets()
+    consumer._consumer, consumer._offsets, consumer._start_at = Broker(), ProcessedOffsets(), {}
     consumer._offsets.delivered(("t", 0), 5)
     consumer._offsets.processed(("t", 0), 5)
     assert consumer._commit_prefix(consumer._offsets.to_commit()) == {}

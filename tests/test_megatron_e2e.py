@@ -104,5 +104,6 @@ def test_a_megatron_trainer_trains_a_run_served_by_the_hf_engine(tmp_path: Path,
         sub.close()
     assert max(worst.values()) < 1e-3, worst
     # The versions are told apart: scored under the version before, a sample moves far more than it does
-    # under its own (a fixed 1e-2 failed once in CI: 6.8e-3 after two steps, against at most 1e-3 agreement).
-    assert stale and max(stale.values()) > max(5 * max(worst.values()), 2e-3), (stale, worst)
+    # under its own (a fixed 1e-2 failed once in CI: 6.8e-3 after two steps, against at most 1e-3 agreement;
+    # with seeded sampling, tp2's batches moved a sample by 7.7e-4 in two steps, against 2.2e-7 agreement).
+    assert stale and max(stale.values()) > max(5 * max(worst.values()), 2e-4), (stale, worst)
