@@ -331,7 +331,9 @@ def test_launch_interrupted_leaves_nothing_behind(tmp_path: Path, test_cluster, 
     run_dir = tmp_path / test_cluster.run
     pids = _pids_from_log(run_dir / "logs/dataflow.log") + _pids_from_log(run_dir / "logs/raas-default-0.log")
     assert not any(pid_alive(p) for p in pids)
-    assert (run_dir / "metrics.jsonl").exists() and (run_dir / "report.png").exists()
+    assert (run_dir / "metrics.jsonl").exists() and result.report_path == run_dir / "report.png"
+    # an interrupted run's picture is drawn by a detached process after the launcher returns
+    wait_until(lambda: (run_dir / "report.png").exists(), 60, "report.png of the interrupted run")
     assert (run_dir / "recipe.yaml").exists() and oct((run_dir / "cluster.yaml").stat().st_mode)[-3:] == "600"
 
 
