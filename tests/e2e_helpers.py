@@ -14,6 +14,7 @@ import yaml
 from process_helpers import children
 from waiting import wait_until
 
+from astraflow.embedded.ports import StackPorts
 from astraflow.records.control import TRAINER_RECORDS
 from astraflow.report.plot import typed_records
 
@@ -96,3 +97,13 @@ class LauncherProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             raise AssertionError(f"launcher still running after {timeout_s} s:\n{self.output[-3000:]}") from None
+
+
+def free_block_plan() -> StackPorts:
+    """Free ports for the layout `astraflow up` takes (`--kafka-port`, `--s3-port`, `--internal-port-base`): kafka, s3, base..base+9 and base+10009."""
+    for _ in range(200):
+        candidate = StackPorts.free()
+        plan = StackPorts.plan(candidate.kafka, candidate.s3, candidate.master)
+        if plan.master + 10009 <= 65535 and not plan.taken():
+            return plan
+    raise RuntimeError("no free port block")

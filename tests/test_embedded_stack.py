@@ -17,6 +17,7 @@ from pathlib import Path
 
 import boto3
 import pytest
+from e2e_helpers import free_block_plan
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import KafkaError
@@ -77,16 +78,6 @@ def _port_args(ports: StackPorts) -> list[str]:
     # `up` takes Kafka, S3 and a base for SeaweedFS's internal ports; give it a plan of free ones.
     return ["--kafka-port", str(ports.kafka), "--s3-port", str(ports.s3),
             "--internal-port-base", str(ports.master)]
-
-
-def _free_block_plan() -> StackPorts:
-    """Free ports for the CLI's layout: kafka, s3, base..base+9 and base+10009."""
-    for _ in range(200):
-        candidate = StackPorts.free()
-        plan = StackPorts.plan(candidate.kafka, candidate.s3, candidate.master)
-        if plan.master + 10009 <= 65535 and not plan.taken():
-            return plan
-    raise RuntimeError("no free port block")
 
 
 def _listening_addresses(pid: int) -> list[str]:
@@ -163,7 +154,7 @@ def test_unique_names_and_runs_differ(test_cluster, unique_name, cluster):
 # -- lifecycle through the CLI ---------------------------------------------------------------
 def test_up_status_down_leaves_nothing_behind(tmp_path):
     state = tmp_path / "state"
-    ports = _free_block_plan()
+    ports = free_block_plan()
     up = _cli("up", "--state-dir", str(state), "--log-storage", "memory", *_port_args(ports))
     assert up.returncode == 0, up.stdout + up.stderr
     assert f"127.0.0.1:{ports.kafka}" in up.stdout and f"http://127.0.0.1:{ports.s3}" in up.stdout
@@ -238,7 +229,7 @@ def test_fixture_stack_dies_with_a_killed_test_process(tmp_path):
 
 
 def test_taken_port_is_a_clear_error(tmp_path):
-    ports = _free_block_plan()
+    ports = free_block_plan()
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", ports.kafka))
         squatter.listen()
@@ -339,7 +330,7 @@ def test_default_up_keeps_the_log_across_down_crash_and_up(tmp_path):
     listens beyond loopback; down leaves no process."""
     state = tmp_path / "state"
     env = {k: v for k, v in os.environ.items() if k != "ASTRAFLOW_LOG_STORAGE"}
-    ports = _free_block_plan()
+    ports = free_block_plan()
 
     def up() -> tuple[dict, list[int]]:
         out = subprocess.run([sys.executable, "-m", "astraflow.cli.main", "up", "--state-dir", str(state),

@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from e2e_helpers import tiny_recipe
+from e2e_helpers import free_block_plan, tiny_recipe
 from waiting import wait_until
 
 from astraflow.config import ClusterConfig
-from astraflow.embedded.ports import StackPorts
 from astraflow.embedded.supervisor import SupervisedProcess
 from astraflow.objstore import ObjectStore, RunLayout
 from astraflow.records.control import TrainerDone, TrainerStep
@@ -115,18 +114,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           env={**_env(), "COLUMNS": "200"})
 
 
-def _free_block_plan() -> StackPorts:
-    """Free ports for `up`'s layout: kafka, s3, base..base+9 and base+10009."""
-    for _ in range(200):
-        candidate = StackPorts.free()
-        plan = StackPorts.plan(candidate.kafka, candidate.s3, candidate.master)
-        if plan.master + 10009 <= 65535 and not plan.taken():
-            return plan
-    raise RuntimeError("no free port block")
-
-
 def test_up_secure_keeps_its_secrets_in_private_files_and_down_stops_the_terminator(tmp_path: Path) -> None:
-    state, ports = tmp_path / "state", _free_block_plan()
+    state, ports = tmp_path / "state", free_block_plan()
     up = _cli("up", "--secure", "--state-dir", str(state), "--log-storage", "memory", "--kafka-port", str(ports.kafka),
               "--s3-port", str(ports.s3), "--internal-port-base", str(ports.master))
     try:
