@@ -1,6 +1,6 @@
 """Step end -> a node serving the new weights, through the product's weight plane, at Qwen2.5 shapes.
 
-    nice -n 10 python benchmarks/weight_sync.py [--models 0.5b,1.5b] [--modes one,gather,parts] [--versions 2]
+    nice -n 10 python benchmarks/weight_sync.py [--models 0.5b,1.5b] [--modes one,gather,parts] [--versions 2] [--device cpu]
 
 A trainer's weights (random bf16 tensors with the shapes of Qwen2.5-0.5B / 1.5B, HF names, tied
 embeddings: ``benchmarks/weight_refresh.py``'s shapes), each version moving ``--changed`` of every
@@ -13,6 +13,11 @@ and broker), in three modes, each a fresh group of gloo ranks started by torch's
   (``ceil(n / 2)`` of dim 0), gather them to rank 0 (``dist.gather`` of the raw bytes), which publishes;
 * ``parts``: 2 ranks each publish their own rows as their part (:mod:`astraflow.delta.parts`), rank 0
   writing the manifest once both parts are in.
+* ``host``: one rank whose weights are on ``--device`` copies them to the host and publishes that (a CUDA
+  trainer's path with ``trainer.encode_weights_on: host``, the baseline of ``one`` on a GPU, which
+  encodes where the weights are: diff, gap coding, byte planes and CRC-32C on the GPU).
+
+``--device cuda``: the trainer's and the node's tensors live on the GPU (modes ``one,host``).
 
 v0 (the anchor) and v1 (warm-up) are not timed; ``--versions`` more are. Trainer side, per version
 (rank 0's figures; ``encode`` / ``upload`` the slowest rank's): ``snapshot`` (the caller blocked in
@@ -50,7 +55,7 @@ from weight_refresh import SHAPES
 
 BLOCK = 256
 """Rows per seeded block: the bits of a row do not depend on how the ranks split the tensor."""
-RANKS = {"one": 1, "gather": 2, "parts": 2}
+RANKS = {"one": 1, "host": 1, "gather": 2, "parts": 2}
 
 
 def model_shapes(model: str) -> dict[str, list[int]]:
@@ -108,7 +113,7 @@ def train_step(tensors: dict[str, torch.Tensor], rows: dict, shapes: dict, versi
             idx = torch.randint(0, n, (max(1, int(n * changed)),), generator=g)
             r, c = idx // width + b_lo, idx % width
             keep = (r >= s_lo) & (r < s_hi)
-            mine[r[keep] - lo, c[keep]] += 1
+            mine[(r[keep] - lo).to(mine.device), c[keep].to(mine.device)] += 1
 
 
 def gather_whole(tensors: dict[str, torch.Tensor], shapes: dict, rank: int, ranks: int) -> dict[str, torch.Tensor]:
@@ -134,7 +139,8 @@ def gather_whole(tensors: dict[str, torch.Tensor], shapes: dict, rank: int, rank
     return full
 
 
-def _worker(mode: str, state_dir: str, run: str, model: str, changed: float, versions: int, threads: int) -> dict:
+def _worker(mode: str, state_dir: str, run: str, model: str, changed: float, versions: int, threads: int,
+            device: str) -> dict:
     import torch.distributed as dist
 
     from astraflow.config import ClusterConfig
@@ -147,6 +153,7 @@ def _worker(mode: str, state_dir: str, run: str, model: str, changed: float, ver
     cfg = ClusterConfig(state_dir=Path(state_dir)).resolve().model_copy(update={"run": run})
     shapes = model_shapes(model)
     tensors, rows = make_rows(shapes, rank, ranks)
+    tensors = {name: t.to(device) for name, t in tensors.items()}
     publisher = None
     if mode == "parts":
         publisher = WeightPublisher(cfg, mode, anchor_every=10**9, max_lag_versions=1,
@@ -158,6 +165,8 @@ def _worker(mode: str, state_dir: str, run: str, model: str, changed: float, ver
         for v in range(versions + 2):
             if v:
                 train_step(tensors, rows, shapes, v, changed)
+                if device != "cpu":
+                    torch.cuda.synchronize()  # the step has ended when its writes have
             dist.barrier()
             step_end, t0 = time.time(), time.perf_counter()
             figures = {"version": v}
@@ -168,8 +177,10 @@ def _worker(mode: str, state_dir: str, run: str, model: str, changed: float, ver
                 if mode == "gather":
                     figures["gather"] = time.perf_counter() - t0
                     t0 = time.perf_counter()
+                if mode == "host":  # the weights copied to the host first: a CUDA trainer's path before device encode
+                    whole = {name: t.to("cpu", copy=True) for name, t in whole.items()}
                 if publisher is not None:
-                    publisher.publish(whole, v, owned=mode == "gather")
+                    publisher.publish(whole, v, owned=mode in ("gather", "host"))
                 del whole
             figures["snapshot"] = time.perf_counter() - t0
             if publisher is not None:
@@ -201,13 +212,14 @@ def launch(ranks: int, *args) -> dict:
     return elastic_launch(config, _worker)(*args)
 
 
-def node_side(cfg, mode: str, first: int, last: int) -> list[dict]:
+def node_side(cfg, mode: str, first: int, last: int, device: str) -> list[dict]:
     """A node holding ``first - 1`` in its serving tensors takes each version up to ``last`` in place."""
     from astraflow.delta import WeightStore, WeightSubscriber
     from astraflow.delta.patch import prepare_patch
 
     sub = WeightSubscriber(cfg, mode, f"node-{mode}", register=False)
     live = sub.pull(first - 1)[0]  # the subscriber's own tensors: served from, patched in place
+    live = {name: t.to(device) for name, t in live.items()}
     store = sub.store
     out = []
     for v in range(first, last + 1):
@@ -219,6 +231,8 @@ def node_side(cfg, mode: str, first: int, last: int) -> list[dict]:
         patch = prepare_patch(live, [(v, parts, manifest.tensors)], v - 1)
         t2 = time.perf_counter()
         patch.write(live)  # the pause
+        if device != "cpu":
+            torch.cuda.synchronize()
         t3 = time.perf_counter()
         bad = patch.verify(live)
         out.append({"version": v, "fetch": t1 - t0, "decode": t2 - t1, "swap": t3 - t2, "verified": not bad,
@@ -238,13 +252,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--versions", type=int, default=2, help="measured versions (after the anchor and a warm-up)")
     ap.add_argument("--changed", type=float, default=0.01)
     ap.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--device", default="cpu", help="where the trainer's and the node's weights live (cuda: one "
+                    "rank; modes one = encode on the GPU, host = copy to the host first, today's CUDA path)")
     args = ap.parse_args(argv)
 
     from astraflow.config import ClusterConfig
     from astraflow.embedded import EmbeddedStack
 
     result: dict = {"benchmark": "weight_sync", "changed": args.changed, "versions_measured": args.versions,
-                    "cores": args.cores, "backend": "gloo (CPU)", "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+                    "cores": args.cores, "device": args.device,
+                    "gpu": torch.cuda.get_device_name(0) if args.device != "cpu" else None, "backend": "gloo", "loadavg_start": [round(x, 2) for x in os.getloadavg()],
                     "models": {}}
     last = args.versions + 1
     with tempfile.TemporaryDirectory(prefix="af-wsync-") as tmp:
@@ -262,11 +279,11 @@ def main(argv: list[str] | None = None) -> int:
                     cfg = base.model_copy(update={"run": run})
                     t0 = time.perf_counter()
                     by_rank = launch(ranks, mode, str(Path(tmp) / "stack"), run, model, args.changed, args.versions,
-                                     max(1, args.cores // ranks))
+                                     max(1, args.cores // ranks), args.device)
                     r0 = by_rank[0]["versions"]
                     slowest = [max((by_rank[r]["versions"][i].get(k, 0.0) for r in by_rank), default=0.0)
                                for i in range(len(r0)) for k in ("encode", "upload")]
-                    node = node_side(cfg, mode, 2, last)
+                    node = node_side(cfg, mode, 2, last, args.device)
                     total = [r0[i]["step_end_to_announced"] + node[i]["fetch"] + node[i]["decode"] + node[i]["swap"]
                              for i in range(len(node))]
                     m = {"ranks": ranks, "step_end_to_serving_s": round(statistics.median(total), 3),

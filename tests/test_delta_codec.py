@@ -20,9 +20,11 @@ from astraflow.delta import (
     apply,
     apply_inplace,
     codec,
+    device_crc,
     encode,
     read_header,
 )
+from astraflow.delta.bits import checksum, host_bits, tensor_checksum
 from astraflow.delta.format import pack, parse
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -158,7 +160,11 @@ def test_torch_path_matches_numpy_path(monkeypatch):
     new = snapshot(old)
     bits(new["a"])[::37] ^= 3
     bits(new["b"])[:] ^= 1  # dense
+    old["c"] = random_bits(rng, 200_000, torch.int16)
+    new["c"] = old["c"].clone()
+    bits(new["c"])[[0, 70_000, 199_999]] ^= 9  # gaps past 65535: 4-byte gap planes
     host = encode(old, new, base_version=0, target_version=1)
+    assert {e.name: e.gap_width for e in read_header(host).tensors}["c"] == 4
     monkeypatch.setattr(codec, "_on_host", lambda t: False)
     device = encode(old, new, base_version=0, target_version=1)
     assert device == host
@@ -169,6 +175,23 @@ def test_torch_path_matches_numpy_path(monkeypatch):
     want["a"] = want["a"].reshape(50, 100).t()
     delta = encode(snapshot(base), want, base_version=0, target_version=1)
     assert_same_bits(apply_inplace(base, delta), want)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 3 * device_crc.BLOCK + 7), st.sampled_from(DTYPES), st.integers(0, 2**32 - 1))
+def test_device_crc_equals_crc32c(n, dtype, seed):
+    """The block-table CRC-32C (the CUDA path, run here with torch on the CPU) equals crc32c's."""
+    t = random_bits(np.random.default_rng(seed), n, dtype)
+    assert device_crc.device_crc32c(t) == checksum(host_bits(t))
+
+
+def test_device_crc_folds_many_blocks(monkeypatch):
+    """Several gather chunks and an odd number of blocks to fold, a strided view, a 2-D tensor."""
+    monkeypatch.setattr(device_crc, "CHUNK_BLOCKS", 3)
+    t = random_bits(np.random.default_rng(5), 11 * device_crc.BLOCK + 3, torch.uint8)
+    assert device_crc.device_crc32c(t) == checksum(host_bits(t))
+    view = random_bits(np.random.default_rng(6), 40_000, torch.bfloat16).reshape(200, 200).t()
+    assert device_crc.device_crc32c(view) == checksum(host_bits(view.contiguous()))
 
 
 # -- chains ------------------------------------------------------------------------------------
@@ -294,6 +317,9 @@ def test_cuda_tensors_round_trip_on_device():
     gpu_old = {k: v.cuda() for k, v in old.items()}
     gpu_new = {k: v.cuda() for k, v in new.items()}
     assert encode(gpu_old, gpu_new, base_version=0, target_version=1) == host
+    assert all(tensor_checksum(t) == checksum(host_bits(t.cpu())) for t in gpu_new.values())  # on the GPU
+    crcs = {k: tensor_checksum(v) for k, v in new.items()}
+    assert encode(gpu_old, gpu_new, base_version=0, target_version=1, crcs_new=crcs) == host
     out = apply(gpu_old, host)
     assert all(t.is_cuda for t in out.values())
     assert_same_bits({k: v.cpu() for k, v in out.items()}, new)

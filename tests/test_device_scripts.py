@@ -118,7 +118,7 @@ def test_calls_carry_one_chunk_each_and_run_the_checks_once_complete(tmp_path, s
     carried = [c["carry"] for c in plan if c["carry"]]
     assert carried == [[f".device/{c['name']}"] for c in manifest["chunks"]]
     last = f".device/{manifest['chunks'][-1]['name']}"
-    checks = [c for c in plan if "gpu_checks.sh rollout" in c["command"]]
+    checks = [c for c in plan if "gpu_checks.sh weights rollout" in c["command"]]
     assert len(checks) == 1 and checks[0]["carry"] == [last]
     # after the rollout checks, the hf recipe (no vLLM in this build), its cap what is left of the budget
     assert plan[-1] == next(c for c in plan if c["command"] == f"RECIPE_CAP_S={cap} bash scripts/device/gpu_checks.sh recipe")
@@ -163,7 +163,7 @@ def test_the_rollout_checks_measure_vllm_only_where_it_is_installed(tmp_path):
                               check=True, capture_output=True, text=True).stdout
 
     both, rollout = dry("rollout vllm"), dry("rollout")
-    assert "gpu_rollout.py --device cuda --rows 1,32,128 --tokens 128 --reps 2 --paths graphs,eager,vllm" in both
+    assert "gpu_rollout.py --device cuda --rows 1,32,128 --tokens 128 --reps 1 --paths graphs,eager,vllm" in both
     assert "--paths graphs,eager\n" in rollout and "tests/test_engine_graphs.py" in rollout
     steps = [line.split()[1] for line in both.splitlines() if line.startswith("[dry-run]")]
     assert steps == ["preflight", "gpu_rollout", "pytest_cuda", "recipe_vllm"]

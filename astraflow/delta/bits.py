@@ -75,7 +75,13 @@ def checksum(arr: np.ndarray | bytes | memoryview) -> int:
 
 
 def tensor_checksum(t: torch.Tensor) -> int:
-    return checksum(host_bits(t))
+    """CRC-32C of ``t``'s bits where ``t`` lives: a CPU tensor's buffer directly, another device's
+    (e.g. CUDA) on that device, so only 4 bytes per 4 KiB block cross to the host."""
+    if t.device.type == "cpu":
+        return checksum(host_bits(t))
+    from astraflow.delta.device_crc import device_crc32c
+
+    return device_crc32c(t.detach())
 
 
 # -- CRC-32C of a concatenation, from the CRCs of its pieces (zlib's crc32_combine, for CRC-32C) -------

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from astraflow.delta.bits import bits, checksum, host_bits, itemsize, storage_key
+from astraflow.delta.bits import bits, itemsize, storage_key, tensor_checksum
 from astraflow.delta.codec import decode_change, scatter_xor, validate_delta
 from astraflow.delta.errors import DeltaError
 from astraflow.delta.format import read_header
@@ -88,7 +88,7 @@ class WeightPatch:
     def verify(self, live: StateDict, threads: int | None = None) -> list[str]:
         """Names of the changed tensors whose bits are not the target's (empty: bit-exact)."""
         names = self.changed
-        ok = _run(lambda n: checksum(host_bits(live[n])) == self.crc_target[n], names, threads)
+        ok = _run(lambda n: tensor_checksum(live[n]) == self.crc_target[n], names, threads)
         return [n for n, good in zip(names, ok, strict=True) if not good]
 
 

@@ -1,7 +1,7 @@
 """Trainer side: publish each new version off the training loop's critical path.
 
-``publish(state_dict, version)`` snapshots the weights to CPU (the only work on the caller's
-thread) and queues them; ``assume_published`` names a version already in the store as the base of
+``publish(state_dict, version)`` snapshots the weights where they are, CPU or GPU (the only work on
+the caller's thread), and queues them; ``assume_published`` names a version already in the store as the base of
 the next delta. A background thread encodes the delta from the previous version, uploads
 the anchor (every ``anchor_every`` versions, and always first) and/or the delta side by side, writes the
 manifest last (conditional put), then announces the version on ``<run>.weights.<policy>``. The
@@ -162,9 +162,11 @@ class WeightPublisher:
             raise PublisherError("publisher is closed")
         if self._last_version is not None and version <= self._last_version:
             raise ValueError(f"versions must increase: {version} after {self._last_version}")
+        # The snapshot stays where the weights are: a CUDA trainer's version is encoded on its GPU
+        # (codec._diff_device, device_crc), and only the packed planes cross to the host.
         snapshot = {
-            name: t.detach() if owned and t.device.type == "cpu" and t.is_contiguous()
-            else t.detach().to("cpu", copy=True).contiguous() for name, t in state_dict.items()
+            name: t.detach() if owned and t.is_contiguous()
+            else t.detach().clone(memory_format=torch.contiguous_format) for name, t in state_dict.items()
         }
         while True:  # a bounded wait, so a failure of the thread is noticed while blocked
             try:
@@ -217,20 +219,22 @@ class WeightPublisher:
 
     # -- background thread -----------------------------------------------------------------------
     def _run(self) -> None:
-        prev: tuple[int, dict[str, torch.Tensor]] | None = None
+        # (version, its state, its tensors' CRC-32C once computed): the next delta's base
+        prev: tuple[int, dict[str, torch.Tensor], dict[str, int] | None] | None = None
         while True:
             item = self._queue.get()
             try:
                 if item is _STOP:
                     return
                 version, state, batch_id, rows, shapes = item
+                crcs = None
                 if version != self._base_version:
-                    manifest = self._publish_one(version, state, prev, batch_id, rows, shapes)
+                    manifest, crcs = self._publish_one(version, state, prev, batch_id, rows, shapes)
                     if manifest is not None:
                         self.published.append(manifest)
                     if self.gc_every and len(self.published) % self.gc_every == 0:
                         self._start_gc()
-                prev = (version, state)
+                prev = (version, state, crcs)
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 self._error = exc
                 self._drain()
@@ -275,10 +279,12 @@ class WeightPublisher:
         """One idempotent bucket call, waiting out an unreachable bucket (other errors raise)."""
         return wait_out_outage(fn, self._s3, deadline_s=self.outage_deadline_s)
 
-    def _publish_one(self, version: int, state: dict, prev: tuple[int, dict] | None, batch_id: str | None,
-                     rows: Rows | None, shapes: dict[str, list[int]] | None) -> Manifest | None:
+    def _publish_one(self, version: int, state: dict, prev: tuple[int, dict, dict | None] | None,
+                     batch_id: str | None, rows: Rows | None,
+                     shapes: dict[str, list[int]] | None) -> tuple[Manifest | None, dict[str, int]]:
         """Upload this publisher's part of ``version`` (the whole state when it is the only part); the
-        manifest's writer then writes the manifest and announces it (returned; None on the others)."""
+        manifest's writer then writes the manifest and announces it (returned; None on the others),
+        with the state's CRC-32C (the next delta's base CRCs)."""
         # Refuse before uploading: objects of a published version must never be replaced. (Two
         # live publishers of one policy racing on a version remain unsupported.) The HEAD runs beside
         # the CRCs and the encode, which upload nothing, and is awaited before the first upload.
@@ -290,7 +296,8 @@ class WeightPublisher:
         published = self._side.submit(lambda: self._s3_call(lambda: self.store.objects.exists(manifest_key)))
         crcs = state_crcs(state)
         has_base = prev is not None and prev[0] == version - 1
-        blob = encode(prev[1], state, base_version=prev[0], target_version=version) if has_base else None
+        blob = encode(prev[1], state, base_version=prev[0], target_version=version,
+                      crcs_old=prev[2], crcs_new=crcs) if has_base else None
         if published.result():
             raise VersionExistsError(f"{self.policy} v{version} is already published")
         index, count = (0, 1) if self.part is None else (self.part.index, self.part.parts)
@@ -320,7 +327,7 @@ class WeightPublisher:
             self._s3_call(lambda: self.store.objects.put_json(record_key, record.model_dump(mode="json")))
             stages["upload"] = time.perf_counter() - t1
             if not self.part.writes_manifest:
-                return None
+                return None, crcs
             t2 = time.perf_counter()
             records = self._part_records(version)
             stages["parts_wait"] = time.perf_counter() - t2
@@ -364,7 +371,7 @@ class WeightPublisher:
             ).result(timeout=30)
         self.announced_at[version] = time.time()
         stages["announce"] = time.perf_counter() - t3
-        return manifest
+        return manifest, crcs
 
     def _part_records(self, version: int) -> list[PartRecord]:
         """Every part's record of ``version`` from this publishing group, once all are in the bucket (the

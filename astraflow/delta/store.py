@@ -60,14 +60,14 @@ class WeightStore:
 
     # -- writing ---------------------------------------------------------------------------------
     def put_anchor(self, version: int, state: dict[str, torch.Tensor], part: int = 0, parts: int = 1) -> ObjectInfo:
-        """Upload a safetensors checkpoint of ``state`` (contiguous CPU tensors): the whole state, or
+        """Upload a safetensors checkpoint of ``state`` (copied to the host if on a GPU): the whole state, or
         part ``part`` of ``parts`` (its rows)."""
         from safetensors.torch import save_file
 
         key = self.layout.part_key(self.policy, version, "anchor", part, parts)
         with tempfile.TemporaryDirectory(prefix="astraflow-anchor-") as tmp:
             path = Path(tmp) / "anchor.safetensors"
-            save_file({k: t.contiguous() for k, t in state.items()}, str(path),
+            save_file({k: t.contiguous().cpu() for k, t in state.items()}, str(path),
                       metadata={"policy": self.policy, "version": str(version)})
             digest = self.objects.put_file(key, path)
             size = path.stat().st_size

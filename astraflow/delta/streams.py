@@ -39,10 +39,14 @@ def gap_code(idx: np.ndarray) -> np.ndarray:
     """Sorted flat positions -> gaps at the narrowest width that holds them."""
     gaps = np.diff(idx, prepend=-1)
     gaps -= 1
-    top = int(gaps.max()) if gaps.size else 0
-    for width, dtype in _GAP_WIDTHS:
+    return gaps.astype(gap_width_dtype(gap_width_for(int(gaps.max()) if gaps.size else 0)))
+
+
+def gap_width_for(top: int) -> int:
+    """The narrowest gap width (bytes) that holds ``top``, the largest gap."""
+    for width, _ in _GAP_WIDTHS:
         if top < (1 << (8 * width)):
-            return gaps.astype(dtype)
+            return width
     raise AssertionError("unreachable: gaps fit in 8 bytes")
 
 

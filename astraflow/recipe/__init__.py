@@ -127,6 +127,11 @@ class TrainerSpec(_Section):
     AstraFlow and TRL. bf16 makes each version a sparse delta (an update that does not move a weight
     past a bf16 rounding boundary changes no bit); the small train/serve mismatch is corrected by
     the PPO importance ratio against the behaviour log-probs the nodes record."""
+    encode_weights_on: Literal["device", "host"] = "device"
+    """Where a trainer whose weights are on a GPU encodes each version: ``device`` keeps the published
+    copies on the GPU, where the diff, sparsity scan, gap coding and CRC-32C run, and only the packed
+    bytes come to the host (the GPU then holds up to ``max_publish_lag + 2`` bf16 copies of the model);
+    ``host`` copies them to CPU memory first (the GPU holds none). A CPU trainer encodes on the host."""
 
 
 class EvalSpec(_Section):

@@ -68,6 +68,13 @@ class TrainerBackend(ABC):
         must not write them), which the trainer hands to the publisher without copying again.
         On a rank group: the full weights in HF names on rank 0, ``{}`` on the others."""
 
+    def published_weights(self, dtype: Any, *, on_device: bool = False) -> dict[str, Any]:
+        """The weights a version publishes: copies the caller owns, floating tensors cast to ``dtype``
+        (the fp32 masters untouched). ``on_device``: the copies may stay on the backend's accelerator,
+        where the publisher encodes them (``TrainerSpec.encode_weights_on``); by default on the host.
+        On a rank group: rank 0's, ``{}`` on the others."""
+        return {k: v.to(dtype) if v.is_floating_point() else v for k, v in self.state_dict().items()}
+
     @abstractmethod
     def optimizer_state_dict(self) -> dict[str, Any]:
         """Optimizer state to checkpoint (single-rank checkpoints of backends without
@@ -85,9 +92,9 @@ class TrainerBackend(ABC):
         :meth:`state_dict`'s gathered weights whole."""
         return False
 
-    def weight_rows(self, dtype: Any = None) -> WeightRows:
+    def weight_rows(self, dtype: Any = None, *, on_device: bool = False) -> WeightRows:
         """This rank's rows of the weights, cast to ``dtype`` (COLLECTIVE on a rank group; only called
-        when :attr:`publishes_rows`)."""
+        when :attr:`publishes_rows`); ``on_device`` as in :meth:`published_weights`."""
         raise NotImplementedError(f"{type(self).__name__} publishes its weights whole")
 
     @property

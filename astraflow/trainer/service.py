@@ -259,7 +259,7 @@ class TrainerService:
         self.version = latest
         # The pulled bits are the stored version's: the first step publishes a delta from them.
         if self.publishes_rows:  # each rank's rows of them, as loaded (the cast back to the published dtype is exact)
-            rows = self.backend.weight_rows(self._publish_dtype)
+            rows = self.backend.weight_rows(self._publish_dtype, on_device=self._encode_on_device)
             self.publisher.assume_published(rows.tensors, latest, rows=rows.rows, shapes=rows.shapes)
         elif leader:
             self.publisher.assume_published(state, latest)
@@ -579,7 +579,7 @@ class TrainerService:
         t1 = time.perf_counter()
         # every rank's own rows when each publishes its part; otherwise the whole weights (on a rank
         # group: gathered on rank 0, {} elsewhere)
-        rows = self.backend.weight_rows(self._publish_dtype) if self.publishes_rows else None
+        rows = self.backend.weight_rows(self._publish_dtype, on_device=self._encode_on_device) if self.publishes_rows else None
         served = self._served_state() if rows is None else rows.tensors
         t2 = time.perf_counter()
         if msg is None:
@@ -622,7 +622,11 @@ class TrainerService:
         return record
 
     def _served_state(self) -> dict[str, Any]:
-        return publishable(self.backend.state_dict(), self.tspec.publish_dtype)
+        return self.backend.published_weights(self._publish_dtype, on_device=self._encode_on_device)
+
+    @property
+    def _encode_on_device(self) -> bool:
+        return self.tspec.encode_weights_on == "device"
 
     @property
     def _publish_dtype(self) -> Any:
@@ -633,7 +637,7 @@ class TrainerService:
     def _publish_now(self, version: int, batch_id: str | None = None) -> None:
         """Publish the weights as ``version`` and wait until it is (collective on a rank group)."""
         if self.publishes_rows:
-            rows = self.backend.weight_rows(self._publish_dtype)
+            rows = self.backend.weight_rows(self._publish_dtype, on_device=self._encode_on_device)
             self.publisher.publish(rows.tensors, version, owned=True, batch_id=batch_id, rows=rows.rows,
                                    shapes=rows.shapes)
         else:

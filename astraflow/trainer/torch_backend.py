@@ -244,11 +244,18 @@ class TorchBackend(PolicyGradientStep):
             sd = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
         return {k: v.to(dtype) for k, v in sd.items()} if dtype is not None else sd
 
+    def published_weights(self, dtype: torch.dtype, *, on_device: bool = False) -> dict[str, Any]:
+        if self.group.distributed or not on_device or self.device.type == "cpu":
+            return super().published_weights(dtype, on_device=on_device)
+        # One cast copy per tensor on the GPU: the publisher encodes there (codec._diff_device).
+        return {k: v.detach().to(dtype=dtype if v.is_floating_point() else v.dtype, copy=True)
+                for k, v in self.model.state_dict().items()}
+
     @property
     def publishes_rows(self) -> bool:
         return self.group.distributed and self.shards_over_ranks
 
-    def weight_rows(self, dtype: torch.dtype | None = None) -> WeightRows:
+    def weight_rows(self, dtype: torch.dtype | None = None, *, on_device: bool = False) -> WeightRows:
         """On a rank group sharded with FSDP2: this rank's rows of every weight (its ``Shard(0)`` of the
         parameter, ``ceil(n / ranks)`` rows a rank), CPU copies cast to ``dtype``; a plain tensor (a buffer,
         the same on every rank) is rank 0's whole."""
@@ -274,7 +281,8 @@ class TorchBackend(PolicyGradientStep):
             out.shapes[name] = shape
             if span[1] > span[0]:  # one copy, cast on the way (the fp32 masters are never copied whole)
                 cast = dtype if dtype is not None and local.is_floating_point() else local.dtype
-                out.tensors[name] = local.detach().to("cpu", dtype=cast, copy=True).contiguous()
+                where = local.device if on_device else "cpu"
+                out.tensors[name] = local.detach().to(where, dtype=cast, copy=True).contiguous()
                 out.rows[name] = span
         return out
 

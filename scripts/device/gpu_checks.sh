@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, after receive.sh: bash scripts/device/gpu_checks.sh [--dry-run] PHASE...
+#   weights      benchmarks/weight_sync.py --device cuda at 1.5B: step end -> serving, encoded on the GPU
+#                (`one`) beside the weights copied to the host first (`host`)
 #   rollout      preflight; benchmarks/gpu_rollout.py: the hf engine's eager and graphs paths, and vLLM
 #                where the vllm group is installed, at 1 / 32 / 128 rows x 128 tokens; `pytest -k cuda`
 #                on the built-in engine's, the torch backend's and the delta codec's test files
@@ -23,14 +25,15 @@ py=${PYTHON:-python3}
 # sized so that build_chunks.py's plan (scripts/device/plan_calls.py) fits one 15-minute lease.
 steps_of() {
   case $1 in
-    rollout) echo "preflight:20 gpu_rollout:220 pytest_cuda:60" ;;
+    weights) echo "weight_sync:150" ;;
+    rollout) echo "preflight:20 gpu_rollout:160 pytest_cuda:60" ;;
     recipe-vllm) echo "recipe_vllm:$recipe_cap" ;;
     recipe) echo "recipe:$recipe_cap" ;;
     heldout) echo "heldout_before:60 heldout_after:90" ;;
     # vllm_checks.sh's own step timeouts: compat 60 + engine 240; e2e 240 + bench 240.
     vllm) echo "vllm_import:90 vllm_checks:330" ;;
     vllm-more) echo "vllm_checks_more:510" ;;
-    *) echo "unknown phase: $1 (rollout, recipe-vllm, recipe, heldout, vllm, vllm-more)" >&2; return 1 ;;
+    *) echo "unknown phase: $1 (weights, rollout, recipe-vllm, recipe, heldout, vllm, vllm-more)" >&2; return 1 ;;
   esac
 }
 # Seconds between a step's stop signal and its kill: a recipe stopped like Ctrl+C writes its metrics
@@ -86,7 +89,8 @@ command_of() {
   case $1 in
     # Every check runs (for the log); the step fails if any did.
     preflight) echo "f=0; nvidia-smi -L || f=1; $py -c 'import torch; print(torch.__version__, torch.cuda.is_available(), torch.cuda.get_device_name(0))' || f=1; $py -c 'import kafka, crc32c, zstandard, boto3, pydantic, yaml, bm25s, httpx2, gguf, astraflow, importlib.util as u; print(\"imports ok; vllm:\", u.find_spec(\"vllm\") and u.find_spec(\"vllm\").origin)' || f=1; \"\$ASTRAFLOW_WEED_BIN\" version || f=1; \"\$ASTRAFLOW_TANSU_BIN\" --help | head -3; echo ASTRAFLOW_DEVICE_GROUPS=\$ASTRAFLOW_DEVICE_GROUPS; exit \$f" ;;
-    gpu_rollout) [ -f benchmarks/gpu_rollout.py ] && echo "$py benchmarks/gpu_rollout.py --device cuda --rows 1,32,128 --tokens 128 --reps 2 --paths $(rollout_paths)" ;;
+    weight_sync) [ -f benchmarks/weight_sync.py ] && echo "$py benchmarks/weight_sync.py --device cuda --models 1.5b --modes one,host --versions 2" ;;
+    gpu_rollout) [ -f benchmarks/gpu_rollout.py ] && echo "$py benchmarks/gpu_rollout.py --device cuda --rows 1,32,128 --tokens 128 --reps 1 --paths $(rollout_paths)" ;;
     pytest_cuda) echo "$py -m pytest -q -rs -p no:cacheprovider --continue-on-collection-errors -k cuda $(cuda_test_files)" ;;
     recipe_vllm) recipe_cmd smollm2_word_calc_vllm_cuda ;;
     recipe) recipe_cmd smollm2_word_calc_cuda ;;

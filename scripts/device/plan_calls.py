@@ -80,9 +80,12 @@ def _build(manifest: dict, rel_out: str, recipe_cap_s: int, heldout: bool) -> tu
         if name != last:
             planned.append(_call([f"{rel_out}/{name}"], receive, size, (), receive_s, recipe_cap_s))
         else:
-            planned.append(_call([f"{rel_out}/{name}"], f"{receive} && {_check(('rollout',), recipe_cap_s)}",
-                                 f"{size}, then the rollout checks: gpu_rollout.py ({'graphs, eager, vLLM' if 'vllm' in groups else 'graphs, eager'}), pytest -k cuda",
-                                 ("rollout",), receive_s, recipe_cap_s))
+            # the weight sync on CUDA where a lease has room for it beside the recipe (not beside vLLM's chunks)
+            checks = ("rollout",) if "vllm" in groups else ("weights", "rollout")
+            planned.append(_call([f"{rel_out}/{name}"], f"{receive} && {_check(checks, recipe_cap_s)}",
+                                 f"{size}, then weight_sync.py on CUDA (1.5B) and the rollout checks: gpu_rollout.py "
+                                 f"({'graphs, eager, vLLM' if 'vllm' in groups else 'graphs, eager'}), pytest -k cuda",
+                                 checks, receive_s, recipe_cap_s))
     planned.append(_call([], _check((recipe,), recipe_cap_s), f"{recipe}: the real-model recipe, capped at {recipe_cap_s} s",
                          (recipe,), 0, recipe_cap_s))
     spare: list[dict] = []
