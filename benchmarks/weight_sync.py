@@ -173,7 +173,7 @@ def _worker(mode: str, state_dir: str, run: str, model: str, changed: float, ver
             if mode == "parts":
                 publisher.publish(tensors, v, rows=rows, shapes=shapes)
             else:
-                whole = tensors if mode == "one" else gather_whole(tensors, shapes, rank, ranks)
+                whole = tensors if mode in ("one", "host") else gather_whole(tensors, shapes, rank, ranks)
                 if mode == "gather":
                     figures["gather"] = time.perf_counter() - t0
                     t0 = time.perf_counter()
