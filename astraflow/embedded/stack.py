@@ -24,7 +24,7 @@ from pathlib import Path
 from astraflow.config import STACK_FILE
 from astraflow.embedded.ports import LOOPBACK, StackPorts, port_is_free
 from astraflow.embedded.seaweedfs import s3_answers, weed_argv, weed_env
-from astraflow.embedded.stunnel import find_stunnel_bin, stunnel_conf
+from astraflow.embedded.stunnel import find_stunnel_bin, stack_tunnels, stunnel_conf
 from astraflow.embedded.supervisor import SupervisedProcess
 from astraflow.embedded.tansu import (
     DEFAULT_LOG_STORAGE,
@@ -254,10 +254,12 @@ class EmbeddedStack:
             self.kafka.wait_until(lambda: kafka_answers(self.kafka_bootstrap, **tls), self.start_timeout_s,
                                   f"Kafka on {self.kafka_bootstrap}")
         elif name == self.tls.name and self.secure:
+            tunnels = stack_tunnels(bind_host=self.bind_host, kafka_port=self.ports.kafka,
+                                    kafka_backend=self._backend.kafka, s3_port=self.ports.s3,
+                                    s3_backend=self._backend.s3)
             conf = write_private(material.dir / "stunnel.conf", stunnel_conf(
-                bind_host=self.bind_host, kafka_port=self.ports.kafka, kafka_backend=self._backend.kafka,
-                s3_port=self.ports.s3, s3_backend=self._backend.s3, cert_file=material.server_cert_file,
-                key_file=material.server_key_file, ca_file=material.ca_file))
+                tunnels, cert_file=material.server_cert_file, key_file=material.server_key_file,
+                ca_file=material.ca_file))
             self.tls.spawn([find_stunnel_bin(), str(conf)], cwd=self.state_dir, die_with_parent=self.die_with_parent)
             self.tls.wait_until(lambda: s3_answers(self.s3_endpoint, access, secret, [], ca_file=str(material.ca_file)),
                                 self.start_timeout_s, f"TLS on {self.s3_endpoint}")
