@@ -99,3 +99,32 @@ def test_the_bucket_speaks_https_only_and_refuses_bad_keys_and_other_cas(secure_
         with pytest.raises(ObjectStoreError, match=code) as refused:
             ObjectStore.from_config(bad, max_attempts=1, check_bucket=False).get_bytes("x")
         assert secret not in str(refused.value) and cfg.s3.secret_key not in str(refused.value)
+
+
+def test_a_reader_replays_the_archive_over_https_with_duckdb_and_polars(secure_role, tmp_path, monkeypatch):
+    """The archive readers (astraflow.archive.readers) take the cluster's CA: a ``reader`` key reads an
+    archived part from the secured bucket; DuckDB verifies the certificate (another CA is refused)."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    duckdb = pytest.importorskip("duckdb")
+    pl = pytest.importorskip("polars")
+    from astraflow.archive.readers import archive_url, duckdb_connect, polars_storage_options
+
+    archiver, reader = secure_role("archiver"), secure_role("reader")
+    part = io.BytesIO()
+    pq.write_table(pa.table({"step": [1, 2, 3]}), part)
+    ObjectStore.from_config(archiver).put_bytes(RunLayout(reader.run).archive_prefix("metrics") + "part-0.parquet",
+                                                part.getvalue())
+    url = archive_url(reader, "metrics")
+    assert duckdb_connect(reader).execute(f"SELECT sum(step) FROM read_parquet('{url}')").fetchone() == (6,)
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)  # polars_storage_options sets it for this process
+    assert pl.scan_parquet(url, storage_options=polars_storage_options(reader)).select(pl.col("step").sum()).collect().item() == 6
+
+    other_ca = tmp_path / "other-ca.pem"
+    other_ca.write_bytes(make_ca("someone else").cert_pem)
+    stranger = reader.model_copy(update={"s3": reader.s3.model_copy(update={"ca_file": str(other_ca)})})
+    with pytest.raises(duckdb.Error, match="(?i)ssl|certificate|verif|http"):
+        duckdb_connect(stranger).execute(f"SELECT count(*) FROM read_parquet('{url}')").fetchone()
