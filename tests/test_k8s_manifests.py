@@ -399,15 +399,17 @@ def test_every_component_pod_serves_and_annotates_prometheus_metrics(rendered):
 
 # -- a role's credential file as the cluster config (nodes of another cluster joining a secured run) ----
 
-def _node_credential(tmp_path: Path) -> tuple[Path, ClusterConfig]:
-    """``astraflow credentials issue node``'s file for a secured stack at trainer.example.org."""
+def _node_credential(tmp_path: Path, identity: str = "node") -> tuple[Path, ClusterConfig]:
+    """``astraflow credentials issue node``'s file (or ``identity``'s) for a secured stack at trainer.example.org."""
     from astraflow.security.material import SecureMaterial
 
     material = SecureMaterial(tmp_path / "stack")
     material.ensure(["trainer.example.org"], "astraflow", "tansu")
-    data = material.credential_file("node", "trainer.example.org:9093", "https://trainer.example.org:8443",
+    if identity.startswith("trainer-"):
+        material.ensure_policy_trainers([identity.removeprefix("trainer-")], "astraflow", "tansu")
+    data = material.credential_file(identity, "trainer.example.org:9093", "https://trainer.example.org:8443",
                                     "astraflow", 100)
-    path = tmp_path / "node.yaml"
+    path = tmp_path / f"{identity}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     cfg = ClusterConfig.load(path, env={"ASTRAFLOW_STATE_DIR": str(tmp_path / "local")})
     return path, cfg.model_copy(update={"run": "math"})
@@ -484,3 +486,19 @@ def test_deploy_k8s_with_a_credential_file_writes_its_secret_and_refuses_a_role_
                  "--out", str(tmp_path / "k8s2")]) != 0
     assert "a 'reader' credential runs no component" in capsys.readouterr().err
     assert not (tmp_path / "k8s2").exists()
+
+
+def test_a_policy_trainer_credential_renders_that_policys_trainer_only():
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        _, cfg = _node_credential(Path(tmp), "trainer-pi")
+        hetero, _ = VARIANTS["hetero-autoscaled-sasl"]
+        pi = hetero.policies[0].model_copy(update={"name": "pi"})
+        recipe = hetero.model_copy(update={"policies": [pi, *hetero.policies[1:]]})
+        files = render(recipe, cfg, K8sOptions(recipe_path="r.yaml"))
+        assert set(files) == {"cluster.yaml", "credentials.yaml", "trainer-pi.yaml"}
+        (job,) = _docs(files, "Job")
+        assert job["spec"]["template"]["spec"]["containers"][0]["args"][-2:] == ["--policy", "pi"]
+        with pytest.raises(ConfigError, match="no policy 'pi'"):
+            render(hetero, cfg, K8sOptions(recipe_path="r.yaml"))

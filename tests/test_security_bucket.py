@@ -128,3 +128,42 @@ def test_a_reader_replays_the_archive_over_https_with_duckdb_and_polars(secure_r
     stranger = reader.model_copy(update={"s3": reader.s3.model_copy(update={"ca_file": str(other_ca)})})
     with pytest.raises(duckdb.Error, match="(?i)ssl|certificate|verif|http"):
         duckdb_connect(stranger).execute(f"SELECT count(*) FROM read_parquet('{url}')").fetchone()
+
+
+def test_a_policy_trainer_key_cannot_touch_another_policys_weights_or_checkpoints(secure_stack, secure_role, tmp_path):
+    """`astraflow credentials issue trainer --policy pi`: a key the running S3 server takes at once (SIGHUP),
+    scoped to pi's versions and checkpoints."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from astraflow.config import ClusterConfig
+
+    out = tmp_path / "trainer-pi.yaml"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAFLOW_")}
+    issued = subprocess.run([str(Path(sys.executable).with_name("astraflow")), "credentials", "issue", "trainer",
+                             "--policy", "pi", "--out", str(out), "--state-dir", str(secure_stack.state_dir)],
+                            env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert issued.returncode == 0, issued.stderr
+    run = secure_role("reader").run
+    pi_cfg = ClusterConfig.load(out, env={"ASTRAFLOW_STATE_DIR": str(tmp_path / "remote"), "ASTRAFLOW_RUN": run})
+    assert pi_cfg.role == "trainer-pi"
+    pi = ObjectStore.from_config(pi_cfg)
+    layout = RunLayout(run)
+    ref_objects = _published(ObjectStore.from_config(secure_role("trainer")), layout)  # policy `pi` there: rename
+    ref_keys = [key.replace("/pi/", "/ref/") for key in ref_objects]
+    admin = ObjectStore.from_config(secure_role("admin"))
+    for key, data in zip(ref_keys, ref_objects.values(), strict=True):
+        admin.put_bytes(key, data)
+    before = {key: hashlib.sha256(admin.get_bytes(key)).hexdigest() for key in ref_keys}
+
+    pi.put_bytes(layout.anchor_key("pi", 20), b"pi's own anchor")  # its own policy: allowed
+    pi.put_bytes(layout.trainer_key("pi", "latest.json"), b'{"step": 20}')
+    pi.delete(layout.delta_key("pi", 13))
+    for key in ref_keys:
+        _denied(lambda key=key: pi.put_bytes(key, b"poisoned"), pi_cfg.s3.secret_key)
+        _denied(lambda key=key: pi.delete(key))
+    _denied(lambda: pi.put_bytes(layout.manifest_key("ref", 14), b"{}"))
+    assert {key: hashlib.sha256(admin.get_bytes(key)).hexdigest() for key in ref_keys} == before
+    assert "trainer-pi" in (secure_stack.state_dir / "secure" / "s3-identities.json").read_text()

@@ -22,6 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "FILE --recipe ...` (or `astraflow --config FILE <component> ...`). It is a secret: copy it over a "
         "secure channel. docs/security.md lists what each role may do.")
     issue.add_argument("role", choices=[r for r in ROLES if r != "admin"])
+    issue.add_argument("--policy", help="with trainer: a key that writes this policy's versions and checkpoints "
+                       "only (created on the running stack if missing)")
     issue.add_argument("--out", type=Path, required=True, help="file to write (refused if it exists)")
     issue.add_argument("--state-dir", type=Path, default=None, help="the secured stack's state dir "
                        "(default: the cluster config's state_dir)")
@@ -65,11 +67,20 @@ def cmd_issue(args: argparse.Namespace) -> int:
         raise ConfigError(f"no secured stack runs under {cfg.state_dir}: start one with `astraflow up --secure`")
     if args.out.exists():
         raise ConfigError(f"{args.out} exists: a credential is not overwritten (remove it first)")
-    data = SecureMaterial(cfg.state_dir).credential_file(args.role, stack["kafka_bootstrap"], stack["s3_endpoint"],
+    identity = args.role
+    if args.policy is not None:
+        from astraflow.embedded import EmbeddedStack
+        from astraflow.security.roles import policy_trainer
+
+        if args.role != "trainer":
+            raise ConfigError(f"--policy scopes a trainer's key; a {args.role}'s is the same for every policy")
+        EmbeddedStack(cfg.state_dir, secure=True).scope_trainers([args.policy])
+        identity = policy_trainer(args.policy)
+    data = SecureMaterial(cfg.state_dir).credential_file(identity, stack["kafka_bootstrap"], stack["s3_endpoint"],
                                                          stack["s3_bucket"],
                                                          EMBEDDED_FETCH_MAX_WAIT_MS.get(stack.get("log_storage", "s3")))
     write_private(args.out, yaml.safe_dump(data, sort_keys=False))
-    print(f"wrote the {args.role} credential to {args.out} (mode 0600; it is a secret)", file=sys.stderr)
+    print(f"wrote the {identity} credential to {args.out} (mode 0600; it is a secret)", file=sys.stderr)
     return 0
 
 

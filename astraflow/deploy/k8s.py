@@ -34,6 +34,7 @@ from astraflow.launcher.plan import run_topics
 from astraflow.log import ConsumerGroups, Topics
 from astraflow.log.consumer import AUTO_OFFSET_RESET
 from astraflow.recipe import PoolSpec, Recipe
+from astraflow.security.roles import POLICY_TRAINER
 
 HEADER = "# Rendered by `astraflow deploy k8s`: change the recipe or the cluster config and render again.\n"
 ROLE_COMPONENTS = {"dataflow": "dataflow", "trainer": "trainer", "node": "raas", "archiver": "archive"}
@@ -49,13 +50,19 @@ def render(recipe: Recipe, cfg: ClusterConfig, opts: K8sOptions) -> dict[str, li
     if cfg.is_embedded:
         raise ConfigError("a cluster deployment needs kafka.bootstrap and s3.endpoint (the cluster config or "
                           "ASTRAFLOW_KAFKA_BOOTSTRAP / ASTRAFLOW_S3_ENDPOINT) reachable from the pods")
-    if cfg.role is not None and cfg.role not in ROLE_COMPONENTS:
-        raise ConfigError(f"a {cfg.role!r} credential runs no component: render with a credential of "
+    role, policies = cfg.role, [p.name for p in recipe.policies]
+    if role is not None and role.startswith(POLICY_TRAINER):  # one policy's trainer key: that trainer only
+        policies = [role.removeprefix(POLICY_TRAINER)]
+        if policies[0] not in {p.name for p in recipe.policies}:
+            raise ConfigError(f"the credential is {role!r}'s, and the recipe has no policy {policies[0]!r}")
+        role = "trainer"
+    if role is not None and role not in ROLE_COMPONENTS:
+        raise ConfigError(f"a {role!r} credential runs no component: render with a credential of "
                           f"{', '.join(ROLE_COMPONENTS)} (astraflow credentials issue ROLE)")
     run = cfg.run
     recipe = recipe.model_copy(update={"run": run})
-    k = Kit(run, opts, credential=cfg.role is not None)
-    rendered = {ROLE_COMPONENTS[cfg.role]} if cfg.role else set(ROLE_COMPONENTS.values())
+    k = Kit(run, opts, credential=role is not None)
+    rendered = {ROLE_COMPONENTS[role]} if role else set(ROLE_COMPONENTS.values())
     authenticated = cfg.kafka.sasl_mechanism is not None or k.credential
     files: dict[str, list[Manifest]] = {
         "cluster.yaml": [k.config_map(cfg), *([k.trigger_auth()] if authenticated and "raas" in rendered else [])],
@@ -64,7 +71,7 @@ def render(recipe: Recipe, cfg: ClusterConfig, opts: K8sOptions) -> dict[str, li
     if "dataflow" in rendered:  # the dataflow trims the log; without an archiver it waits for no archive group
         files["dataflow.yaml"] = [k.singleton("dataflow", ["dataflow", "--recipe", opts.recipe_path,
                                                            *([] if opts.archive else ["--no-archive"])])]
-    for p in recipe.policies if "trainer" in rendered else []:
+    for p in [p for p in recipe.policies if p.name in policies] if "trainer" in rendered else []:
         files[f"trainer-{p.name}.yaml"] = (trainer_group(k, recipe, p, opts.trainer_ranks_per_pod)
                                            if recipe.trainer.ranks > 1 else [k.trainer(p.name)])
     partitions = run_topics(recipe, run)

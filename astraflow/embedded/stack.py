@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -266,6 +267,26 @@ class EmbeddedStack:
         else:
             raise StackError(f"no service {name!r} in the embedded stack")
         return round(time.monotonic() - t0, 3)
+
+    def scope_trainers(self, policies: list[str], timeout_s: float = 30.0) -> list[str]:
+        """A trainer identity per policy on this running secured stack (``trainer-<policy>``, writing that
+        policy's versions and checkpoints only), created where missing: the S3 server reads its identities
+        file again on SIGHUP, and this waits until it takes the new keys. Returns the identities added."""
+        material = SecureMaterial(self.state_dir)
+        added = material.ensure_policy_trainers(policies, DATA_BUCKET, TANSU_BUCKET)
+        if not added:
+            return []
+        pid = self.s3.pid()
+        if pid is None or not self.stack_file.exists():
+            raise StackError(f"no secured stack runs under {self.state_dir}: `astraflow up --secure` first")
+        os.kill(pid, signal.SIGHUP)
+        endpoint = json.loads(self.stack_file.read_text())["s3_endpoint"]
+        keys = material.s3_keys()
+        for identity in added:
+            self.s3.wait_until(lambda identity=identity: s3_answers(
+                endpoint, keys[identity]["access_key"], keys[identity]["secret_key"], [],
+                ca_file=str(material.ca_file)), timeout_s, f"S3 with {identity}'s key")
+        return added
 
     def down(self, timeout_s: float = 10.0) -> list[str]:
         """Stop Tansu, then SeaweedFS; remove ``stack.json``. Returns the names of stopped services."""
