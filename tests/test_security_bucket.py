@@ -167,3 +167,16 @@ def test_a_policy_trainer_key_cannot_touch_another_policys_weights_or_checkpoint
     _denied(lambda: pi.put_bytes(layout.manifest_key("ref", 14), b"{}"))
     assert {key: hashlib.sha256(admin.get_bytes(key)).hexdigest() for key in ref_keys} == before
     assert "trainer-pi" in (secure_stack.state_dir / "secure" / "s3-identities.json").read_text()
+
+
+def test_what_a_node_key_may_write_under_weights_publishes_no_version(secure_role):
+    """The node's `*/weights/*/subscribers/*` also matches a key nested in a version's folder (`*` spans
+    slashes on the server): the bucket takes it, and the weight store does not count it as a version."""
+    trainer_cfg, node_cfg = secure_role("trainer"), secure_role("node")
+    trainer, node = ObjectStore.from_config(trainer_cfg), ObjectStore.from_config(node_cfg)
+    layout = RunLayout(node_cfg.run)
+    _published(trainer, layout)
+    nested = layout.version_prefix("pi", 99) + "subscribers/manifest.json"
+    node.put_bytes(nested, b'{"version": 99}')  # allowed by the server: the pattern's limit, not a refusal
+    _denied(lambda: node.put_bytes(layout.manifest_key("pi", 99), b'{"version": 99}'))
+    assert WeightStore(node, node_cfg.run, "pi").versions() == [13]
