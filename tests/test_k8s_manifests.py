@@ -395,3 +395,110 @@ def test_every_component_pod_serves_and_annotates_prometheus_metrics(rendered):
                                                   "prometheus.io/path": "/metrics"}, doc["metadata"]["name"]
         assert {"name": "ASTRAFLOW_PROMETHEUS_PORT", "value": "9400"} in main_container["env"]
         assert main_container["ports"] == [{"name": "metrics", "containerPort": 9400, "protocol": "TCP"}]
+
+
+# -- a role's credential file as the cluster config (nodes of another cluster joining a secured run) ----
+
+def _node_credential(tmp_path: Path, identity: str = "node") -> tuple[Path, ClusterConfig]:
+    """``astraflow credentials issue node``'s file (or ``identity``'s) for a secured stack at trainer.example.org."""
+    from astraflow.security.material import SecureMaterial
+
+    material = SecureMaterial(tmp_path / "stack")
+    material.ensure(["trainer.example.org"], "astraflow", "tansu")
+    if identity.startswith("trainer-"):
+        material.ensure_policy_trainers([identity.removeprefix("trainer-")], "astraflow", "tansu")
+    data = material.credential_file(identity, "trainer.example.org:9093", "https://trainer.example.org:8443",
+                                    "astraflow", 100)
+    path = tmp_path / f"{identity}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    cfg = ClusterConfig.load(path, env={"ASTRAFLOW_STATE_DIR": str(tmp_path / "local")})
+    return path, cfg.model_copy(update={"run": "math"})
+
+
+def test_a_node_credential_renders_the_pools_only_with_the_file_in_a_secret_that_every_pod_mounts(tmp_path):
+    import base64
+
+    path, cfg = _node_credential(tmp_path)
+    recipe, _ = VARIANTS["math"]
+    files = render(recipe, cfg, K8sOptions(recipe_path="r.yaml", namespace="rl"))
+    assert set(files) == {"cluster.yaml", "credentials.yaml"} | {f"raas-{p.name}.yaml" for p in recipe.pools}
+    for doc in _docs(files):
+        (_keda_validator(doc["kind"]).validate if doc["apiVersion"].startswith("keda.sh/") else _validate_builtin)(doc)
+
+    # The Secret carries the file as it is, and its PEMs apart, base64.
+    (secret,) = _docs(files, "Secret")
+    carried = {name: base64.b64decode(value) for name, value in secret["data"].items()}
+    assert carried["credential.yaml"] == path.read_bytes()
+    assert carried["ca.pem"] == Path(cfg.kafka.ssl_cafile).read_bytes()
+    assert carried["client.key"] == Path(cfg.kafka.ssl_keyfile).read_bytes()
+    assert b"PRIVATE KEY" in carried["client.key"] and b"CERTIFICATE" in carried["client.pem"]
+
+    # Every pod mounts the credential file (and nothing else of the Secret) and names it; no variable of it.
+    (config_map,) = _docs(files, "ConfigMap")
+    for doc in _docs(files, "Deployment"):
+        pod = doc["spec"]["template"]["spec"]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "credential"]
+        assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+        assert volume["secret"]["items"] == [{"key": "credential.yaml", "path": "credential.yaml"}]
+        assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"]
+        for container in pod["initContainers"] + pod["containers"]:
+            assert "envFrom" not in container
+            assert {"name": "credential", "mountPath": "/etc/astraflow-credential", "readOnly": True} in container["volumeMounts"]
+            assert {"name": "ASTRAFLOW_CREDENTIALS_FILE", "value": "/etc/astraflow-credential/credential.yaml"} in container["env"]
+    # KEDA reads the lag over TLS with the node's certificate, from the same Secret.
+    (auth,) = _docs(files, "TriggerAuthentication")
+    assert {r["parameter"]: r["key"] for r in auth["spec"]["secretTargetRef"]} == {"ca": "ca.pem", "cert": "client.pem",
+                                                                                   "key": "client.key"}
+    for obj in _docs(files, "ScaledObject"):
+        (trigger,) = obj["spec"]["triggers"]
+        assert trigger["metadata"]["tls"] == "enable" and trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
+
+    # A pod's config (the ConfigMap, the mounted file under it) is the node's; no secret outside the Secret.
+    pod_dir = tmp_path / "pod"
+    pod_dir.mkdir()
+    (pod_dir / "cluster.yaml").write_text(config_map["data"]["cluster.yaml"])
+    (pod_dir / "credential.yaml").write_bytes(carried["credential.yaml"])
+    loaded = ClusterConfig.load(pod_dir / "cluster.yaml", env={
+        "ASTRAFLOW_CREDENTIALS_FILE": str(pod_dir / "credential.yaml"), "ASTRAFLOW_STATE_DIR": str(pod_dir / "state")})
+    assert (loaded.role, loaded.run) == ("node", "math")
+    assert loaded.kafka.bootstrap == cfg.kafka.bootstrap and loaded.s3.model_dump(exclude={"ca_file"}) == cfg.s3.model_dump(
+        exclude={"ca_file"})
+    elsewhere = yaml.safe_dump_all([d for d in _docs(files) if d["kind"] != "Secret"])
+    key_line = carried["client.key"].decode().splitlines()[1]
+    for leaked in (cfg.s3.secret_key, cfg.s3.access_key, key_line, str(tmp_path)):
+        assert leaked not in elsewhere
+
+
+def test_deploy_k8s_with_a_credential_file_writes_its_secret_and_refuses_a_role_without_components(tmp_path, monkeypatch,
+                                                                                                     capsys):
+    for key in [k for k in os.environ if k.startswith("ASTRAFLOW_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("ASTRAFLOW_STATE_DIR", str(tmp_path / "local"))
+    monkeypatch.chdir(ROOT)
+    path, _ = _node_credential(tmp_path)
+    out = tmp_path / "k8s"
+    assert main(["--config", str(path), "deploy", "k8s", "examples/recipes/math.yaml", "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.glob("*.yaml")) == ["cluster.yaml", "credentials.yaml", "raas-default.yaml"]
+    assert path.read_text().splitlines()[1] not in (out / "cluster.yaml").read_text()
+    reader = yaml.safe_load(path.read_text()) | {"role": "reader"}
+    (tmp_path / "reader.yaml").write_text(yaml.safe_dump(reader))
+    assert main(["--config", str(tmp_path / "reader.yaml"), "deploy", "k8s", "examples/recipes/math.yaml",
+                 "--out", str(tmp_path / "k8s2")]) != 0
+    assert "a 'reader' credential runs no component" in capsys.readouterr().err
+    assert not (tmp_path / "k8s2").exists()
+
+
+def test_a_policy_trainer_credential_renders_that_policys_trainer_only():
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        _, cfg = _node_credential(Path(tmp), "trainer-pi")
+        hetero, _ = VARIANTS["hetero-autoscaled-sasl"]
+        pi = hetero.policies[0].model_copy(update={"name": "pi"})
+        recipe = hetero.model_copy(update={"policies": [pi, *hetero.policies[1:]]})
+        files = render(recipe, cfg, K8sOptions(recipe_path="r.yaml"))
+        assert set(files) == {"cluster.yaml", "credentials.yaml", "trainer-pi.yaml"}
+        (job,) = _docs(files, "Job")
+        assert job["spec"]["template"]["spec"]["containers"][0]["args"][-2:] == ["--policy", "pi"]
+        with pytest.raises(ConfigError, match="no policy 'pi'"):
+            render(hetero, cfg, K8sOptions(recipe_path="r.yaml"))

@@ -3,6 +3,7 @@ one-file credential, what the launcher writes for its components, and who gets w
 
 from __future__ import annotations
 
+import json
 import stat
 from pathlib import Path
 
@@ -68,3 +69,25 @@ def test_the_launcher_gives_each_component_its_roles_credential(tmp_path):
                      "archive": "archiver"}
     assert all("ASTRAFLOW_CREDENTIALS_FILE" not in spec.env for spec in
                component_specs(recipe, tmp_path / "r.yaml", tmp_path / "c.yaml", tmp_path))
+
+
+def test_a_policy_trainer_writes_its_policy_only_and_the_launcher_hands_it_its_key(tmp_path):
+    material = _material(tmp_path)
+    assert material.ensure_policy_trainers(["pi", "ref"], "astraflow", "tansu") == ["trainer-pi", "trainer-ref"]
+    assert material.ensure_policy_trainers(["pi"], "astraflow", "tansu") == []  # kept
+    assert s3_actions("trainer-pi", "astraflow", "tansu") == [
+        "Read:astraflow", "List:astraflow", "Write:astraflow/*/weights/pi/*", "Write:astraflow/*/trainer/pi/*",
+        "Write:astraflow/*/claims/*"]
+    identities = {i["name"]: i for i in json.loads(material.identities_file.read_text())["identities"]}
+    assert set(identities) == {*ROLES, "trainer-pi", "trainer-ref"}
+    assert identities["trainer-pi"]["credentials"][0]["secretKey"] == material.s3_keys()["trainer-pi"]["secret_key"]
+    material.ensure(["node-host.example", "127.0.0.1"], "astraflow", "tansu")  # a later `up --secure` keeps them
+    assert {i["name"] for i in json.loads(material.identities_file.read_text())["identities"]} == set(identities)
+    assert {stat.S_IMODE(p.stat().st_mode) for p in material.dir.rglob("*") if p.is_file()} == {0o600}
+
+    recipe = Recipe.load(ROOT / "examples" / "recipes" / "math.yaml")
+    pi = recipe.policies[0].model_copy(update={"name": "pi"})
+    specs = component_specs(recipe.model_copy(update={"policies": [pi]}), tmp_path / "r.yaml", tmp_path / "c.yaml",
+                            tmp_path, credentials_dir=material.credentials_file("node").parent)
+    roles = {spec.name: Path(spec.env["ASTRAFLOW_CREDENTIALS_FILE"]).stem for spec in specs}
+    assert roles["trainer-pi"] == "trainer-pi" and roles["raas-default-0"] == "node"

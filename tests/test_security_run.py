@@ -74,6 +74,7 @@ def test_a_remote_node_joins_with_one_file_and_nothing_leaks(secure_stack, tmp_p
     try:
         processes = wait_until(lambda: _astraflow_processes(run_id), 60, "the run's components started",
                                on_timeout=lambda: launcher_out.read_text()[-3000:] + node_out.read_text()[-3000:])
+        secrets = _secrets(material)  # with the trainer's key scoped to its policy, made by the launcher
         assert not _leaks(secrets, processes), processes  # what `ps` shows of every component
         rc = launcher.wait(timeout=180)
         assert rc == 0, launcher_out.read_text()[-3000:] + node_out.read_text()[-2000:]
@@ -88,6 +89,7 @@ def test_a_remote_node_joins_with_one_file_and_nothing_leaks(secure_stack, tmp_p
     records = typed_records([json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
                              if line.endswith("}")])
     assert max(r.step for r in records if isinstance(r, TrainerStep)) == 2
+    assert "trainer-policy" in material.s3_keys()  # the run's trainer wrote with its policy's key
     assert any(isinstance(r, TrainerDone) for r in records)
     cluster = yaml.safe_load((run_dir / "cluster.yaml").read_text())
     assert cluster["credentials_file"] == str(material.credentials_file("admin")) and "secret_key" not in cluster["s3"]

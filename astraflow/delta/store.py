@@ -33,7 +33,7 @@ from astraflow.delta.planner import Plan, plan_path
 from astraflow.delta.retention import GcPlan, RetentionPolicy, SubscriberRecord, plan_gc
 from astraflow.objstore import ObjectStore, RunLayout, parse_version, publish_manifest
 from astraflow.objstore.errors import ObjectExistsError, ObjectNotFoundError
-from astraflow.objstore.layout import MANIFEST_FILE, NAME_RE
+from astraflow.objstore.layout import NAME_RE
 
 if TYPE_CHECKING:
     from astraflow.config import ClusterConfig
@@ -102,8 +102,13 @@ class WeightStore:
                 v = parse_version(key)
             except ValueError:
                 continue
+            if not key.startswith(self.layout.version_prefix(self.policy, v)):
+                # Nested under another policy's prefix (`<run>/weights/a/.../weights/b/vN/...`): not ours.
+                continue
             objects.setdefault(v, []).append(key)
-            if key.endswith("/" + MANIFEST_FILE):
+            # The manifest itself, not any key that ends like one: a node may write under
+            # `*/weights/*/subscribers/*`, which matches `<run>/weights/pi/v00000099/subscribers/manifest.json`.
+            if key == self.layout.manifest_key(self.policy, v):
                 published.add(v)
         return published, objects
 

@@ -34,8 +34,13 @@ from astraflow.launcher.plan import run_topics
 from astraflow.log import ConsumerGroups, Topics
 from astraflow.log.consumer import AUTO_OFFSET_RESET
 from astraflow.recipe import PoolSpec, Recipe
+from astraflow.security.roles import POLICY_TRAINER
 
 HEADER = "# Rendered by `astraflow deploy k8s`: change the recipe or the cluster config and render again.\n"
+ROLE_COMPONENTS = {"dataflow": "dataflow", "trainer": "trainer", "node": "raas", "archiver": "archive"}
+"""A role's credential file as the cluster config (``astraflow --config node.yaml deploy k8s ...``): only
+that role's components are rendered, and the Secret carries the file (another machine's or cluster's
+nodes joining a secured run, docs/security.md)."""
 KEDA_SASL = {"PLAIN": "plaintext", "SCRAM-SHA-256": "scram_sha256", "SCRAM-SHA-512": "scram_sha512"}
 """kafka-python's SASL mechanism -> the KEDA kafka scaler's ``sasl``."""
 
@@ -45,24 +50,35 @@ def render(recipe: Recipe, cfg: ClusterConfig, opts: K8sOptions) -> dict[str, li
     if cfg.is_embedded:
         raise ConfigError("a cluster deployment needs kafka.bootstrap and s3.endpoint (the cluster config or "
                           "ASTRAFLOW_KAFKA_BOOTSTRAP / ASTRAFLOW_S3_ENDPOINT) reachable from the pods")
+    role, policies = cfg.role, [p.name for p in recipe.policies]
+    if role is not None and role.startswith(POLICY_TRAINER):  # one policy's trainer key: that trainer only
+        policies = [role.removeprefix(POLICY_TRAINER)]
+        if policies[0] not in {p.name for p in recipe.policies}:
+            raise ConfigError(f"the credential is {role!r}'s, and the recipe has no policy {policies[0]!r}")
+        role = "trainer"
+    if role is not None and role not in ROLE_COMPONENTS:
+        raise ConfigError(f"a {role!r} credential runs no component: render with a credential of "
+                          f"{', '.join(ROLE_COMPONENTS)} (astraflow credentials issue ROLE)")
     run = cfg.run
     recipe = recipe.model_copy(update={"run": run})
-    k = Kit(run, opts)
+    k = Kit(run, opts, credential=role is not None)
+    rendered = {ROLE_COMPONENTS[role]} if role else set(ROLE_COMPONENTS.values())
+    authenticated = cfg.kafka.sasl_mechanism is not None or k.credential
     files: dict[str, list[Manifest]] = {
-        "cluster.yaml": [k.config_map(cfg), *([k.trigger_auth()] if cfg.kafka.sasl_mechanism else [])],
-        "credentials.yaml": [k.secret(cfg)],
-        # the dataflow trims the log; without an archiver it waits for no archive group
-        "dataflow.yaml": [k.singleton("dataflow", ["dataflow", "--recipe", opts.recipe_path,
-                                                   *([] if opts.archive else ["--no-archive"])])],
+        "cluster.yaml": [k.config_map(cfg), *([k.trigger_auth()] if authenticated and "raas" in rendered else [])],
+        "credentials.yaml": [k.credential_secret(cfg) if k.credential else k.secret(cfg)],
     }
-    for p in recipe.policies:
+    if "dataflow" in rendered:  # the dataflow trims the log; without an archiver it waits for no archive group
+        files["dataflow.yaml"] = [k.singleton("dataflow", ["dataflow", "--recipe", opts.recipe_path,
+                                                           *([] if opts.archive else ["--no-archive"])])]
+    for p in [p for p in recipe.policies if p.name in policies] if "trainer" in rendered else []:
         files[f"trainer-{p.name}.yaml"] = (trainer_group(k, recipe, p, opts.trainer_ranks_per_pod)
                                            if recipe.trainer.ranks > 1 else [k.trainer(p.name)])
     partitions = run_topics(recipe, run)
-    for pool in recipe.pools:
+    for pool in recipe.pools if "raas" in rendered else []:
         task_partitions = partitions[Topics(run).tasks(pool.name)]
         files[f"raas-{pool.name}.yaml"] = [k.pool(pool), scaled_object(k, cfg, pool, task_partitions)]
-    if opts.archive:
+    if opts.archive and "archive" in rendered:
         files["archive.yaml"] = [k.singleton("archive", ["archive", "--recipe", opts.recipe_path])]
     names = Counter((m["kind"], m["metadata"]["name"]) for ms in files.values() for m in ms)
     if twice := sorted(n for n, count in names.items() if count > 1):
@@ -90,7 +106,7 @@ def kafka_trigger(cfg: ClusterConfig, pool: PoolSpec) -> dict[str, Any]:
         "consumerGroup": ConsumerGroups(cfg.run).raas(pool.name),
         "lagThreshold": str(pool.concurrency),
         "offsetResetPolicy": AUTO_OFFSET_RESET,
-        **_keda_security(cfg),
+        **_keda_security(cfg, from_credential=cfg.role is not None),
     }}
 
 
@@ -98,7 +114,7 @@ def scaled_object(k: Kit, cfg: ClusterConfig, pool: PoolSpec, partitions: int) -
     """The pool's Deployment scaled by KEDA on :func:`kafka_trigger` within :func:`pool_bounds`."""
     lo, hi = pool_bounds(pool, partitions)
     trigger = kafka_trigger(cfg, pool)
-    if cfg.kafka.sasl_mechanism:
+    if cfg.kafka.sasl_mechanism or k.credential:
         trigger["authenticationRef"] = {"name": k.name("kafka")}
     spec: dict[str, Any] = {"scaleTargetRef": {"name": k.name("raas", pool.name)},
                             "minReplicaCount": lo, "maxReplicaCount": hi, "triggers": [trigger]}
@@ -111,12 +127,13 @@ def scaled_object(k: Kit, cfg: ClusterConfig, pool: PoolSpec, partitions: int) -
     return k.obj("keda.sh/v1alpha1", "ScaledObject", k.name("raas", pool.name), f"raas-{pool.name}", spec)
 
 
-def _keda_security(cfg: ClusterConfig) -> dict[str, str]:
+def _keda_security(cfg: ClusterConfig, from_credential: bool = False) -> dict[str, str]:
+    """``from_credential``: the ``ssl_*`` files are a credential file's PEMs, which its Secret carries."""
     kafka = cfg.kafka
-    if kafka.ssl_cafile or kafka.ssl_certfile or kafka.ssl_keyfile:
+    if not from_credential and (kafka.ssl_cafile or kafka.ssl_certfile or kafka.ssl_keyfile):
         raise ConfigError("kafka.ssl_cafile / ssl_certfile / ssl_keyfile name local files, which `deploy "
                           "k8s` does not carry into the pods or KEDA: use a CA the image trusts, or add "
-                          "them by hand")
+                          "them by hand, or render from a role's credential file (astraflow credentials issue)")
     out = {"tls": "enable"} if kafka.security_protocol in ("SSL", "SASL_SSL") else {}
     if kafka.sasl_mechanism:
         if kafka.sasl_mechanism not in KEDA_SASL:

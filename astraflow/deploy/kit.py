@@ -26,6 +26,14 @@ SECRET_FIELDS = {"kafka": ("sasl_username", "sasl_password"), "s3": ("access_key
                  "region": ("access_key", "secret_key")}
 """Cluster-config fields that go to the Secret (as ``ASTRAFLOW_<SECTION>_<FIELD>``), not the ConfigMap."""
 _DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+CREDENTIAL_DIR = "/etc/astraflow-credential"
+"""Where a pod finds a role's credential (``astraflow credentials issue``) when the Secret carries one."""
+CREDENTIAL_FILES = {"credential.yaml": None, "ca.pem": "ssl_cafile", "client.pem": "ssl_certfile",
+                    "client.key": "ssl_keyfile"}
+"""The files of a credential's Secret: the credential itself (what the pods mount), and its PEMs apart
+(the Kafka field each comes from) for the KEDA scaler, which reads the log with the same certificate."""
+POD_UID = 10001
+"""infra/Dockerfile's user, which every pod runs as."""
 
 
 class K8sOptions(BaseModel):
@@ -63,9 +71,12 @@ def k8s_name(*parts: str) -> str:
 class Kit:
     """Object names, labels and the pod template shared by every component of one run."""
 
-    def __init__(self, run: str, opts: K8sOptions) -> None:
+    def __init__(self, run: str, opts: K8sOptions, credential: bool = False) -> None:
         self.run, self.opts = run, opts
         self.prefix = k8s_name("astraflow", run)
+        self.credential = credential
+        """The cluster config is a role's credential file: the Secret carries the file, which every pod
+        mounts (``ASTRAFLOW_CREDENTIALS_FILE``), instead of ``ASTRAFLOW_*`` variables."""
 
     def name(self, *parts: str) -> str:
         return k8s_name(self.prefix, *parts)
@@ -84,6 +95,9 @@ class Kit:
 
     def config_map(self, cfg: ClusterConfig) -> Manifest:
         exclude: dict[str, Any] = {"state_dir": True, **{s: set(f) for s, f in SECRET_FIELDS.items()}}
+        if self.credential:  # endpoints, TLS and keys come with the credential, read under this at load
+            exclude.update({"kafka": True, "s3": True, "role": True, "credentials_file": True,
+                            "role_credentials_dir": True})
         data = cfg.model_dump(mode="json", exclude_none=True, exclude=exclude)
         text = yaml.safe_dump(data, sort_keys=False)
         return self.obj("v1", "ConfigMap", self.name("cluster"), "config", {"cluster.yaml": text},
@@ -100,7 +114,27 @@ class Kit:
         out["type"] = "Opaque"
         return out
 
+    def credential_secret(self, cfg: ClusterConfig) -> Manifest:
+        """The Secret of a role's credential file (``cfg.credentials_file``), its bytes as they are, and its
+        PEMs apart for KEDA; base64 ``data``, so that a PEM's lines reach the pod unchanged."""
+        import base64
+        from pathlib import Path
+
+        if cfg.credentials_file is None or not cfg.kafka.ssl_certfile:
+            raise ConfigError("a credential's Secret needs the credential file and its client certificate")
+        files = {name: Path(cfg.credentials_file if field is None else getattr(cfg.kafka, field)).read_bytes()
+                 for name, field in CREDENTIAL_FILES.items()}
+        out = self.obj("v1", "Secret", self.name("credentials"), "config",
+                       {name: base64.b64encode(data).decode() for name, data in files.items()}, field="data")
+        out["type"] = "Opaque"
+        return out
+
     def trigger_auth(self) -> Manifest:
+        if self.credential:  # KEDA reads the lag with the role's certificate (tls itself is the trigger's)
+            refs = [{"parameter": p, "name": self.name("credentials"), "key": key}
+                    for p, key in (("ca", "ca.pem"), ("cert", "client.pem"), ("key", "client.key"))]
+            return self.obj("keda.sh/v1alpha1", "TriggerAuthentication", self.name("kafka"), "config",
+                            {"secretTargetRef": refs})
         refs = [{"parameter": p, "name": self.name("credentials"), "key": f"ASTRAFLOW_KAFKA_SASL_{p.upper()}"}
                 for p in ("username", "password")]
         return self.obj("keda.sh/v1alpha1", "TriggerAuthentication", self.name("kafka"), "config",
@@ -113,14 +147,20 @@ class Kit:
         memory-backed ``/dev/shm`` for it (the container runtime's default is 64 MiB)."""
         def container(name: str, argv: list[str], extra: list[dict[str, Any]],
                       cmd: list[str] | None = None) -> dict[str, Any]:
-            return {"name": name, "image": self.opts.image, "imagePullPolicy": "IfNotPresent",
-                    "command": cmd or ["astraflow"], "args": argv,
-                    "env": [{"name": "ASTRAFLOW_CONFIG", "value": f"{CONFIG_DIR}/cluster.yaml"},
-                            {"name": "ASTRAFLOW_MODEL_CACHE", "value": MODEL_CACHE}, *extra],
-                    "envFrom": [{"secretRef": {"name": self.name("credentials")}}],
-                    "volumeMounts": [{"name": "cluster-config", "mountPath": CONFIG_DIR, "readOnly": True},
-                                     {"name": "model-cache", "mountPath": MODEL_CACHE}],
-                    "securityContext": {"allowPrivilegeEscalation": False}}
+            out = {"name": name, "image": self.opts.image, "imagePullPolicy": "IfNotPresent",
+                   "command": cmd or ["astraflow"], "args": argv,
+                   "env": [{"name": "ASTRAFLOW_CONFIG", "value": f"{CONFIG_DIR}/cluster.yaml"},
+                           {"name": "ASTRAFLOW_MODEL_CACHE", "value": MODEL_CACHE}, *extra],
+                   "envFrom": [{"secretRef": {"name": self.name("credentials")}}],
+                   "volumeMounts": [{"name": "cluster-config", "mountPath": CONFIG_DIR, "readOnly": True},
+                                    {"name": "model-cache", "mountPath": MODEL_CACHE}],
+                   "securityContext": {"allowPrivilegeEscalation": False}}
+            if self.credential:
+                del out["envFrom"]
+                out["env"].append({"name": "ASTRAFLOW_CREDENTIALS_FILE",
+                                   "value": f"{CREDENTIAL_DIR}/credential.yaml"})
+                out["volumeMounts"].append({"name": "credential", "mountPath": CREDENTIAL_DIR, "readOnly": True})
+            return out
 
         topics = ["deploy", "topics", "--recipe", self.opts.recipe_path]
         port = self.opts.prometheus_port
@@ -130,6 +170,13 @@ class Kit:
             main["ports"] = [{"name": "metrics", "containerPort": port, "protocol": "TCP"}]
         volumes = [{"name": "cluster-config", "configMap": {"name": self.name("cluster")}},
                    {"name": "model-cache", "emptyDir": {}}]
+        pod_security: dict[str, Any] = {"runAsNonRoot": True, "runAsUser": POD_UID}
+        if self.credential:
+            # The credential file only, readable by the pod's group alone (fsGroup: its user's).
+            volumes.append({"name": "credential", "secret": {
+                "secretName": self.name("credentials"), "defaultMode": 0o440,
+                "items": [{"key": "credential.yaml", "path": "credential.yaml"}]}})
+            pod_security["fsGroup"] = POD_UID
         if resources:
             main["resources"] = resources
         if shm:
@@ -137,7 +184,7 @@ class Kit:
             volumes.append({"name": "shm", "emptyDir": {"medium": "Memory"}})
         spec: dict[str, Any] = {
             "restartPolicy": restart,
-            "securityContext": {"runAsNonRoot": True, "runAsUser": 10001},  # infra/Dockerfile's user
+            "securityContext": pod_security,
             "initContainers": [container("topics", topics, [])],
             "containers": [main],
             "volumes": volumes,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from pathlib import Path
 from astraflow.config import STACK_FILE
 from astraflow.embedded.ports import LOOPBACK, StackPorts, port_is_free
 from astraflow.embedded.seaweedfs import s3_answers, weed_argv, weed_env
-from astraflow.embedded.stunnel import find_stunnel_bin, stunnel_conf
+from astraflow.embedded.stunnel import find_stunnel_bin, stack_tunnels, stunnel_conf
 from astraflow.embedded.supervisor import SupervisedProcess
 from astraflow.embedded.tansu import (
     DEFAULT_LOG_STORAGE,
@@ -254,16 +255,38 @@ class EmbeddedStack:
             self.kafka.wait_until(lambda: kafka_answers(self.kafka_bootstrap, **tls), self.start_timeout_s,
                                   f"Kafka on {self.kafka_bootstrap}")
         elif name == self.tls.name and self.secure:
+            tunnels = stack_tunnels(bind_host=self.bind_host, kafka_port=self.ports.kafka,
+                                    kafka_backend=self._backend.kafka, s3_port=self.ports.s3,
+                                    s3_backend=self._backend.s3)
             conf = write_private(material.dir / "stunnel.conf", stunnel_conf(
-                bind_host=self.bind_host, kafka_port=self.ports.kafka, kafka_backend=self._backend.kafka,
-                s3_port=self.ports.s3, s3_backend=self._backend.s3, cert_file=material.server_cert_file,
-                key_file=material.server_key_file, ca_file=material.ca_file))
+                tunnels, cert_file=material.server_cert_file, key_file=material.server_key_file,
+                ca_file=material.ca_file))
             self.tls.spawn([find_stunnel_bin(), str(conf)], cwd=self.state_dir, die_with_parent=self.die_with_parent)
             self.tls.wait_until(lambda: s3_answers(self.s3_endpoint, access, secret, [], ca_file=str(material.ca_file)),
                                 self.start_timeout_s, f"TLS on {self.s3_endpoint}")
         else:
             raise StackError(f"no service {name!r} in the embedded stack")
         return round(time.monotonic() - t0, 3)
+
+    def scope_trainers(self, policies: list[str], timeout_s: float = 30.0) -> list[str]:
+        """A trainer identity per policy on this running secured stack (``trainer-<policy>``, writing that
+        policy's versions and checkpoints only), created where missing: the S3 server reads its identities
+        file again on SIGHUP, and this waits until it takes the new keys. Returns the identities added."""
+        material = SecureMaterial(self.state_dir)
+        added = material.ensure_policy_trainers(policies, DATA_BUCKET, TANSU_BUCKET)
+        if not added:
+            return []
+        pid = self.s3.pid()
+        if pid is None or not self.stack_file.exists():
+            raise StackError(f"no secured stack runs under {self.state_dir}: `astraflow up --secure` first")
+        os.kill(pid, signal.SIGHUP)
+        endpoint = json.loads(self.stack_file.read_text())["s3_endpoint"]
+        keys = material.s3_keys()
+        for identity in added:
+            self.s3.wait_until(lambda identity=identity: s3_answers(
+                endpoint, keys[identity]["access_key"], keys[identity]["secret_key"], [],
+                ca_file=str(material.ca_file)), timeout_s, f"S3 with {identity}'s key")
+        return added
 
     def down(self, timeout_s: float = 10.0) -> list[str]:
         """Stop Tansu, then SeaweedFS; remove ``stack.json``. Returns the names of stopped services."""

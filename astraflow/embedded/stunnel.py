@@ -18,6 +18,7 @@ foreground, supervised like the two servers.
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 STUNNEL_BINARIES = ("stunnel", "stunnel4")
@@ -32,24 +33,40 @@ def find_stunnel_bin() -> str:
                             "(Debian/Ubuntu: `apt-get install stunnel4`; `make install` does it as root)")
 
 
-def stunnel_conf(*, bind_host: str, kafka_port: int, kafka_backend: int, s3_port: int, s3_backend: int,
-                 cert_file: Path, key_file: Path, ca_file: Path) -> str:
-    """The configuration: two services, each from a public port to a loopback backend."""
+@dataclass(frozen=True)
+class Tunnel:
+    """One public TLS listener and the plaintext server behind it."""
+
+    name: str
+    accept: str
+    """``host:port`` the TLS listener binds."""
+    connect: str
+    """``host:port`` of the plaintext server behind it (a loopback port, or a compose service's name)."""
+    client_cert: bool
+    """Mutual TLS: only a client with a certificate of the cluster's CA gets through (the log). Without
+    it, TLS only (the bucket, whose requests carry each role's SigV4 key)."""
+
+
+def stack_tunnels(*, bind_host: str, kafka_port: int, kafka_backend: int, s3_port: int,
+                  s3_backend: int) -> list[Tunnel]:
+    """The embedded stack's two: a public port each, to a loopback backend."""
+    return [Tunnel("kafka", f"{bind_host}:{kafka_port}", f"127.0.0.1:{kafka_backend}", client_cert=True),
+            Tunnel("s3", f"{bind_host}:{s3_port}", f"127.0.0.1:{s3_backend}", client_cert=False)]
+
+
+def stunnel_conf(tunnels: list[Tunnel], *, cert_file: Path | str, key_file: Path | str, ca_file: Path | str,
+                 resolve_late: bool = False, log_level: str = "notice") -> str:
+    """The configuration of ``tunnels``, all with the server certificate ``cert_file``.
+    ``resolve_late``: look a backend's name up at each connection (``delay``), not once at start: a
+    compose service that restarts comes back with another address. ``log_level``: stunnel's ``debug``
+    (``notice`` logs every connection; ``warning`` only failures, refused handshakes among them)."""
     common = f"cert = {cert_file}\nkey = {key_file}\nsslVersionMin = TLSv1.2\n"
-    return (
-        "foreground = yes\n"
-        "pid =\n"
-        "syslog = no\n"
-        "debug = notice\n"
-        "[kafka]\n"
-        f"accept = {bind_host}:{kafka_port}\n"
-        f"connect = 127.0.0.1:{kafka_backend}\n"
-        f"{common}"
-        f"CAfile = {ca_file}\n"
-        "requireCert = yes\n"
-        "verifyChain = yes\n"
-        "[s3]\n"
-        f"accept = {bind_host}:{s3_port}\n"
-        f"connect = 127.0.0.1:{s3_backend}\n"
-        f"{common}"
-    )
+    if resolve_late:
+        common += "delay = yes\n"
+    sections = []
+    for tunnel in tunnels:
+        section = f"[{tunnel.name}]\naccept = {tunnel.accept}\nconnect = {tunnel.connect}\n{common}"
+        if tunnel.client_cert:
+            section += f"CAfile = {ca_file}\nrequireCert = yes\nverifyChain = yes\n"
+        sections.append(section)
+    return f"foreground = yes\npid =\nsyslog = no\ndebug = {log_level}\n" + "".join(sections)

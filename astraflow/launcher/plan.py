@@ -17,6 +17,7 @@ import yaml
 from astraflow.config import ClusterConfig
 from astraflow.launcher.supervisor import ChildSpec
 from astraflow.recipe import Recipe
+from astraflow.security.roles import policy_trainer
 
 
 def effective_recipe(recipe: Recipe, *, run_id: str, steps: int | None = None,
@@ -156,10 +157,15 @@ def child_env(cluster_file: Path, run_id: str, threads: int = 1, credential: Pat
     return env
 
 
-def role_credential(credentials_dir: Path | None, command: str) -> Path | None:
-    """The credential file of ``command``'s role in ``credentials_dir`` (None: none there)."""
+def role_credential(credentials_dir: Path | None, command: str, policy: str | None = None) -> Path | None:
+    """The credential file of ``command``'s role in ``credentials_dir`` (None: none there); a trainer's
+    of its ``policy`` (``trainer-<policy>.yaml``, scoped to that policy's prefixes) where there is one."""
     if credentials_dir is None:
         return None
+    if command == "trainer" and policy is not None:
+        scoped = Path(credentials_dir) / f"{policy_trainer(policy)}.yaml"
+        if scoped.exists():
+            return scoped
     path = Path(credentials_dir) / f"{COMPONENT_ROLES[command]}.yaml"
     return path if path.exists() else None
 
@@ -184,7 +190,9 @@ def component_specs(recipe: Recipe, recipe_file: Path, cluster_file: Path, run_d
                                logs / "dataflow.log"))
     for policy in recipe.policies:
         name = f"trainer-{policy.name}"
-        specs.append(ChildSpec(name, trainer_argv(recipe, recipe_file, cluster_file, policy.name), env("trainer"),
+        trainer_env = child_env(cluster_file, recipe.run, threads,
+                                role_credential(credentials_dir, "trainer", policy.name))
+        specs.append(ChildSpec(name, trainer_argv(recipe, recipe_file, cluster_file, policy.name), trainer_env,
                                logs / f"{name}.log", may_exit=True))
     for pool in recipe.pools if rollouts else []:
         specs += [node_spec(recipe, recipe_file, cluster_file, run_dir, pool.name, i, threads=threads,

@@ -281,6 +281,11 @@ def _launch(recipe: Recipe, cfg: ClusterConfig, opts: RunOptions, console, guard
     cluster_file = write_cluster_file(cfg, run_dir / "cluster.yaml")
 
     policies = [p.name for p in recipe.policies]
+    if cfg.role_credentials_dir is not None:  # a secured embedded stack: each trainer writes its policy's only
+        from astraflow.embedded import EmbeddedStack
+
+        if added := EmbeddedStack(cfg.state_dir, secure=True).scope_trainers(policies):
+            console.print(f"secured stack: trainer keys scoped to their policy ({', '.join(added)})", highlight=False)
     # a "done" written before this launch is history (a rollback's run ends at the step the first life did)
     progress = RunProgress(run=run_id, steps=recipe.trainer.steps, policies=policies, done_since=time.time())
     metrics_path = run_dir / "metrics.jsonl"

@@ -19,13 +19,14 @@ from __future__ import annotations
 import json
 import os
 import secrets
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from astraflow.security.pki import KeyPair, issue_client, issue_server, make_ca
-from astraflow.security.roles import ROLES, Role, s3_actions
+from astraflow.security.roles import POLICY_TRAINER, ROLES, policy_trainer, s3_actions
 
 SECURE_DIR = "secure"
 
@@ -63,10 +64,10 @@ class SecureMaterial:
     def identities_file(self) -> Path:
         return self.dir / "s3-identities.json"
 
-    def credentials_file(self, role: Role) -> Path:
+    def credentials_file(self, role: str) -> Path:
         return self.dir / "credentials" / f"{role}.yaml"
 
-    def _client_files(self, role: Role) -> tuple[Path, Path]:
+    def _client_files(self, role: str) -> tuple[Path, Path]:
         return self.dir / "clients" / f"{role}.pem", self.dir / "clients" / f"{role}.key"
 
     # -- generation --------------------------------------------------------------------------------
@@ -82,18 +83,35 @@ class SecureMaterial:
             write_private(self.server_key_file, server.key_pem)
             write_private(self.server_cert_file, server.cert_pem)
             write_private(hosts_file, json.dumps(hosts))
+        self._issue(ca, ROLES, bucket, log_bucket)
+
+    def ensure_policy_trainers(self, policies: list[str], bucket: str, log_bucket: str) -> list[str]:
+        """A trainer identity per policy (``trainer-<policy>``: its certificate, S3 keys and credential
+        file), scoped to that policy's prefixes; returns the identities it added (the S3 server reads its
+        identities file again on SIGHUP)."""
         keys = self.s3_keys()
-        for role in ROLES:
-            cert_file, key_file = self._client_files(role)
+        added = [policy_trainer(p) for p in policies if policy_trainer(p) not in keys]
+        if added:
+            self._issue(self._ca(), added, bucket, log_bucket)
+        return added
+
+    def _issue(self, ca: KeyPair, identities: Sequence[str], bucket: str, log_bucket: str) -> None:
+        """Client certificates, S3 keys and credential files of ``identities`` (kept where they exist),
+        then the S3 server's identities file with every identity this stack has."""
+        keys = self.s3_keys(identities)
+        for identity in identities:
+            cert_file, key_file = self._client_files(identity)
             if not cert_file.exists():
-                client = issue_client(ca, role)
+                client = issue_client(ca, identity)
                 write_private(key_file, client.key_pem)
                 write_private(cert_file, client.cert_pem)
-            write_private(self.credentials_file(role), yaml.safe_dump(self._local_credential(role, keys[role])))
-        identities = [{"name": role, "credentials": [{"accessKey": keys[role]["access_key"],
-                                                      "secretKey": keys[role]["secret_key"]}],
-                       "actions": s3_actions(role, bucket, log_bucket)} for role in ROLES]
-        write_private(self.identities_file, json.dumps({"identities": identities}, indent=1))
+            write_private(self.credentials_file(identity),
+                          yaml.safe_dump(self._local_credential(identity, keys[identity])))
+        everyone = [*ROLES, *sorted(k for k in keys if k.startswith(POLICY_TRAINER))]
+        entries = [{"name": name, "credentials": [{"accessKey": keys[name]["access_key"],
+                                                   "secretKey": keys[name]["secret_key"]}],
+                    "actions": s3_actions(name, bucket, log_bucket)} for name in everyone]
+        write_private(self.identities_file, json.dumps({"identities": entries}, indent=1))
 
     def _ca(self) -> KeyPair:
         key_file = self.dir / "ca.key"
@@ -103,31 +121,33 @@ class SecureMaterial:
             write_private(self.ca_file, ca.cert_pem)
         return KeyPair(self.ca_file.read_bytes(), key_file.read_bytes())
 
-    def s3_keys(self) -> dict[str, dict[str, str]]:
-        """``{role: {"access_key", "secret_key"}}``, generated on first use."""
+    def s3_keys(self, identities: Sequence[str] = ROLES) -> dict[str, dict[str, str]]:
+        """``{identity: {"access_key", "secret_key"}}`` of every identity kept, ``identities``' generated
+        on first use."""
         path = self.dir / "roles.json"
         keys = json.loads(path.read_text()) if path.exists() else {}
-        missing = [role for role in ROLES if role not in keys]
-        for role in missing:
-            keys[role] = {"access_key": f"AF{role.upper()}{secrets.token_hex(6).upper()}",
-                          "secret_key": secrets.token_urlsafe(30)}
+        missing = [identity for identity in identities if identity not in keys]
+        for identity in missing:
+            tag = identity.upper().replace("-", "").replace("_", "")[:12]
+            keys[identity] = {"access_key": f"AF{tag}{secrets.token_hex(6).upper()}",
+                              "secret_key": secrets.token_urlsafe(30)}
         if missing:
             write_private(path, json.dumps(keys))
         return keys
 
-    def client_tls(self, role: Role) -> dict[str, str]:
+    def client_tls(self, role: str) -> dict[str, str]:
         """kafka-python's TLS settings for ``role`` on this machine."""
         cert_file, key_file = self._client_files(role)
         return {"security_protocol": "SSL", "ssl_cafile": str(self.ca_file),
                 "ssl_certfile": str(cert_file), "ssl_keyfile": str(key_file)}
 
-    def _local_credential(self, role: Role, keys: dict[str, str]) -> dict[str, Any]:
+    def _local_credential(self, role: str, keys: dict[str, str]) -> dict[str, Any]:
         """The credential of ``role`` on this machine: files by path, no endpoint (the stack's
         ``stack.json`` has them)."""
         return {"role": role, "kafka": self.client_tls(role), "s3": {**keys, "ca_file": str(self.ca_file)}}
 
     # -- one file for another machine --------------------------------------------------------------
-    def credential_file(self, role: Role, kafka_bootstrap: str, s3_endpoint: str, bucket: str,
+    def credential_file(self, role: str, kafka_bootstrap: str, s3_endpoint: str, bucket: str,
                         fetch_max_wait_ms: int | None = None) -> dict[str, Any]:
         """``role``'s whole credential as a cluster config: the endpoints, the CA, its client
         certificate and key and its S3 keys inline (``astraflow credentials issue``).

@@ -29,18 +29,37 @@ WRITABLE_PREFIXES: dict[Role, tuple[str, ...]] = {
 }
 """Key patterns under the data bucket that each role may put, overwrite and delete."""
 
+POLICY_TRAINER = "trainer-"
+"""A trainer's identity scoped to one policy is ``trainer-<policy>`` (:func:`policy_trainer`)."""
+
+
+def policy_trainer(policy: str) -> str:
+    """The identity of ``policy``'s trainer: it writes that policy's versions and checkpoints only, so a
+    stolen trainer key of one policy cannot rewrite another's model."""
+    return f"{POLICY_TRAINER}{policy}"
+
+
+def writable_prefixes(identity: str) -> tuple[str, ...]:
+    """Key patterns ``identity`` (a role, or a policy's trainer) may put, overwrite and delete."""
+    if identity.startswith(POLICY_TRAINER):
+        policy = identity.removeprefix(POLICY_TRAINER)
+        return (f"*/weights/{policy}/*", f"*/trainer/{policy}/*", "*/claims/*")
+    return WRITABLE_PREFIXES[identity]  # type: ignore[index]
+
+
 LOG_WRITERS: tuple[Role, ...] = ("dataflow", "archiver")
 """Roles that trim the embedded broker's s3 log (:mod:`astraflow.log.trim` deletes its batch objects);
 they may also write the broker's bucket."""
 
 
-def s3_actions(role: Role, bucket: str, log_bucket: str) -> list[str]:
-    """The SeaweedFS identity actions of ``role`` on the data ``bucket`` (and the embedded broker's
-    ``log_bucket``): every role reads and lists, each writes only its prefixes, admin everything."""
+def s3_actions(role: str, bucket: str, log_bucket: str) -> list[str]:
+    """The SeaweedFS identity actions of ``role`` (or of a policy's trainer) on the data ``bucket`` (and
+    the embedded broker's ``log_bucket``): every role reads and lists, each writes only its prefixes,
+    admin everything."""
     if role == "admin":
         return ["Admin", "Read", "List", "Tagging", "Write"]
     actions = [f"Read:{bucket}", f"List:{bucket}"]
-    actions += [f"Write:{bucket}/{prefix}" for prefix in WRITABLE_PREFIXES[role]]
+    actions += [f"Write:{bucket}/{prefix}" for prefix in writable_prefixes(role)]
     if role in LOG_WRITERS:
         actions += [f"Read:{log_bucket}", f"List:{log_bucket}", f"Write:{log_bucket}"]
     return actions

@@ -5,7 +5,9 @@
 #   2. the base image from Debian's mirror (mmdebstrap + docker import: scripts/compose/base-image.sh);
 #   3. the project's image (infra/Dockerfile) with the host's CA bundle and local wheels (build-host.sh);
 #   4. tests/test_compose.py with ASTRAFLOW_COMPOSE_LIVE=1: a run of the math recipe in
-#      infra/docker-compose.tansu-seaweedfs.yml, scaled, killed, stopped, resumed, read from the host.
+#      infra/docker-compose.tansu-seaweedfs.yml, scaled, killed, stopped, resumed, read from the host;
+#      then a short run of its secured variant (infra/docker-compose.secure.yml), whose node container
+#      is refused every write to the weights and checkpoints.
 # The engine it started is stopped by its PID whatever happens (trap); the test removes its containers,
 # network and volumes. Images and pip's cache stay in the engine's data root for the next run.
 # Skips (exit 0, one line) only where no engine can be had: not root, or neither docker nor apt-get.
@@ -58,6 +60,10 @@ if ! docker image inspect astraflow:local >/dev/null 2>&1; then
   exit 1
 fi
 docker image ls astraflow:local --format 'built {{.Repository}}:{{.Tag}} {{.ID}} {{.Size}}'
+# The secured variant's TLS terminator: stunnel4 on the same base (apt, cached after the first build).
+"$compose" -f infra/docker-compose.secure.yml build --progress plain tls 2>&1 \
+  | grep -E '^#[0-9]+ (DONE|ERROR)|naming to|ERROR|error' || true
+docker image inspect astraflow-tls:local >/dev/null
 docker image prune -f >/dev/null  # the previous build's image, now untagged
 step "image built"
 
