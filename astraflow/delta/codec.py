@@ -29,6 +29,7 @@ only positions, values and the bits needed for checksums cross to the host, wher
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Mapping, MutableMapping
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -61,8 +62,8 @@ from astraflow.delta.streams import (
 
 StateDict = Mapping[str, torch.Tensor]
 DENSE_FRACTION = 0.3
-COMPRESS_THREADS = 4
-"""zstd frames compressed at once: the planes of a 1.5B model's 1% delta are ~50 MB."""
+ENCODE_THREADS = 4
+"""Tensors encoded at once (diff + zstd): a 1.5B model's 1% delta has ~50 MB of planes to compress."""
 
 
 # -- encode ----------------------------------------------------------------------------------
@@ -76,48 +77,56 @@ def encode(
     dense_fraction: float = DENSE_FRACTION,
     crcs_old: Mapping[str, int] | None = None,
     crcs_new: Mapping[str, int] | None = None,
-    threads: int = COMPRESS_THREADS,
+    threads: int = ENCODE_THREADS,
 ) -> bytes:
     """The delta that turns ``old`` (version ``base_version``) into ``new`` bit for bit.
 
     ``crcs_old`` / ``crcs_new``: the tensors' CRC-32C where the caller already has them (a publisher
     knows its previous version's and has just computed this one's for the manifest), so they are not
-    computed again. ``threads``: zstd frames compressed side by side (zstd releases the GIL), beside
-    the next tensor's diff."""
-    entries: list[TensorEntry] = []
-    frames: list[list[Future]] = []
+    computed again. ``threads``: tensors diffed and compressed side by side (numpy, torch, crc32c and
+    zstd release the GIL), at most ``2 * threads`` in flight, so memory stays a few tensors' worth."""
     local = threading.local()
 
-    def compress(plane: np.ndarray) -> bytes:
+    def one(name: str, t_new: torch.Tensor) -> tuple[TensorEntry, bytes]:
+        _check_tensor(name, t_new)
+        t_old = old.get(name)
+        if t_old is not None:
+            _check_tensor(name, t_old)
+        if t_old is None or t_old.dtype != t_new.dtype or t_old.shape != t_new.shape:
+            entry, planes = _encode_full(name, t_old, t_new)
+        else:
+            crc_old = crcs_old[name] if crcs_old is not None else None
+            crc_new = crcs_new[name] if crcs_new is not None else None
+            entry, planes = _encode_change(name, t_old, t_new, dense_fraction, crc_old, crc_new)
         if not hasattr(local, "zstd"):
             local.zstd = PlaneCompressor(level)
-        return local.zstd.compress(plane)
+        frames = [local.zstd.compress(p) for p in planes]
+        entry.streams = [[0, len(f), int(p.size)] for p, f in zip(planes, frames, strict=True)]
+        record = b"".join(frames)
+        entry.crc_payload = checksum(record)
+        return entry, record
 
-    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="delta-zstd") as pool:
+    entries: list[TensorEntry] = []
+    payload: list[bytes] = []
+    offset = 0
+    pending: deque[Future] = deque()
+
+    def take_oldest() -> None:
+        nonlocal offset
+        entry, record = pending.popleft().result()
+        for stream in entry.streams:
+            stream[0] = offset
+            offset += stream[1]
+        entries.append(entry)
+        payload.append(record)
+
+    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="delta-encode") as pool:
         for name, t_new in new.items():
-            _check_tensor(name, t_new)
-            t_old = old.get(name)
-            if t_old is not None:
-                _check_tensor(name, t_old)
-            if t_old is None or t_old.dtype != t_new.dtype or t_old.shape != t_new.shape:
-                entry, planes = _encode_full(name, t_old, t_new)
-            else:
-                crc_old = crcs_old[name] if crcs_old is not None else None
-                crc_new = crcs_new[name] if crcs_new is not None else None
-                entry, planes = _encode_change(name, t_old, t_new, dense_fraction, crc_old, crc_new)
-            entry.streams = [[0, 0, int(p.size)] for p in planes]
-            entries.append(entry)
-            frames.append([pool.submit(compress, p) for p in planes])
-        payload: list[bytes] = []
-        offset = 0
-        for entry, futures in zip(entries, frames, strict=True):
-            record = [f.result() for f in futures]
-            for stream, frame in zip(entry.streams, record, strict=True):
-                stream[0], stream[1] = offset, len(frame)
-                offset += len(frame)
-            blob = b"".join(record)
-            entry.crc_payload = checksum(blob)
-            payload.append(blob)
+            if len(pending) >= 2 * max(1, threads):
+                take_oldest()
+            pending.append(pool.submit(one, name, t_new))
+        while pending:
+            take_oldest()
     for name, t_old in old.items():
         if name not in new:
             _check_tensor(name, t_old)
