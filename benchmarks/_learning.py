@@ -21,11 +21,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def recipe_variant(path: Path, *, run: str, seed: int | None = None, objective: dict | None = None,
-                   backend: dict | None = None, dataflow: dict | None = None) -> Any:
+                   backend: dict | None = None, dataflow: dict | None = None,
+                   overrides: dict[str, str] | None = None) -> Any:
     """The recipe at ``path`` under the run name ``run``, with every seed set to ``seed`` (the recipe's,
     each policy's SFT seed; the dataset's seed is kept, so the held-out prompts are the same), each
     policy's ``backend.objective`` set to ``objective`` and its other backend options updated with
-    ``backend``, and its ``dataflow`` section updated with ``dataflow``."""
+    ``backend``, and its ``dataflow`` section updated with ``dataflow``; then each ``overrides`` item (a
+    dotted path into the recipe, e.g. ``dataset.samples``, and its value as YAML text) set. The recipe
+    validates the result, so a misspelt path is refused."""
     from astraflow.recipe import Recipe
 
     data = yaml.safe_load(path.read_text())
@@ -39,6 +42,12 @@ def recipe_variant(path: Path, *, run: str, seed: int | None = None, objective: 
         policy.setdefault("backend", {}).update(backend or {})
         if objective is not None:
             policy["backend"]["objective"] = objective
+    for dotted, text in (overrides or {}).items():
+        *parents, leaf = dotted.split(".")
+        node = data
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = yaml.safe_load(text)
     recipe = Recipe.model_validate(data)
     recipe.source = path.resolve()
     return recipe.localized()

@@ -74,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
                     help='JSON of every policy\'s backend.objective, e.g. \'{"entropy_coef": 0.01}\'')
     ap.add_argument("--dataflow", type=json.loads, default=None,
                     help='JSON of dataflow options, e.g. \'{"filters": [{"type": "dynamic_sampling"}]}\'')
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
+                    help="set any recipe field by its dotted path, VALUE read as YAML (repeatable), e.g. "
+                         "--set dataset.samples=16 --set sampling.policy.temperature=1.2")
     ap.add_argument("--runs-dir", type=Path, default=None,
                     help="keep each run's runs/<run> (metrics.jsonl, report.png) here (default: a temporary dir)")
     args = ap.parse_args(argv)
@@ -93,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="af-seeds-") as tmp, private_cluster() as cfg:
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             recipe = recipe_variant(path, run=f"seeds-{path.stem.replace('_', '-')}-s{seed}", seed=seed,
-                                    objective=args.objective, backend=args.backend, dataflow=args.dataflow)
+                                    objective=args.objective, backend=args.backend, dataflow=args.dataflow,
+                                    overrides=dict(o.split("=", 1) for o in args.overrides))
             runs_dir = args.runs_dir or Path(tmp) / "runs"
             row = {"seed": seed, **measured_run(recipe, cfg, runs_dir, args.steps, console)}
             rows.append(row)
@@ -113,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     plot(rows, f"{path.name}: {args.seeds} seeds, {rows[0]['steps']} steps", out_png)
     result = {"benchmark": "seeds", "recipe": str(path), "seeds": args.seeds, "first_seed": args.first_seed,
               "steps": args.steps, "backend": args.backend, "objective": args.objective,
-              "dataflow": args.dataflow,
+              "dataflow": args.dataflow, "overrides": args.overrides,
               "per_seed": [{k: r[k] for k in ("seed", "ok", "steps", "heldout", "reward_first", "reward_last",
                                               "rl_seconds")} for r in rows],
               "summary": summary, "plot": str(out_png), "wall_s": round(time.monotonic() - t0, 1)}
