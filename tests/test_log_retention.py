@@ -4,6 +4,7 @@ and in a whole ``astraflow run``, the dataflow trims the log while the archive k
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -461,3 +462,53 @@ def test_an_archiver_down_longer_than_keep_s_archives_everything(tmp_path: Path)
     assert {r["batch_id"] for r in steps_out} <= archived.batch_ids
     online = archived.assert_replays_the_online_counts()
     assert archived.trajectories == online["trajectories.received"] > 0, (archived.trajectories, online)
+
+
+def _stop_the_archiver_until_the_dataflow_cuts_it(state_dir: Path, launcher: subprocess.Popen) -> None:
+    """SIGSTOP the archiver until the dataflow's log says that retention cut the log below it (the run goes
+    on meanwhile), then SIGKILL it: the supervisor restarts it."""
+    from astraflow.process.sessions import child_processes
+
+    [pid] = [pid for pid, argv in child_processes(launcher.pid).items() if "archive" in argv]
+    dataflow_log = state_dir.parent / "runs" / "trimmed" / "logs" / "dataflow.log"
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 120
+        while "lost to trimmed.archive" not in dataflow_log.read_text():
+            assert launcher.poll() is None and time.monotonic() < deadline, dataflow_log.read_text()[-3000:]
+            time.sleep(0.5)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, signal.SIGCONT)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_an_archiver_held_past_max_held_records_is_cut_and_the_run_says_so(tmp_path: Path) -> None:
+    """The hold's bound in a whole run: the archiver stopped until it lags more than max_held_records (200)
+    behind a partition's end, the dataflow trims below it anyway, says so in an error line and a typed
+    log-records-dropped record (in metrics.jsonl) naming the archive group and the offsets it lost; the
+    run finishes, and the archive lacks what was cut."""
+    from astraflow.records.control import LogRecordsDropped, parse_control
+
+    steps = 150
+    run_dir, state_dir = _run(tmp_path, steps, {"keep_s": 0.0, "interval_s": 0.5, "max_held_records": 200},
+                              at_step=10, action=_stop_the_archiver_until_the_dataflow_cuts_it)
+    cuts = [parse_control(None, None, r) for r in _records(run_dir) if r.get("kind") == "log-retention"]
+    lost = [(c.topic, c.partition, r.first, r.last) for c in cuts if isinstance(c, LogRecordsDropped)
+            for r in c.lost if r.group == "trimmed.archive"]
+    assert lost and all(last >= first for _, _, first, last in lost), cuts
+    # never more than the bound: each cut kept at least max_held_records behind the last stored batch
+    assert all(c.max_held_records == 200 and c.stored_end - c.log_start >= 200 for c in cuts), cuts
+    # each loss is said once: a reader's lost ranges on a partition follow each other without overlap
+    for (topic, partition, _, last), (topic2, partition2, first2, _) in itertools.pairwise(lost):
+        if (topic, partition) == (topic2, partition2):
+            assert first2 > last, lost
+    dataflow_log = (run_dir / "logs" / "dataflow.log").read_text()
+    assert "ERROR astraflow.log.retention: log retention:" in dataflow_log
+    archived = _archive_of(tmp_path, run_dir, state_dir)
+    counters = [r for r in _records(run_dir) if r.get("component") == "dataflow" and isinstance(r.get("counters"), dict)]
+    received = counters[-1]["counters"]["trajectories.received"]
+    if any(topic == "trimmed.trajectories" for topic, *_ in lost):
+        assert archived.trajectories < received, (archived.trajectories, received, lost)
+    print(f"cut below the archiver: {lost}; archived {archived.trajectories} of {received} trajectories")
