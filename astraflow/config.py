@@ -41,6 +41,14 @@ class LogRetentionSettings(_Section):
     dataflow reads back is held by its recovery position for as long as it is down."""
     interval_s: float = Field(default=10.0, gt=0)
     """Seconds between two trims."""
+    max_held_records: int = Field(default=1_000_000, ge=1)
+    """The most records the readers may hold on one partition behind its end (a run's log holds at most
+    this many per partition of its topics, whatever its readers do). A reader that lags further (an
+    archiver down for hours, a dataflow that never comes back) no longer holds the log: trimming goes
+    on up to this far behind the end, and the trimming component says what each reader lost (an error
+    line in its log and a ``log-records-dropped`` record on ``<run>.metrics``, which the launcher writes
+    to ``metrics.jsonl``). Readers that keep up hold what is in flight; the default is there for one
+    that never comes back."""
 
 
 class KafkaSettings(_Section):

@@ -22,6 +22,8 @@ from astraflow.records.control import (
     AutoscaleReport,
     ControlRecordError,
     DataflowCounters,
+    LogRecordsDropped,
+    LostRange,
     NodeStatus,
     TrainerCheckpointRefused,
     TrainerDone,
@@ -55,6 +57,8 @@ RECORDS = [
                 counters={"weights.refused.checksum": 1}),
     dataflow_counters({"tasks.emitted": 9, "trajectories.dropped.stale": 2}, versions={"solver": 3}),
     autoscale_report(default=(1, 2)),
+    LogRecordsDropped(component="dataflow", time=2.5, topic="run.trajectories", partition=0, log_start=28,
+                      stored_end=39, max_held_records=10, lost=[LostRange(group="run.archive", first=5, last=27)]),
 ]
 WIRE_KEYS = {
     # the keys the trainer's dict records had before they were typed (metrics.jsonl readers use them)
@@ -69,6 +73,8 @@ WIRE_KEYS = {
                  "handoff_ms"},
     DataflowCounters: {"component", "id", "kind", "time", "versions", "counters", "handoff_ms"},
     AutoscaleReport: {"component", "id", "kind", "time", "pools"},
+    LogRecordsDropped: {"component", "kind", "event", "time", "topic", "partition", "log_start", "stored_end",
+                        "max_held_records", "lost"},
 }
 
 

@@ -155,10 +155,12 @@ def _lost_life_after_a_save(sampler: dict) -> tuple[dict, list, list[Task], Data
 
 
 @pytest.mark.parametrize("sampler", ["fifo", "oldest_first", "mixing"])
-def test_an_adopted_batch_is_served_once_its_groups_leave_the_buffers_and_copies_are_duplicates(sampler):
+def test_an_adopted_batch_is_served_once_its_groups_leave_the_buffers_and_is_received_once(sampler):
     """Adopted, the lost life's batch 1 (p0: half pending in the save, p1: buffered in the save, p2: new)
-    finishes the three tasks and empties the buffers of those groups; their copies read again are
-    duplicates; the next batch is number 2, and every trajectory is in exactly one counter."""
+    finishes the three tasks and empties the buffers of those groups; the records the lost life received
+    after the save, read again from the saved offsets, are not received a second time (the log holds
+    them once: an archive's replay counts them once), further copies are duplicates; the next batch is
+    number 2, and every trajectory is in exactly one counter."""
     save, (lost,), t, section = _lost_life_after_a_save({"type": sampler})
     assert lost.batch_id == "s-00000001" and {x.task_id for x in lost.trajectories} == {"p0", "p1", "p2"}
     life2 = Dataflow(section, _tasks(9))
@@ -166,7 +168,11 @@ def test_an_adopted_batch_is_served_once_its_groups_leave_the_buffers_and_copies
     assert life2.adopt_batch(lost) and not life2.adopt_batch(lost)  # a batch is adopted once
     assert life2.batchers["s"].sampler.buffered() == 0 and life2.processor.pending == {}
     assert not {"p0", "p1", "p2"} & set(life2.emitter.in_flight)
-    life2.ingest(_rollout(t[0]) + _rollout(t[1]) + _rollout(t[2]))  # read again from the saved offsets
+    received = life2.counters()["trajectories.received"]
+    life2.ingest(_rollout(t[0])[1:] + _rollout(t[2]))  # read again from the saved offsets
+    assert life2.counters()["trajectories.received"] == received
+    assert life2.counters()["trajectories.adopted_read_again"] == 3
+    life2.ingest(_rollout(t[0]) + _rollout(t[1]) + _rollout(t[2]))  # copies beyond: a node's re-run
     life2.ingest(_rollout(t[3])[:1] + _rollout(t[6]) + _rollout(t[7]) + _rollout(t[8]))
     (after,) = life2.take_batches()
     assert after.batch_id == "s-00000002" and {x.task_id for x in after.trajectories} == {"p6", "p7", "p8"}

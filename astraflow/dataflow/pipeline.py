@@ -254,8 +254,8 @@ class Dataflow:
         """A batch that a lost life of this dataflow served after the state this one resumed from (read
         back from the batch topic, :mod:`astraflow.dataflow.adoption`): its groups count as kept and
         served, leave the sampler and the pending table, and finish their tasks; their episodes are
-        remembered, so the copies read again are duplicates, not judged again; the next batch gets the
-        next id. Without it the batch would be made again under its id, and the trainer, which trained
+        remembered, so the copies read again are not judged again (the first not received again, any
+        further one a duplicate); the next batch gets the next id. Without it the batch would be made again under its id, and the trainer, which trained
         that id, would skip it. False for a batch this state served already."""
         asm = self.batchers.get(b.policy)
         if asm is None or asm.seq_of(b.batch_id) is None or asm.served(b.batch_id) or not b.trajectories:

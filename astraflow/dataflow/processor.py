@@ -62,9 +62,18 @@ class TrajectoryProcessor:
         self.seen = EpisodeMemory(in_flight=task_in_flight, window=dedup_window, capacity=dedup_capacity)
         self.pending: dict[str, Group] = {}
         self.counters: Counter[str] = Counter()
+        self.adopted_unread: set[str] = set()
+        """Episodes of adopted groups (:meth:`adopt_group`) whose trajectory records a resumed dataflow
+        reads again (received by its lost life after the saved state): the adoption counted them, so
+        their first copy read is not received again (the log holds them once; an archive's replay
+        counts them once)."""
 
     def ingest(self, traj: Trajectory) -> list[GroupResult]:
         c = self.counters
+        if traj.episode_id in self.adopted_unread:
+            self.adopted_unread.discard(traj.episode_id)
+            c["adopted_read_again"] += 1  # in no other counter: the adoption counted it received and kept
+            return []
         c["received"] += 1
         if self.seen.seen(traj.task_id, traj.episode_id):
             c["duplicate"] += 1
@@ -143,7 +152,8 @@ class TrajectoryProcessor:
     def adopt_group(self, trajectories: list[Trajectory]) -> bool:
         """One group of a batch that a lost life of the dataflow served after the state this one resumed
         from: counted as that life counted it (its trajectories received and kept, a group finished and
-        kept) and its episodes remembered, so their copies read again are duplicates. Its part pending
+        kept) and its episodes remembered: the first copy of each read again is not received again
+        (:attr:`adopted_unread`), any further copy is a duplicate. Its part pending
         in this state is in the batch. False, counting nothing, for a group not pending whose task is
         not in flight (the lost life finished it before the state was saved: its tasks emitted after
         that are adopted first) or whose every episode this state has seen: one served before (a replay)."""
@@ -158,8 +168,9 @@ class TrajectoryProcessor:
         c["groups_finished"] += 1
         c["groups_kept"] += 1
         for t in trajectories:
-            if not self.seen.seen(t.task_id, t.episode_id):
+            if not self.seen.seen(t.task_id, t.episode_id):  # received after the save: read again next
                 self.seen.remember(t.task_id, t.episode_id)
+                self.adopted_unread.add(t.episode_id)
         return True
 
     def task_left(self, task_id: str) -> None:
@@ -193,6 +204,7 @@ class TrajectoryProcessor:
             "pending": [g.to_state() for g in self.pending.values()],
             "counters": dict(self.counters),
             "filters": [f.state_dict() for f in self.filters],
+            "adopted_unread": sorted(self.adopted_unread),
         }
 
     def load_state_dict(self, s: dict[str, Any]) -> None:
@@ -202,5 +214,6 @@ class TrajectoryProcessor:
             self.seen.load_flat(s["seen"])
         self.pending = {g["group_id"]: Group.from_state(g) for g in s["pending"]}
         self.counters = Counter(s["counters"])
+        self.adopted_unread = set(s.get("adopted_unread", ()))  # absent: saved before it was kept
         for f, fs in zip(self.filters, s["filters"], strict=True):
             f.load_state_dict(fs)

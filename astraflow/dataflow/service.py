@@ -30,6 +30,7 @@ the autoscaler; a trainer's :class:`TrainerSkipped` tells that a served batch wi
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections import defaultdict
@@ -45,13 +46,14 @@ from astraflow.dataflow.recovery import recover
 from astraflow.log.codec import WEIGHT_ANNOUNCEMENT_SCHEMA
 from astraflow.log.identity import topic_ids, topic_partitions
 from astraflow.log.producer import key_partition, record_policy
-from astraflow.log.retention import LogRetention
+from astraflow.log.retention import Cut, LogRetention
 from astraflow.log.topics import TASK_PARTITIONS
 from astraflow.outage import OutageReport, wait_out_outage
 from astraflow.records import RecordSchemaError, Task, batch, task, trajectory
 from astraflow.records.control import (
     METRICS_TOPIC_SCHEMAS,
     DataflowCounters,
+    LogRecordsDropped,
     NodeStatus,
     TrainerSkipped,
     TrainerStep,
@@ -114,6 +116,8 @@ class DataflowService:
         """Where a restarted dataflow will read back from: held for log retention with each save."""
         self.retention: LogRetention | None = None
         """Trims the run's log while :meth:`run` runs (None where retention is off or impossible)."""
+        self.cuts: queue.SimpleQueue[Cut] = queue.SimpleQueue()
+        """What retention trimmed below a reader (its thread puts, the loop sends them on the metrics topic)."""
         self.df = Dataflow(section, dataset, train_steps=train_steps)
         self.weight_topics = {self.topics.weights(p): p for p in section.policies}
         self.placing: list[tuple[str, Any]] = []
@@ -201,7 +205,8 @@ class DataflowService:
         # The dataflow trims the run's log (it runs as long as the run does; the archive, if any, is one
         # more reader): a run without an archiver stays as fast at its end as at its start.
         self.retention = retention = LogRetention.for_run(
-            self.cfg, {*self.pools, *self.task_partitions}, list(self.section.policies), archived=self.archived)
+            self.cfg, {*self.pools, *self.task_partitions}, list(self.section.policies), archived=self.archived,
+            on_cut=self.cuts.put)
         if retention is not None:
             retention.start()
         last_ckpt = last_metrics = last_report = time.monotonic()
@@ -212,6 +217,7 @@ class DataflowService:
                 self._read(msgs)
                 self._emit(now)
                 mono = time.monotonic()
+                self._send_cuts()
                 if mono - last_metrics >= self.metrics_every_s:
                     _publish_metrics(self.producer, self.topics.metrics, self.df, now, self.consumer.handoff.drain())
                     last_metrics = mono
@@ -229,9 +235,16 @@ class DataflowService:
         finally:
             if retention is not None:
                 retention.stop()
+            self._send_cuts()
             self.recovery_position.close()
             self.consumer.close()
             self.producer.close()
+
+    def _send_cuts(self) -> None:
+        """Each cut retention made below a reader, as a record on the metrics topic."""
+        while not self.cuts.empty():
+            send_control(self.producer, self.topics.metrics, COMPONENT_ID,
+                         LogRecordsDropped.of(self.cuts.get(), component=COMPONENT_ID, time=time.time()))
 
     def _read(self, msgs: list[Any]) -> None:
         for m in msgs:

@@ -20,6 +20,11 @@ corrupt one, finds the batches it trains again.
 A run without an archiver (``astraflow run --no-archive``) leaves the archive group out of the readers:
 the log is trimmed all the same (it is a buffer; the archive, when there is one, is the history).
 
+A hold has a bound, ``max_held_records`` per partition behind the log's end: a reader further behind (an
+archiver down for hours, a dataflow that never comes back) no longer keeps the log from being trimmed,
+and what it lost is said (:class:`Cut`: an error line here, a record on ``<run>.metrics`` from the
+component that trims).
+
 How records leave is the broker's business (:mod:`astraflow.log.trim`); this module decides how far.
 """
 
@@ -76,6 +81,26 @@ def trim_points(readers: Mapping[str, list[str]], committed: CommittedOffsets) -
     return points
 
 
+@dataclass(frozen=True)
+class Cut:
+    """A partition trimmed below some readers' positions, because they held more than ``max_held_records``."""
+
+    partition: Partition
+    log_start: int
+    """The partition's first offset after the trim."""
+    stored_end: int
+    """The first offset of its last stored batch when the trim was decided."""
+    max_held_records: int
+    lost: dict[str, tuple[int, int]]
+    """Reader group -> (first, last) offsets it had not read that left the log."""
+
+    def describe(self) -> str:
+        topic, index = self.partition
+        return (f"{topic}:{index} held more than max_held_records={self.max_held_records} records behind its "
+                f"end ({self.stored_end}): trimmed to {self.log_start} anyway; lost to "
+                + ", ".join(f"{g}: offsets {a}..{b}" for g, (a, b) in sorted(self.lost.items())))
+
+
 @dataclass
 class RetentionStats:
     passes: int = 0
@@ -87,13 +112,15 @@ class RetentionStats:
     """Passes that failed for another reason than the broker being unreachable."""
     unreachable: int = 0
     """Passes skipped because the broker did not answer (restarting): nothing is trimmed meanwhile."""
+    cut: int = 0
+    """Records trimmed below some reader's position (``max_held_records``)."""
     last_pass_s: float = 0.0
     below: dict[Partition, int] = field(default_factory=dict)
     """Per partition, the log's start after the last pass that trimmed it."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"passes": self.passes, "records": self.records, "units": self.units, "errors": self.errors,
-                "unreachable": self.unreachable, "last_pass_s": round(self.last_pass_s, 3),
+                "unreachable": self.unreachable, "cut": self.cut, "last_pass_s": round(self.last_pass_s, 3),
                 "log_start": {f"{t}:{p}": o for (t, p), o in sorted(self.below.items())}}
 
 
@@ -101,8 +128,11 @@ class LogRetention:
     """Trims a run's topics every ``settings.interval_s`` on a thread of its own (:meth:`start`)."""
 
     def __init__(self, readers: Mapping[str, list[str]], trimmer: LogTrimmer, settings: LogRetentionSettings,
-                 committed: Callable[[Iterable[str]], CommittedOffsets], *, clock: Callable[[], float] = time.time):
+                 committed: Callable[[Iterable[str]], CommittedOffsets], *, clock: Callable[[], float] = time.time,
+                 on_cut: Callable[[Cut], None] | None = None):
         self.readers = dict(readers)
+        self.on_cut = on_cut
+        """Told each :class:`Cut` (the trimming component sends it as a record), after the error line."""
         self.trimmer = trimmer
         self.settings = settings
         self.committed = committed
@@ -113,7 +143,7 @@ class LogRetention:
 
     @classmethod
     def for_run(cls, cfg: ClusterConfig, pools: Iterable[str], policies: Iterable[str], *,
-                archived: bool = True) -> LogRetention | None:
+                archived: bool = True, on_cut: Callable[[Cut], None] | None = None) -> LogRetention | None:
         """Retention of run ``cfg.run`` on its broker (``archived``: the run has an archiver, whose group
         must have read a record too), or None (said in the log) where it is off or the broker's log
         cannot be trimmed."""
@@ -127,28 +157,49 @@ class LogRetention:
         if trimmer is None:
             return None
         return cls(run_readers(cfg.run, pools, policies, archived=archived), trimmer, settings,
-                   lambda groups: groups_committed_offsets(cfg, groups))
+                   lambda groups: groups_committed_offsets(cfg, groups), on_cut=on_cut)
 
     def pass_once(self) -> dict[Partition, int]:
-        """One pass: read the readers' commits and trim each partition below them; returns the
-        records removed per partition."""
+        """One pass: read the readers' commits and trim each partition below them (or up to
+        ``max_held_records`` behind its end, said as a :class:`Cut`); returns the records removed per
+        partition."""
         t0 = time.monotonic()
         committed = self.committed({g for groups in self.readers.values() for g in groups})
         older_than = self.clock() - self.settings.keep_s
+        points = trim_points(self.readers, committed)
+        for topic, groups in self.readers.items():  # a reader that committed nothing holds the whole partition
+            for tp in {tp for g in groups for tp in committed.get(g, {}) if tp[0] == topic}:
+                points.setdefault(tp, 0)
         removed: dict[Partition, int] = {}
-        for tp, below in trim_points(self.readers, committed).items():
-            if below <= self.stats.below.get(tp, 0):
-                continue
-            result = self.trimmer.trim(tp, below, older_than)
+        for tp, below in sorted(points.items()):
+            before = self.stats.below.get(tp, 0)
+            result = self.trimmer.trim(tp, below, older_than, max_held=self.settings.max_held_records)
             self.stats.units += result.units
             if result.records:
                 removed[tp] = result.records
                 self.stats.records += result.records
             if result.log_start is not None:
                 self.stats.below[tp] = result.log_start
+                if result.cut_to is not None and result.log_start > below:
+                    self._say_cut(tp, committed, before, result.log_start, result.stored_end or 0)
         self.stats.passes += 1
         self.stats.last_pass_s = time.monotonic() - t0
         return removed
+
+    def _say_cut(self, tp: Partition, committed: CommittedOffsets, before: int, log_start: int, end: int) -> None:
+        """Say which readers lost which offsets when ``tp`` was trimmed to ``log_start`` below them."""
+        lost = {}
+        for group in self.readers.get(tp[0], []):
+            first = max(committed.get(group, {}).get(tp, 0), before)
+            if first < log_start:
+                lost[group] = (first, log_start - 1)
+        if not lost:
+            return  # lost on an earlier pass, said then
+        cut = Cut(tp, log_start, end, self.settings.max_held_records, lost)
+        self.stats.cut += max(b - a + 1 for a, b in lost.values())
+        log.error("log retention: %s", cut.describe())
+        if self.on_cut is not None:
+            self.on_cut(cut)
 
     def run(self, stop: threading.Event) -> None:
         """Pass every ``interval_s`` until ``stop``; a failed pass is logged and the next one tries again

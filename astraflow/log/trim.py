@@ -48,15 +48,21 @@ class TrimResult:
     """What the broker removed for them (Tansu: stored batches)."""
     log_start: int | None = None
     """The partition's first offset after the trim (None: not known)."""
+    cut_to: int | None = None
+    """Where ``max_held`` moved the trim point above the readers' (None: it did not)."""
+    stored_end: int | None = None
+    """The first offset of the partition's last stored batch: the log reaches at least this far."""
 
 
 class LogTrimmer(ABC):
     """Removes a partition's records below an offset, where the broker lets it."""
 
     @abstractmethod
-    def trim(self, partition: Partition, below: int, older_than: float) -> TrimResult:
+    def trim(self, partition: Partition, below: int, older_than: float, max_held: int | None = None) -> TrimResult:
         """Remove records of ``partition`` whose offsets are all below ``below`` and that were written
-        before ``older_than`` (Unix seconds); records it cannot remove exactly are kept."""
+        before ``older_than`` (Unix seconds); records it cannot remove exactly are kept. ``max_held``: where
+        ``below`` lies more than this many offsets behind the partition's last stored batch, trim up to that
+        far behind it instead (:attr:`TrimResult.cut_to`)."""
 
 
 _BATCH = re.compile(r"/records/(\d{20})\.batch$")
@@ -73,7 +79,7 @@ class TansuObjectTrimmer(LogTrimmer):
         topic, index = partition
         return f"clusters/{self.cluster_id}/topics/{topic}/partitions/{index:010d}/records/"
 
-    def trim(self, partition: Partition, below: int, older_than: float) -> TrimResult:
+    def trim(self, partition: Partition, below: int, older_than: float, max_held: int | None = None) -> TrimResult:
         batches = []  # (base offset, key, written at)
         for obj in self.store.list_objects(self.records_prefix(partition)):
             m = _BATCH.search(obj["Key"])
@@ -82,6 +88,12 @@ class TansuObjectTrimmer(LogTrimmer):
         if not batches:
             return TrimResult()
         batches.sort()
+        # The end is read from the stored batches, not the broker's high watermark (Tansu's is wrong on
+        # its s3 log, docs/architecture facts): the log reaches at least the last batch's first offset.
+        stored_end = batches[-1][0]
+        cut_to = None
+        if max_held is not None and stored_end - below > max_held:
+            below = cut_to = stored_end - max_held
         # Batch i holds offsets base[i] .. base[i+1]-1. It goes when the batch after it also lies below
         # the trim point: Tansu reads the batch before the one a fetch starts in, so that one stays.
         doomed = 0
@@ -90,7 +102,8 @@ class TansuObjectTrimmer(LogTrimmer):
             doomed += 1
         if doomed:
             self.store.delete_many(key for _, key, _ in batches[:doomed])
-        return TrimResult(records=batches[doomed][0] - batches[0][0], units=doomed, log_start=batches[doomed][0])
+        return TrimResult(records=batches[doomed][0] - batches[0][0], units=doomed, log_start=batches[doomed][0],
+                          cut_to=cut_to, stored_end=stored_end)
 
 
 def trimmer_for(cfg: ClusterConfig) -> LogTrimmer | None:

@@ -11,7 +11,8 @@ is parsed with ``parse_control(None, None, line)``. A record's JSON keys are the
 
 * ``<run>.metrics``: the trainer's ``start``, ``step``, ``skipped``, ``done`` and ``checkpoint-refused``
   (:mod:`~astraflow.records.control.trainer`); a node's status, the dataflow's counters and its
-  autoscaling report (:mod:`~astraflow.records.control.status`).
+  autoscaling report (:mod:`~astraflow.records.control.status`); log retention's records cut below a
+  reader that held the log too long (:mod:`~astraflow.records.control.retention`).
 * ``<run>.weights.<policy>``: the weight announcement (:mod:`~astraflow.records.control.weights`).
 * ``metrics.jsonl`` only: the launcher's supervisor and actuator events
   (:mod:`~astraflow.records.control.launcher`).
@@ -27,6 +28,7 @@ from pydantic import Discriminator, Tag, TypeAdapter, ValidationError
 from astraflow.log.codec import METRICS_SCHEMA, register_json_check
 from astraflow.records.control.base import ControlRecord, ControlRecordError
 from astraflow.records.control.launcher import LAUNCHER_RECORDS, ActuatorEvent, SupervisorEvent
+from astraflow.records.control.retention import RETENTION_RECORDS, LogRecordsDropped, LostRange
 from astraflow.records.control.status import (
     STATUS_RECORDS,
     AutoscaleReport,
@@ -47,12 +49,13 @@ from astraflow.records.control.weights import WeightAnnouncement
 
 CONTROL_RECORDS: dict[tuple[str, int], type[ControlRecord]] = {
     (m.SCHEMA_NAME, m.SCHEMA_VERSION): m
-    for m in (*TRAINER_RECORDS, *STATUS_RECORDS, *LAUNCHER_RECORDS, WeightAnnouncement)
+    for m in (*TRAINER_RECORDS, *STATUS_RECORDS, *LAUNCHER_RECORDS, *RETENTION_RECORDS, WeightAnnouncement)
 }
 """(schema name, version) -> the model of every control record."""
 
 METRICS_TOPIC_SCHEMAS: frozenset[tuple[str, int]] = frozenset(
-    {METRICS_SCHEMA, *((m.SCHEMA_NAME, m.SCHEMA_VERSION) for m in (*TRAINER_RECORDS, *STATUS_RECORDS))})
+    {METRICS_SCHEMA, *((m.SCHEMA_NAME, m.SCHEMA_VERSION)
+                     for m in (*TRAINER_RECORDS, *STATUS_RECORDS, *RETENTION_RECORDS))})
 """What a reader of ``<run>.metrics`` accepts (``LogConsumer(expected_schemas={topic: ...})``): the
 typed records, and untyped JSON (``json`` v1: a user's component's own figures, which steer nothing)."""
 
@@ -84,7 +87,8 @@ def is_control(schema_name: str | None, schema_version: int | None) -> bool:
     return (schema_name or "", schema_version or 0) in CONTROL_RECORDS
 
 
-_METRICS_JSON_MODELS: tuple[type[ControlRecord], ...] = (*TRAINER_RECORDS, *STATUS_RECORDS, *LAUNCHER_RECORDS)
+_METRICS_JSON_MODELS: tuple[type[ControlRecord], ...] = (*TRAINER_RECORDS, *STATUS_RECORDS, *LAUNCHER_RECORDS,
+                                                         *RETENTION_RECORDS)
 
 
 def _metrics_json_schema(obj: Any) -> str | None:
@@ -96,6 +100,8 @@ def _metrics_json_schema(obj: Any) -> str | None:
     model: type[ControlRecord] | None
     if kind in ("supervisor", "actuator"):
         model = SupervisorEvent if kind == "supervisor" else ActuatorEvent
+    elif kind == "log-retention":
+        model = LogRecordsDropped
     elif component == "raas":
         model = NodeStatus
     elif component == "dataflow":
@@ -144,7 +150,7 @@ for _name, _version in CONTROL_RECORDS:
 
 __all__ = [
     "CONTROL_RECORDS", "METRICS_TOPIC_SCHEMAS", "ActuatorEvent", "AutoscaleReport", "ControlRecord",
-    "ControlRecordError", "DataflowCounters", "NodeStatus", "PoolReport", "SupervisorEvent",
+    "ControlRecordError", "DataflowCounters", "LogRecordsDropped", "LostRange", "NodeStatus", "PoolReport", "SupervisorEvent",
     "TrainerCheckpointRefused", "TrainerDone",
     "TrainerRecord", "TrainerSkipped", "TrainerStart", "TrainerStep", "WeightAnnouncement", "is_control",
     "parse_control", "send_control",
