@@ -177,7 +177,8 @@ def test_a_reader_held_past_max_held_records_is_cut_and_the_loss_said(s3_log: Cl
     """A reader lagging more than ``max_held_records`` behind the partition's end no longer holds it: the
     trim goes on to that far behind the end, and the pass says (an error line, a :class:`Cut` that becomes
     a typed ``log-records-dropped`` record) exactly which offsets that reader lost, once each."""
-    from astraflow.log.lag import partition_offsets
+    from log_helpers import partition_offsets
+
     from astraflow.log.retention import Cut
     from astraflow.records.control import LogRecordsDropped, parse_control
 
@@ -412,7 +413,8 @@ def _stop_the_archiver_while_the_dataflow_trims(state_dir: Path, launcher: subpr
     the new life reads on from the archive group's committed offsets. At the end of the stop, every
     partition's log still starts at or below what the archiver has committed, though the other readers
     had released records beyond it."""
-    from astraflow.log.lag import partition_offsets
+    from log_helpers import partition_offsets
+
     from astraflow.process.sessions import child_processes
 
     [pid] = [pid for pid, argv in child_processes(launcher.pid).items() if "archive" in argv]

@@ -84,24 +84,6 @@ def groups_committed_offsets(cfg: ClusterConfig, groups: Iterable[str],
             for g, offsets in got.items()}
 
 
-
-def partition_offsets(cfg: ClusterConfig, partitions: Iterable[Partition], *, end: bool,
-                      timeout_s: float = 10.0) -> dict[Partition, int]:
-    """(topic, partition) -> the log's end (``end``: the offset the next record gets) or its start (the
-    first offset a fetch can still read: records below it were trimmed), in one ListOffsets round."""
-    from kafka import TopicPartition
-    from kafka.admin import OffsetSpec
-
-    wanted = {TopicPartition(t, p): OffsetSpec.LATEST if end else OffsetSpec.EARLIEST for t, p in partitions}
-    if not wanted:
-        return {}
-    admin = open_admin(cfg, timeout_s)
-    try:
-        got = admin.list_partition_offsets(wanted)
-    finally:
-        admin.close()
-    return {(tp.topic, tp.partition): answer.offset for tp, answer in got.items()}
-
 def compute_lag(
     produced_end: Mapping[Partition, int],
     committed: Mapping[Partition, int],
