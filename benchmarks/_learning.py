@@ -27,7 +27,7 @@ def recipe_variant(path: Path, *, run: str, seed: int | None = None, objective: 
     each policy's SFT seed; the dataset's seed is kept, so the held-out prompts are the same), each
     policy's ``backend.objective`` set to ``objective`` and its other backend options updated with
     ``backend``, and its ``dataflow`` section updated with ``dataflow``; then each ``overrides`` item (a
-    dotted path into the recipe, e.g. ``dataset.samples``, and its value as YAML text) set. The recipe
+    dotted path into the recipe, e.g. ``dataset.samples`` or ``policies.0.sft.steps``, and its value as YAML text) set. The recipe
     validates the result, so a misspelt path is refused."""
     from astraflow.recipe import Recipe
 
@@ -43,10 +43,10 @@ def recipe_variant(path: Path, *, run: str, seed: int | None = None, objective: 
         if objective is not None:
             policy["backend"]["objective"] = objective
     for dotted, text in (overrides or {}).items():
-        *parents, leaf = dotted.split(".")
+        *parents, leaf = (int(k) if k.isdigit() else k for k in dotted.split("."))
         node = data
-        for key in parents:
-            node = node.setdefault(key, {})
+        for key in parents:  # a number indexes a list: policies.0.sft.steps
+            node = node[key] if isinstance(node, list) else node.setdefault(key, {})
         node[leaf] = yaml.safe_load(text)
     recipe = Recipe.model_validate(data)
     recipe.source = path.resolve()
