@@ -37,6 +37,7 @@ import math
 import queue
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from typing import TYPE_CHECKING, Self
@@ -66,6 +67,9 @@ ANNOUNCED_MANIFEST_MAX_TENSORS = 2048
 counts each tensor N times: each part lists its rows), so that they stay small inline records; a
 larger model's subscribers read the manifest from the bucket."""
 STAGES_KEPT = 64
+MANIFESTS_KEPT = 256
+"""Newest published manifests kept in memory: a 10,000-step run kept every one (~10 KB each at the demo's
+model), and its trainer's RSS grew by ~95 MB (benchmarks/long_run.py, 27 Nov)."""
 """Versions whose stage timings a publisher keeps (:attr:`WeightPublisher.stage_s`)."""
 PART_WAIT_S = 600.0
 """How long the manifest's writer waits for the other parts of a version (a dead rank stops the group sooner)."""
@@ -108,7 +112,12 @@ class WeightPublisher:
         self.outage_deadline_s = outage_deadline_s
         self._s3 = OutageReport(f"weight publisher {policy}: S3 endpoint",
                                 str(getattr(self.store.objects, "endpoint", "?")), log)
-        self.published: list[Manifest] = []
+        self.published: deque[Manifest] = deque(maxlen=MANIFESTS_KEPT)
+        """The newest published manifests (:data:`MANIFESTS_KEPT`), oldest first; :meth:`published_after`
+        hands them to a reader that keeps up."""
+        self.published_total = 0
+        """Versions this publisher has published (announced) in all."""
+        self._published_lock = threading.Lock()
         self.stage_s: dict[int, dict[str, float]] = {}
         """Version -> seconds of its stages on the publisher's thread: ``encode`` (CRCs + delta),
         ``upload`` (this part's objects and record), ``parts_wait`` (the manifest's writer waiting for the
@@ -176,6 +185,12 @@ class WeightPublisher:
                 self._raise_if_failed()
         self._last_version = version
 
+    def published_after(self, seen: int) -> tuple[list[Manifest], int]:
+        """The manifests published after the first ``seen`` (those still kept), and how many there are in all."""
+        with self._published_lock:
+            fresh = min(self.published_total - seen, len(self.published))
+            return list(self.published)[len(self.published) - fresh:], self.published_total
+
     def assume_published(self, state_dict: dict[str, torch.Tensor], version: int, *, rows: Rows | None = None,
                          shapes: dict[str, list[int]] | None = None) -> None:
         """Take ``version``, already in the store with exactly these bits (e.g. the version a trainer
@@ -231,8 +246,10 @@ class WeightPublisher:
                 if version != self._base_version:
                     manifest, crcs = self._publish_one(version, state, prev, batch_id, rows, shapes)
                     if manifest is not None:
-                        self.published.append(manifest)
-                    if self.gc_every and len(self.published) % self.gc_every == 0:
+                        with self._published_lock:
+                            self.published.append(manifest)
+                            self.published_total += 1
+                    if self.gc_every and self.published_total % self.gc_every == 0:
                         self._start_gc()
                 prev = (version, state, crcs)
             except BaseException as exc:  # noqa: BLE001 - handed to the caller

@@ -691,10 +691,9 @@ class TrainerService:
 
     def _emit_published(self) -> None:
         """Step records whose version is now published, with the bytes it took."""
-        # The publisher's thread appends to ``published`` meanwhile: count what this call takes, not the
-        # list's length after it (a version appended between the two lost its step record for good).
-        fresh = self.publisher.published[self._seen_published:]
-        self._seen_published += len(fresh)
+        # The publisher's thread appends meanwhile: take the new manifests and their count in one call (a
+        # version appended between two reads would lose its step record for good).
+        fresh, self._seen_published = self.publisher.published_after(self._seen_published)
         for manifest in fresh:
             announced = self.publisher.announced_at.pop(manifest.version, None)
             pending = self._pending_records.pop(manifest.version, None)
