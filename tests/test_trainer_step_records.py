@@ -4,21 +4,36 @@ publisher's thread interleaves with the loop (no broker, no bucket: the trainer'
 from __future__ import annotations
 
 import threading
+from collections import deque
 from types import SimpleNamespace
 
 
-class _PublishedMeanwhile(list):
-    """The publisher's ``published`` list, whose thread appends the next version right after the
-    trainer has read it: the interleaving that lost step 19's record in a CI run."""
+class _PublisherMeanwhile:
+    """A publisher's bookkeeping of what it published (:meth:`WeightPublisher.published_after` itself),
+    whose thread publishes the next version right after the trainer has taken the new ones: the
+    interleaving that lost step 19's record in a CI run."""
 
     def __init__(self, late: list) -> None:
-        super().__init__()
-        self.late = late
+        from astraflow.delta.publisher import MANIFESTS_KEPT
 
-    def __getitem__(self, index):
-        taken = super().__getitem__(index)
-        if isinstance(index, slice) and self.late:
-            self.append(self.late.pop(0))
+        self.published: deque = deque(maxlen=MANIFESTS_KEPT)
+        self.published_total = 0
+        self._published_lock = threading.Lock()
+        self.late = late
+        self.announced_at: dict[int, float] = {}
+        self.gc_totals = {"versions": 0}
+
+    def publish(self, manifest) -> None:  # what the publisher's thread does, under the same lock
+        with self._published_lock:
+            self.published.append(manifest)
+            self.published_total += 1
+
+    def published_after(self, seen: int):
+        from astraflow.delta.publisher import WeightPublisher
+
+        taken = WeightPublisher.published_after(self, seen)
+        if self.late:
+            self.publish(self.late.pop(0))
         return taken
 
 
@@ -40,9 +55,8 @@ def test_a_version_published_while_the_trainer_reads_the_list_still_gets_its_ste
     from astraflow.trainer.parts import TrainerParts
     from astraflow.trainer.service import TrainerService
 
-    published = _PublishedMeanwhile(late=[_manifest(2), _manifest(3)])
-    published.append(_manifest(1))
-    publisher = SimpleNamespace(published=published, announced_at={}, gc_totals={"versions": 0})
+    publisher = _PublisherMeanwhile(late=[_manifest(2), _manifest(3)])
+    publisher.publish(_manifest(1))
     records = _Records()
     parts = TrainerParts(life="life", topic_ids={}, checkpoints=SimpleNamespace(pruned_steps=0),
                          checkpoint_writer=None, backend=None, publisher=publisher, records=records)
@@ -56,3 +70,20 @@ def test_a_version_published_while_the_trainer_reads_the_list_still_gets_its_ste
         svc._emit_published()
     assert [r["step"] for r in records.sent] == [1, 2, 3]
     assert svc._pending_records == {}
+
+
+def test_the_publisher_keeps_only_its_newest_manifests():
+    """A long run publishes a version a step and the publisher keeps only the newest MANIFESTS_KEPT (its
+    RSS grew ~10 MB per 1,000 steps when it kept all): a reader that keeps up still gets each one once."""
+    from astraflow.delta.publisher import MANIFESTS_KEPT
+
+    publisher = _PublisherMeanwhile(late=[])
+    seen, got = 0, []
+    for version in range(1, 3 * MANIFESTS_KEPT + 1):
+        publisher.publish(_manifest(version))
+        if version % 7 == 0:  # a reader taking them a few at a time
+            fresh, seen = publisher.published_after(seen)
+            got += [m.version for m in fresh]
+    fresh, seen = publisher.published_after(seen)
+    got += [m.version for m in fresh]
+    assert got == list(range(1, 3 * MANIFESTS_KEPT + 1)) and seen == 3 * MANIFESTS_KEPT
