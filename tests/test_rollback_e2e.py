@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -33,10 +32,10 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def _launch(tmp_path: Path, *args: str, archive: bool = False, keep: int = KEEP) -> LauncherProcess:
+def _launch(tmp_path: Path, *args: str) -> LauncherProcess:
     return LauncherProcess(tmp_path, "rollback", _env(tmp_path), STEPS, timeout_s=150,
-                           extra_args=("--log-storage", "s3", *([] if archive else ["--no-archive"]), *args),
-                           trainer={"keep_checkpoints": keep})
+                           extra_args=("--log-storage", "s3", "--no-archive", *args),
+                           trainer={"keep_checkpoints": KEEP})
 
 
 def test_a_finished_run_restarts_from_an_older_checkpoint_and_trains_its_batches_again(tmp_path: Path) -> None:
@@ -66,61 +65,3 @@ def test_a_finished_run_restarts_from_an_older_checkpoint_and_trains_its_batches
     # The log was trimmed while the first run ran, batches included: the rollback position kept these.
     assert retention["errors"] == 0 and retention["records"] > 0, retention
     print(f"log retention of the first run: {retention}")
-
-
-def _trim_the_batch_topic(state_dir: Path) -> dict[str, int]:
-    """Between two launches, on the run's stopped stack: every batch record of the run's batch topic leaves
-    the log but what Tansu keeps for its fetch (the last two stored batches), whatever the readers hold
-    (what an external broker's retention.ms, or a reader cut at max_held_records, does). Returns each
-    partition's new start."""
-    from astraflow.config import ClusterConfig
-    from astraflow.embedded import EmbeddedStack
-    from astraflow.log.trim import trimmer_for
-
-    stack, _ = EmbeddedStack.start_private(state_dir, storage="s3")
-    try:
-        cfg = ClusterConfig(run="rollback", state_dir=state_dir).resolve()
-        trimmer = trimmer_for(cfg)
-        topic = "rollback.batches.policy"
-        starts = {}
-        for partition in range(8):
-            if not list(trimmer.store.list(trimmer.records_prefix((topic, partition)))):
-                continue
-            result = trimmer.trim((topic, partition), 10**9, time.time() + 60)
-            starts[f"{topic}:{partition}"] = result.log_start
-        return starts
-    finally:
-        stack.down()
-
-
-def test_a_rollback_takes_the_batches_the_log_lost_from_the_archive(tmp_path: Path) -> None:
-    """The same rollback with an archiver, the batch topic trimmed between the two launches below the
-    trainer's rollback position: the trainer says which offsets the log lost, rebuilds those batch
-    records from the run's archive (composition and trajectories) and trains them, then the log's; the
-    rolled-back steps train the very batches of the first life, with the same trajectories and tokens."""
-    keep = STEPS - 2  # back to step 3: batch records 3..7, of which the trimmed log keeps only the last two
-    back_to = STEPS - keep + 1
-    first = _launch(tmp_path, archive=True, keep=keep)
-    assert first.wait(180) == 0, first.output[-3000:]
-    before = first.records()
-    trained = {r["step"]: r for r in before if r.get("component") == "trainer" and "batch_id" in r
-               and not r.get("event")}
-    assert sorted(trained) == list(range(1, STEPS + 1)), trained
-    starts = _trim_the_batch_topic(tmp_path / "state")
-    assert starts and all(start > back_to for start in starts.values()), starts
-
-    second = _launch(tmp_path, "--from-checkpoint", str(back_to), archive=True, keep=keep)
-    assert second.wait(180) == 0, second.output[-3000:]
-    after = second.records()[len(before):]
-    start = next(r for r in after if r.get("component") == "trainer" and r.get("event") == "start")
-    again = [r for r in after if r.get("life") == start["life"] and "batch_id" in r and not r.get("event")]
-    assert [r["step"] for r in again] == list(range(back_to + 1, STEPS + 1)), again
-    for r in again:  # the same batch, rebuilt from the archive or read from the log
-        old = trained[r["step"]]
-        assert (r["batch_id"], r["trajectories"], r["tokens"], r["reward_mean"]) == \
-            (old["batch_id"], old["trajectories"], old["tokens"], old["reward_mean"]), (r, old)
-    trainer_log = (second.run_dir / "logs" / "trainer-policy.log").read_text()
-    (partition, log_start), = starts.items()
-    assert (f"the log no longer has batch records {back_to}..{log_start - 1} of {partition}" in trainer_log
-            and f"{log_start - back_to} taken from the run's archive" in trainer_log), trainer_log[-3000:]
-    assert "NOT trained in this lineage" not in trainer_log

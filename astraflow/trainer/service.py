@@ -57,7 +57,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from astraflow.log.handoff import HandoffLatency
@@ -108,17 +107,6 @@ def _offset_key(topic: str, partition: int) -> str:
     return f"{topic}:{partition}"
 
 
-def _ranges(offsets: list[int]) -> str:
-    """Sorted offsets as ``a..b`` runs: ``5..7, 9``."""
-    runs: list[list[int]] = []
-    for o in offsets:
-        if runs and o == runs[-1][1] + 1:
-            runs[-1][1] = o
-        else:
-            runs.append([o, o])
-    return ", ".join(f"{a}..{b}" if a != b else str(a) for a, b in runs)
-
-
 class TrainerService:
     def __init__(self, cfg: ClusterConfig, recipe: Recipe, policy: str, parts: TrainerParts,
                  stop_event: threading.Event, *, poll_timeout_s: float = 0.5,
@@ -157,9 +145,6 @@ class TrainerService:
         self._seen_published = 0
         self._read_partitions: set[str] = set()
         """Batch partitions this life has read a record of (the first one is checked against the checkpoint)."""
-        self._from_archive: deque[Any] = deque()
-        """Batch records to train before polling again: those the log no longer had, rebuilt from the
-        archive, then the log's record that found the gap (:meth:`_check_nothing_trimmed`)."""
         self.topic_ids: dict[str, str | None] = parts.topic_ids
         """Ids of the topics this trainer reads, as of its start (saved with each checkpoint)."""
         self.warm_start: dict[str, Any] | None = None
@@ -519,8 +504,7 @@ class TrainerService:
             return (Command.CHECKPOINT if self._checkpoint_due() else Command.STOP), None, None
         if due:
             return Command.CHECKPOINT, None, None
-        msgs = ([self._from_archive.popleft()] if self._from_archive
-                else consumer.poll(timeout_s=self.poll_timeout_s, max_records=1))
+        msgs = consumer.poll(timeout_s=self.poll_timeout_s, max_records=1)
         self._emit_published()
         self.records.resend_refused()
         self._commit_saved(consumer)
@@ -534,10 +518,7 @@ class TrainerService:
         key = _offset_key(msg.topic, msg.partition)
         if key not in self._read_partitions:
             self._read_partitions.add(key)
-            archived = self._check_nothing_trimmed(msg.topic, msg.partition, msg.offset)
-            if archived:  # trained first, in log order, then this record
-                self._from_archive.extend([*archived, msg])
-                return None
+            self._check_nothing_trimmed(key, msg.offset)
         if msg.offset < self.offsets.get(key, -1):
             self.skipped["already_checkpointed"] += 1
             self._uncommitted.append(msg)
@@ -559,37 +540,16 @@ class TrainerService:
             return None
         return b
 
-    def _check_nothing_trimmed(self, topic: str, partition: int, first: int) -> list[Any]:
-        """This life's first batch record of a partition lies beyond where its checkpoint reads from: the
-        records between are gone from the log (trimmed by a retention that did not know the trainer's
-        rollback position: a reader held past ``max_held_records``, an external broker's ``retention.ms``).
-        Returns those the run's archive holds, rebuilt (:mod:`astraflow.archive.batches`), to be trained
-        first; says loudly which offsets neither has (not trained in this lineage)."""
-        key = _offset_key(topic, partition)
+    def _check_nothing_trimmed(self, key: str, first: int) -> None:
+        """Say loudly when this life's first batch record of a partition lies beyond where its checkpoint
+        reads from: the records between are gone from the log (trimmed by a retention that did not know the
+        trainer's rollback position, e.g. an external broker's ``retention.ms``), and the batches in them
+        are not trained in this lineage."""
         start = self.offsets.get(key)
-        if start is None or first <= start:
-            return []
-        from astraflow.archive.batches import archived_batch_records
-        from astraflow.objstore import ObjectStore
-
-        try:
-            archived = archived_batch_records(ObjectStore.from_config(self.cfg), self.cfg.run, self.policy, topic,
-                                              partition, start, first - 1)
-        except Exception as exc:  # noqa: BLE001 - the archive is a fall back: its failure is said, not fatal
-            log.error("trainer %s: could not read the archive for batch records %d..%d of %s (%s: %s)",
-                      self.policy, start, first - 1, key, type(exc).__name__, exc)
-            archived = []
-        have = {r.offset for r in archived}
-        missing = [o for o in range(start, first) if o not in have]
-        if archived:
-            log.warning("trainer %s: the log no longer has batch records %d..%d of %s that its checkpoint "
-                        "(step %d) reads from: %d taken from the run's archive (offsets %s)", self.policy, start,
-                        first - 1, key, self.step, len(archived), _ranges(sorted(have)))
-        if missing:
-            log.error("trainer %s: batch records %s of %s that its checkpoint (step %d) reads from are neither in "
-                      "the log nor in the run's archive: they are NOT trained in this lineage; training on from "
-                      "offset %d", self.policy, _ranges(missing), key, self.step, first)
-        return archived
+        if start is not None and first > start:
+            log.error("trainer %s: the log no longer has batch records %d..%d of %s that its checkpoint (step %d) "
+                      "reads from: they are NOT trained in this lineage; training on from offset %d", self.policy,
+                      start, first - 1, key, self.step, first)
 
     def _report_skipped(self, reason: str, batch_id: str) -> None:
         """The dataflow counts a batch it served as a version to come and its run's end as one batch
