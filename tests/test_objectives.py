@@ -229,6 +229,26 @@ def test_a_larger_kl_coefficient_keeps_the_policy_closer_to_its_reference(new_mo
     assert 0 < kl_after[3.0] < 0.5 * kl_after[1e-4], kl_after
 
 
+@pytest.mark.parametrize("step_without_signal", [False, True])
+def test_a_batch_without_signal_leaves_the_weights_alone(step_without_signal, new_model_factory, tiny_tokenizer):
+    """Every group's rewards equal: the gradient is 0, but Adam, once it has momentum, would still move
+    the weights; only with ``step_without_signal`` does it."""
+    backend = TorchBackend(new_model_factory(), TorchBackendConfig(lr=3e-3, step_without_signal=step_without_signal))
+    model = backend.model
+    backend.step(_trajectories(model, tiny_tokenizer, REWARDS, LENGTHS))  # a real update: Adam has momentum
+    flat = [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    before = {k: v.clone() for k, v in backend.state_dict().items()}
+    figures = backend.step(_trajectories(model, tiny_tokenizer, flat, LENGTHS))
+    moved = max(float((v - before[k]).abs().max()) for k, v in backend.state_dict().items())
+    assert figures["zero_adv_frac"] == 1.0 and figures["grad_norm"] == 0.0 and figures["loss"] == 0.0
+    if step_without_signal:
+        assert moved > 1e-4 and figures["updates_skipped"] == 0.0
+    else:
+        assert moved == 0.0 and figures["updates_skipped"] == 1.0
+        # a batch with signal steps again
+        assert backend.step(_trajectories(model, tiny_tokenizer, REWARDS, LENGTHS))["updates_skipped"] == 0.0
+
+
 @pytest.fixture
 def new_model_factory(tiny_checkpoint):
     from astraflow.models import load_model

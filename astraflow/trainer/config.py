@@ -71,6 +71,12 @@ class TorchBackendConfig(BaseBackendConfig):
     diagnostics (clip and importance-weight fractions, ``behav_kl``) then cover the trained
     trajectories alone (``entropy``, ``kl_ref`` too). An objective with terms that do not vanish with the
     advantage (an entropy bonus, a KL loss term) trains every row whatever this says."""
+    step_without_signal: bool = False
+    """Whether a minibatch in which every advantage is 0 (and whose objective has no term besides the
+    advantage's) still steps the optimizer. Off by default: its gradient is exactly 0, but Adam would
+    still move every weight along its momentum, step after step while the batches carry no signal. On
+    the math recipe that drift pushed a policy off a cliff: no response ended within
+    ``max_new_tokens``, the reward went to 0 for good (docs/results.md, "Learning across seeds")."""
     device: str = "cpu"
     """Torch device of the trained model."""
     objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig)

@@ -84,7 +84,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["CheckpointError", "publishable", "run_trainer"]
 
-BACKEND_FIGURES = ("zero_adv_frac", "trained_trajectories", "clip_frac", "behav_kl", "entropy", "kl_ref")
+BACKEND_FIGURES = ("zero_adv_frac", "trained_trajectories", "updates_skipped", "clip_frac", "behav_kl", "entropy", "kl_ref")
 """The backend's step figures a :class:`TrainerStep` carries when the backend reports them."""
 
 

@@ -85,13 +85,23 @@ class PolicyGradientStep(TrainerBackend):
         prepared = [self._prepare(trajectories, plan, c) for c in range(len(plan.chunks))]
         # The proximal policy of every minibatch is the weights before the first update.
         prox = self._proximal(prepared) if self.config.minibatches > 1 else [None] * len(prepared)
-        agg: dict[str, float] = {}
-        for m, before in zip(prepared, prox, strict=True):
-            for k, v in self._update(m, before).items():
-                agg[k] = agg.get(k, 0.0) + v / len(prepared)
+        sums: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        skipped = 0
+        for c, (m, before) in enumerate(zip(prepared, prox, strict=True)):
+            if not self._has_signal(plan, c):
+                skipped += 1  # the same decision on every rank: the plan is computed alike everywhere
+                figures = {"loss": 0.0, "grad_norm": 0.0}
+            else:
+                figures = self._update(m, before)
+            for k, v in figures.items():
+                sums[k] = sums.get(k, 0.0) + v
+                counts[k] = counts.get(k, 0) + 1
+        agg = {k: v / counts[k] for k, v in sums.items()}
         self.steps += 1
         n = len(trajectories)
         agg.update(plan.metrics)
+        agg["updates_skipped"] = float(skipped)
         agg.update(reward_mean=sum(plan.rewards) / n, trajectories=float(n),
                    trained_trajectories=float(sum(len(r) for r in plan.trained)),
                    zero_adv_frac=sum(1 for x in plan.advantages if x == 0.0) / n,
@@ -120,6 +130,14 @@ class PolicyGradientStep(TrainerBackend):
         adv = advantages(obj, shaped, [t.group_id for t in trajectories], tokens, cfg.adv_eps)
         return StepPlan(rewards=rewards, tokens=tokens, advantages=adv, chunks=chunks,
                         trained=[self._trained_rows(c, adv) for c in chunks], objective=obj, metrics=metrics)
+
+    def _has_signal(self, plan: StepPlan, c: int) -> bool:
+        """Whether minibatch ``c`` steps the optimizer: not when every advantage in it is 0 and the
+        objective has no other term (its gradient is 0; Adam would move the weights all the same),
+        unless ``step_without_signal``."""
+        if self.config.step_without_signal or not self.config.objective.terms_vanish_with_advantage:
+            return True
+        return any(plan.advantages[i] != 0.0 for i in plan.chunks[c])
 
     def _trained_rows(self, chunk: list[int], adv: list[float]) -> list[int]:
         """The rows of ``chunk`` to forward: all, or (``skip_zero_advantage``, with an objective whose

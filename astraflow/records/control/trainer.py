@@ -77,6 +77,9 @@ class TrainerStep(TrainerRecord):
     """GRPO's share of trajectories without a learning signal, when the backend reports it."""
     trained_trajectories: float | None = Field(default=None, exclude_if=absent)
     """Trajectories the backend trained on (fewer with ``skip_zero_advantage``), when it reports them."""
+    updates_skipped: float | None = Field(default=None, exclude_if=absent)
+    """Minibatches of the step that did not step the optimizer: every advantage in them was 0
+    (``backend.step_without_signal`` off), when the backend reports it."""
     response_len_mean: float | None = Field(default=None, exclude_if=absent)
     """Mean response length in tokens (``response_ids``: model tokens and, in multi-turn episodes,
     environment tokens) over the batch's trajectories."""
