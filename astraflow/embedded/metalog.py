@@ -59,9 +59,9 @@ def _mtime(entry: dict) -> datetime.datetime:
     return datetime.datetime.fromisoformat(entry["Mtime"])
 
 
-def log_files(filer_url: str, timeout_s: float = 60.0) -> list[str]:
-    """Every metadata log file's path, oldest day first."""
-    return [f["FullPath"] for day in _entries(filer_url, LOG_DIR, timeout_s)
+def log_files(filer_url: str, timeout_s: float = 60.0) -> list[tuple[str, datetime.datetime]]:
+    """Every metadata log file: its path and when it was last written, oldest day first."""
+    return [(f["FullPath"], _mtime(f)) for day in _entries(filer_url, LOG_DIR, timeout_s)
             for f in _entries(filer_url, day["FullPath"], timeout_s)]
 
 
@@ -71,14 +71,10 @@ def purge_metadata_log(filer_url: str, keep_s: float = KEEP_S, timeout_s: float 
     left empty; returns how many files went."""
     now = now or datetime.datetime.now(datetime.UTC)
     cutoff = now - datetime.timedelta(seconds=keep_s)
-    deleted = 0
+    old = [path for path, mtime in log_files(filer_url, timeout_s) if mtime < cutoff]
+    for path in old:
+        _delete(filer_url, path, timeout_s)
     for day in _entries(filer_url, LOG_DIR, timeout_s):
-        day_dir = day["FullPath"]
-        files = _entries(filer_url, day_dir, timeout_s)
-        old = [f for f in files if _mtime(f) < cutoff]
-        for f in old:
-            _delete(filer_url, f["FullPath"], timeout_s)
-        deleted += len(old)
-        if len(old) == len(files) and _mtime(day) < cutoff:  # a past day, emptied
-            _delete(filer_url, day_dir, timeout_s, recursive=True)
-    return deleted
+        if _mtime(day) < cutoff and not _entries(filer_url, day["FullPath"], timeout_s):  # a past day, emptied
+            _delete(filer_url, day["FullPath"], timeout_s, recursive=True)
+    return len(old)
