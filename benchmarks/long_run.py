@@ -537,7 +537,7 @@ def print_summary(res: dict[str, Any]) -> None:
             print(f"  RSS MB {name[7:]:10s} " + "".join(f"{_fmt(v, 2**10, 0):>6s}" for v in values)
                   + f"   spread {res['rss_spread'].get(name[7:])}", file=err)
     for name, agg in res["storage_per_tenth"].items():
-        scale = 2**20 if name.endswith("_bytes") else 2**10 if name.endswith("_kb") else 1
+        scale = 2**20 if name.endswith("_bytes") else 2**10 if "rss_kb" in name else 1
         unit = "MB" if scale != 1 else ""
         for stat in ("mean", "max"):
             print(f"  {stat} {name[:22]:22s}{unit:>3s} " + "".join(f"{_fmt(v, scale, 1):>8s}" for v in agg[stat]),

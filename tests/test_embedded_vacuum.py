@@ -1,6 +1,6 @@
 """The embedded S3 server gives deleted objects' disk back when asked (SeaweedFS keeps their bytes in
-its volume files until a vacuum compacts them; the dataflow and a trimming archiver ask every 20 s), and keeps its own
-metadata log to its last minutes."""
+its volume files until a vacuum compacts them; the dataflow and a trimming archiver ask every 20 s),
+and keeps its own metadata log to its last minutes."""
 
 from __future__ import annotations
 
