@@ -625,6 +625,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plot", help="write a PNG here")
     ap.add_argument("--keep", help="keep the runs (state dirs, runs dirs, logs) in this directory")
     args = ap.parse_args(argv)
+    head = commit()  # the code measured: HEAD when the runs start, not after hours of other commits
     storages = [s.strip() for s in args.storages.split(",") if s.strip()]
     if args.steps < TENTHS or args.samples_per_tenth < 1 or not storages:
         raise SystemExit(f"--steps must be at least {TENTHS}, --samples-per-tenth at least 1, --storages not empty")
@@ -653,7 +654,7 @@ def main(argv: list[str] | None = None) -> int:
            if Path(args.recipe).resolve().is_relative_to(ROOT) else args.recipe,
            "steps": args.steps, "samples_per_tenth": args.samples_per_tenth, "no_archive": args.no_archive, "storages": results,
            "max_ratio": args.max_ratio, "ratio": ratio, "target_met": ok,
-           "commit": commit(), "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+           "commit": head, "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
     print(json.dumps(out), flush=True)
     return 0 if ok else 1
 
