@@ -7,8 +7,9 @@ the math recipe left 2.5 GB on disk for ~35 MB of live objects (``benchmarks/lon
 November). Asked through the master's ``/vol/vacuum`` every 20 s, it compacts every volume whose
 deleted share is above the threshold, and the state dir stays within 20 s of churn of the live data
 (once a minute left a 16-144 MB sawtooth in a volume holding ~12 MB of live objects: the math recipe
-writes an 8 MB checkpoint every few seconds; a compaction copies only the live bytes). The component that trims the run's log (the dataflow; the archiver with ``--trim-log``) does the
-asking where the bucket is the embedded one, so a run without an archiver stays small on disk too.
+writes a ~4 MB checkpoint every ~3 s; a compaction copies only the live bytes). The component that
+trims the run's log (the dataflow; the archiver with ``--trim-log``) does the asking where the bucket
+is the embedded one, so a run without an archiver stays small on disk too.
 Before each vacuum it drops the filer's metadata log older than five minutes
 (:mod:`astraflow.embedded.metalog`), which SeaweedFS otherwise keeps forever.
 """
