@@ -134,6 +134,9 @@ class S3Settings(_Section):
     """The embedded SeaweedFS's master (``http://127.0.0.1:<port>``), filled in by
     :meth:`ClusterConfig.resolve` from the running stack (None: another S3 server). The archiver asks
     it to reclaim deleted objects' disk space (:mod:`astraflow.embedded.vacuum`)."""
+    embedded_filer: str | None = None
+    """The embedded SeaweedFS's filer (``http://127.0.0.1:<port>``), filled in like ``embedded_master``:
+    its metadata log is kept to its last minutes (:mod:`astraflow.embedded.metalog`)."""
 
 
 class RegionSettings(_Section):
@@ -290,6 +293,7 @@ class ClusterConfig(_Section):
                 "secret_key": self.s3.secret_key or stack["s3_secret_key"],
                 "bucket": stack.get("s3_bucket", self.s3.bucket),
                 "embedded_master": stack.get("s3_master"),
+                "embedded_filer": stack.get("s3_filer"),
             }
         return self.model_copy(update={"kafka": kafka, "s3": self.s3.model_copy(update=s3_update)})
 

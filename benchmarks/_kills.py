@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from astraflow.process import child_processes
@@ -34,6 +35,19 @@ SERVERS = ("tansu", "seaweedfs")
 SUPERVISOR_NAME = {"raas": "raas-default-0", "dataflow": "dataflow", "trainer": "trainer-policy",
                    "archive": "archive", "tansu": "tansu", "seaweedfs": "seaweedfs"}
 """The name the launcher's supervisor records give each kind (the math recipe: one node, policy ``policy``)."""
+
+
+def victim_pid(state_dir: Path, launcher_pid: int, kind: str) -> int | None:
+    """The process to signal for ``kind``: a server's from its pid file in the stack's ``state_dir``, a
+    component's the one child of the launcher whose command line names it (``None``: none running now,
+    or not exactly one, e.g. between a death and its restart)."""
+    if kind in SERVERS:
+        try:
+            return int(json.loads((state_dir / f"{kind}.pid").read_text())["pid"])
+        except (OSError, ValueError, KeyError):
+            return None
+    pids = [pid for pid, argv in child_processes(launcher_pid).items() if kind in argv]
+    return pids[0] if len(pids) == 1 else None
 
 
 @dataclass
@@ -103,15 +117,6 @@ class KillDriver:
         self._timers: list[threading.Timer] = []
         self._lock = threading.Lock()
 
-    def victim(self, kind: str) -> int | None:
-        if kind in SERVERS:
-            try:
-                return int(json.loads((self.state_dir / f"{kind}.pid").read_text())["pid"])
-            except (OSError, ValueError, KeyError):
-                return None
-        pids = [pid for pid, argv in child_processes(self.launcher_pid).items() if kind in argv]
-        return pids[0] if len(pids) == 1 else None
-
     def _settle(self, last: Kill, records: list[ControlRecord]) -> None:
         if last.resumed_at is None and last.signal == "kill":
             name = SUPERVISOR_NAME[last.kind]
@@ -136,7 +141,7 @@ class KillDriver:
         if not self.todo or step < self.todo[0].step:
             return
         kill = self.todo[0]
-        pid = self.victim(kill.kind)
+        pid = victim_pid(self.state_dir, self.launcher_pid, kill.kind)
         if pid is None:
             return  # between lives: the next poll
         self.todo.pop(0)

@@ -72,7 +72,10 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from astraflow.process import child_processes
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _kills import victim_pid
+
 from astraflow.records.control import (
     ControlRecord,
     ControlRecordError,
@@ -88,7 +91,6 @@ from astraflow.records.control import (
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "examples" / "recipes" / "math.yaml"
 COMPONENTS = ("raas", "dataflow", "trainer")
-SERVERS = ("tansu", "seaweedfs")
 DEFAULT_ORDER = ("raas", "dataflow", "trainer", "tansu", "seaweedfs")
 SUPERVISOR_NAME = {"raas": "raas-default-0", "dataflow": "dataflow", "trainer": "trainer-policy",
                    "tansu": "tansu", "seaweedfs": "seaweedfs"}
@@ -157,15 +159,6 @@ class Launcher:
             self._pos += end
         return self._records
 
-    def victim_pid(self, kind: str) -> int | None:
-        if kind in SERVERS:
-            try:
-                return int(json.loads((self.state_dir / f"{kind}.pid").read_text())["pid"])
-            except (OSError, ValueError, KeyError):
-                return None
-        pids = [pid for pid, argv in child_processes(self.proc.pid).items() if kind in argv]
-        return pids[0] if len(pids) == 1 else None
-
     def output_tail(self, n: int = 3000) -> str:
         return self.out_path.read_text(errors="replace")[-n:]
 
@@ -201,7 +194,7 @@ def drive(launcher: Launcher, schedule: list[tuple[int, str]], deadline: float) 
             prev_ok = not kills or any(_restart_of(r, kills[-1]["component"], last_kill) for r in recs)
             reached = any(isinstance(r, TrainerStep) and r.step >= trigger and r.time > last_kill for r in recs)
             if prev_ok and reached:
-                pid = launcher.victim_pid(kind)
+                pid = victim_pid(launcher.state_dir, launcher.proc.pid, kind)
                 if pid is not None:
                     break
             time.sleep(0.2)

@@ -1,7 +1,7 @@
 """Long run: does a run stay as fast, and its storage as small, at step 5,000 as at step 500?
 
     .venv/bin/python benchmarks/long_run.py                                  # 5,000 steps, s3 then memory
-    .venv/bin/python benchmarks/long_run.py --steps 120 --samples 4          # a smoke (figures mean little)
+    .venv/bin/python benchmarks/long_run.py --steps 120 --samples-per-tenth 1  # a smoke (figures mean little)
     .venv/bin/python benchmarks/long_run.py --storages s3 --plot long.png --keep /tmp/long
     .venv/bin/python benchmarks/long_run.py --steps 300 --storages s3 --chaos 12 --hold-s 5   # a chaos smoke
     # the issue-38 soaks (hours each on 2 cores; never on a shared machine):
@@ -33,7 +33,7 @@ Definitions (``S`` = the last trainer step recorded; every process is on this ma
   the records whose ``time`` falls in a tenth (tenth k ends at the time of its last step record;
   records before step 1 count in the first tenth, records after step S in none); ``ratio``
   last / first.
-* storage samples, ``--samples`` of them (default 10: one at the end of each tenth of ``--steps``;
+* storage samples, ``--samples-per-tenth`` in each tenth of ``--steps`` (default 5, evenly spaced;
   the last a few steps (1 %, at least 2) before the end so the stack still runs), each: the broker's
   bucket (``tansu``: objects and bytes, per topic from keys
   ``clusters/<cluster>/topics/<topic>/partitions/<p>/records/<offset>.batch``; keys outside
@@ -43,15 +43,21 @@ Definitions (``S`` = the last trainer step recorded; every process is on this ma
   of the state dir (allocated blocks, as ``du``), also per part (SeaweedFS's volume files per
   bucket: a deleted object's bytes stay there until SeaweedFS vacuums the volume); VmRSS of Tansu and
   SeaweedFS (their pid files in the state dir). ``growth`` of a series = last sample / first sample
-  (the first ends the first 1/``--samples`` of the run: warm-up done); ``sample_s`` is what the
+  (the first is early in the first tenth); ``sample_s`` is what the
   listing took.
 
 * each component's RSS at each sample (``rss_kb.<kind>``: the launcher's children by sub-command, Tansu
   and SeaweedFS by pid file; a restarted component is its new life), and ``rss_spread`` = (max - min) /
-  min over the samples (the target: flat within 0.15). ``bucket_objects`` / ``bucket_bytes``: the data
-  bucket's run prefix in all; ``storage_band_after_second_tenth``: the largest deviation of the broker's
-  and the bucket's objects and bytes from their mean over the samples after the second, as a fraction
-  of that mean (the target: 0.10). ``ratio_last_to_second``: s/step of the last tenth / the second's.
+  min over all the samples (the target: flat within 0.15), ``rss_spread_of_tenth_means`` the same over
+  the per-tenth means. ``bucket_objects`` / ``bucket_bytes``: the data bucket's run prefix in all.
+* ``storage_per_tenth``: per storage figure (and RSS), the ``mean`` and the ``max`` of the samples in
+  each tenth: a deletion sawtooth (log segments trimmed, weight versions collected) moves one sample
+  by its phase, the mean of several much less. ``storage_band_after_second_tenth``: the largest
+  deviation of the broker's and the bucket's objects and bytes per-tenth means, tenths 3-10, from their
+  mean, as a fraction of that mean (the target: 0.10); ``storage_band_after_second_tenth_of_maxima``
+  the same of the per-tenth maxima (the peaks). ``seaweedfs_spread_of_tenth_means``: the spread of
+  SeaweedFS's RSS and of the state dir's bytes over the per-tenth means.
+  ``ratio_last_to_second``: s/step of the last tenth / the second's.
 * kills (``--kills`` or ``--chaos N``; benchmarks/_kills.py): SIGKILL or SIGSTOP/SIGCONT of every
   component kind (raas, dataflow, trainer, archive, tansu, seaweedfs) at trainer steps, one at a time
   (the next waits for recovery from the last); per kill when it was resumed and recovered, and
@@ -242,9 +248,11 @@ class StorageProbe:
         return out
 
 
-def sample_steps(steps: int, samples: int) -> list[int]:
-    """The trainer steps after which to sample: the end of each 1/samples of the run, the last one a
-    few steps early (the launcher stops the stack as soon as the last step is recorded)."""
+def sample_steps(steps: int, per_tenth: int) -> list[int]:
+    """The trainer steps after which to sample: ``per_tenth`` evenly spaced in each tenth of the run,
+    each ending its 1/``per_tenth`` of it, the last one a few steps early (the launcher stops the stack
+    as soon as the last step is recorded)."""
+    samples = per_tenth * TENTHS
     at = [max(1, round((i + 1) * steps / samples)) for i in range(samples)]
     at[-1] = max(1, steps - max(2, steps // 100))
     return sorted(set(at))
@@ -344,12 +352,35 @@ def series(samples: list[dict]) -> dict[str, list]:
 
 
 def band(values: list[float | None], skip: int) -> float | None:
-    """Largest deviation from the mean of the samples after the first ``skip``, as a fraction of the mean."""
+    """Largest deviation from their mean of the values after the first ``skip`` (per-tenth means or
+    maxima: after the second tenth), as a fraction of that mean."""
     vals = [v for v in values[skip:] if v is not None]
     if len(vals) < 2 or not statistics.fmean(vals):
         return None
     mean = statistics.fmean(vals)
     return round(max(abs(v - mean) for v in vals) / mean, 3)
+
+
+TENTH_FIGURES = ("broker_objects", "broker_bytes", "bucket_objects", "bucket_bytes", "weights_objects",
+                 "state_dir_bytes", "tansu_rss_kb", "seaweedfs_rss_kb")
+"""The storage series aggregated per tenth (beside every ``rss_kb.<kind>``)."""
+BAND_FIGURES = ("broker_objects", "broker_bytes", "bucket_objects", "bucket_bytes")
+
+
+def per_tenth_storage(ser: dict[str, list], steps: int) -> dict[str, dict[str, list]]:
+    """Per storage figure, the ``mean`` and the ``max`` of the samples taken in each tenth of ``steps``
+    (a sample belongs to the tenth its step falls in; ``None`` where a tenth has no value)."""
+    bounds = tenth_bounds(steps)
+    tenth_of = [next((k for k, (lo, hi) in enumerate(bounds) if lo < step <= hi), None) for step in ser["step"]]
+    out: dict[str, dict[str, list]] = {}
+    for name in (*TENTH_FIGURES, *sorted(k for k in ser if k.startswith("rss_kb."))):
+        groups: list[list[float]] = [[] for _ in bounds]
+        for k, value in zip(tenth_of, ser.get(name, []), strict=True):
+            if k is not None and value is not None:
+                groups[k].append(value)
+        out[name] = {"mean": [round(statistics.fmean(g), 1) if g else None for g in groups],
+                     "max": [max(g) if g else None for g in groups]}
+    return out
 
 
 def rss_spread(values: list[float | None]) -> float | None:
@@ -389,7 +420,7 @@ def measure(storage: str, args: argparse.Namespace, work: Path) -> dict[str, Any
                         *(["--max-restarts", str(args.max_restarts)] if schedule else []))
     probe = StorageProbe(launcher.state_dir, run_id, launcher.proc.pid)
     driver = _kills.KillDriver(launcher.proc.pid, launcher.state_dir, schedule)
-    todo = sample_steps(args.steps, args.samples)
+    todo = sample_steps(args.steps, args.samples_per_tenth)
     samples: list[dict] = []
     last_report = step = seen = 0
     try:
@@ -430,7 +461,7 @@ def measure(storage: str, args: argparse.Namespace, work: Path) -> dict[str, Any
     lives = chaos.batch_lives(records)
     lineage_ids = lives.pop("lineage_ids")
     acct = chaos.accounting(records, 0, done, lineage_ids)
-    skip = 2 if len(samples) >= 4 else 0  # "after the second tenth" with one sample per tenth
+    tenth_storage = per_tenth_storage(ser, args.steps)
     result = {
         "log_storage": storage, "run_id": run_id, "finished": finished, "returncode": rc, "steps_done": done,
         "wall_s": round(wall, 1),
@@ -441,9 +472,14 @@ def measure(storage: str, args: argparse.Namespace, work: Path) -> dict[str, Any
         "samples": ser, "growth": growth,
         "final": samples[-1] if samples else None,
         "s_per_step_excluding_outages": excl, "s_per_step_excluding_outages_all": excl_all,
-        "storage_band_after_second_tenth": {k: band(ser[k], skip) for k in ("broker_objects", "broker_bytes",
-                                                                           "bucket_objects", "bucket_bytes")},
+        "storage_per_tenth": tenth_storage,
+        "storage_band_after_second_tenth": {k: band(tenth_storage[k]["mean"], 2) for k in BAND_FIGURES},
+        "storage_band_after_second_tenth_of_maxima": {k: band(tenth_storage[k]["max"], 2) for k in BAND_FIGURES},
         "rss_spread": {k.removeprefix("rss_kb."): rss_spread(v) for k, v in ser.items() if k.startswith("rss_kb.")},
+        "rss_spread_of_tenth_means": {k.removeprefix("rss_kb."): rss_spread(v["mean"])
+                                      for k, v in tenth_storage.items() if k.startswith("rss_kb.")},
+        "seaweedfs_spread_of_tenth_means": {k: rss_spread(tenth_storage[k]["mean"])
+                                            for k in ("seaweedfs_rss_kb", "state_dir_bytes")},
         "kills": [k.as_dict() for k in driver.done], "kills_scheduled": len(schedule),
         "restarts": dict(Counter(r.component for r in records
                                  if isinstance(r, SupervisorEvent) and r.event == "restart")),
@@ -500,7 +536,16 @@ def print_summary(res: dict[str, Any]) -> None:
         if name.startswith("rss_kb."):
             print(f"  RSS MB {name[7:]:10s} " + "".join(f"{_fmt(v, 2**10, 0):>6s}" for v in values)
                   + f"   spread {res['rss_spread'].get(name[7:])}", file=err)
-    print(f"  bucket / log bytes band after the second tenth: {res['storage_band_after_second_tenth']}", file=err)
+    for name, agg in res["storage_per_tenth"].items():
+        scale = 2**20 if name.endswith("_bytes") else 2**10 if "rss_kb" in name else 1
+        unit = "MB" if scale != 1 else ""
+        for stat in ("mean", "max"):
+            print(f"  {stat} {name[:22]:22s}{unit:>3s} " + "".join(f"{_fmt(v, scale, 1):>8s}" for v in agg[stat]),
+                  file=err)
+    print(f"  storage band after the second tenth, of the per-tenth means: {res['storage_band_after_second_tenth']}"
+          f"; of the per-tenth maxima: {res['storage_band_after_second_tenth_of_maxima']}", file=err)
+    print(f"  RSS spread of the per-tenth means: {res['rss_spread_of_tenth_means']}; SeaweedFS RSS / state dir: "
+          f"{res['seaweedfs_spread_of_tenth_means']}", file=err)
     if res["kills"]:
         print(f"  {len(res['kills'])}/{res['kills_scheduled']} kills; restarts {res['restarts']}; s/step excluding "
               f"outages {res['s_per_step_excluding_outages_all']} (per tenth {res['s_per_step_excluding_outages']})",
@@ -558,7 +603,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--storages", default="s3,memory",
                     help="log storages to run, in order (default s3,memory; the first one's ratio is checked)")
     ap.add_argument("--recipe", default=str(RECIPE), help="recipe YAML (default examples/recipes/math.yaml)")
-    ap.add_argument("--samples", type=int, default=10, help="storage samples per run (default 10: one per tenth)")
+    ap.add_argument("--samples-per-tenth", type=int, default=5,
+                    help="storage samples in each tenth of the run (default 5; a bucket listing, a du, /proc)")
     ap.add_argument("--timeout", type=float, default=6 * 3600.0, help="the launcher's --timeout per run, seconds")
     ap.add_argument("--max-ratio", type=float, default=1.15,
                     help="exit 1 when the first storage's last/first-tenth s/step (excluding outage windows in a "
@@ -579,9 +625,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plot", help="write a PNG here")
     ap.add_argument("--keep", help="keep the runs (state dirs, runs dirs, logs) in this directory")
     args = ap.parse_args(argv)
+    head = commit()  # the code measured: HEAD when the runs start, not after hours of other commits
     storages = [s.strip() for s in args.storages.split(",") if s.strip()]
-    if args.steps < TENTHS or args.samples < 1 or not storages:
-        raise SystemExit(f"--steps must be at least {TENTHS}, --samples at least 1, --storages not empty")
+    if args.steps < TENTHS or args.samples_per_tenth < 1 or not storages:
+        raise SystemExit(f"--steps must be at least {TENTHS}, --samples-per-tenth at least 1, --storages not empty")
 
     tmp = None
     if args.keep:
@@ -605,9 +652,9 @@ def main(argv: list[str] | None = None) -> int:
         plot(results, args.plot)
     out = {"benchmark": "long_run", "recipe": str(Path(args.recipe).resolve().relative_to(ROOT))
            if Path(args.recipe).resolve().is_relative_to(ROOT) else args.recipe,
-           "steps": args.steps, "samples": args.samples, "no_archive": args.no_archive, "storages": results,
+           "steps": args.steps, "samples_per_tenth": args.samples_per_tenth, "no_archive": args.no_archive, "storages": results,
            "max_ratio": args.max_ratio, "ratio": ratio, "target_met": ok,
-           "commit": commit(), "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+           "commit": head, "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
     print(json.dumps(out), flush=True)
     return 0 if ok else 1
 

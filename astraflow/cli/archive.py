@@ -79,7 +79,7 @@ def _archive(args: argparse.Namespace, cfg, run: str, recipe, policies: list[str
         retention.start()
     # The embedded S3 server frees a deleted object's disk only when asked to compact its volumes: the
     # component that trims the log asks (the dataflow, or this archiver with --trim-log).
-    vacuum = VolumeVacuum(cfg.s3.embedded_master).start() if cfg.s3.embedded_master and args.trim_log else None
+    vacuum = VolumeVacuum(cfg.s3.embedded_master, filer_url=cfg.s3.embedded_filer).start() if cfg.s3.embedded_master and args.trim_log else None
     try:
         stats = archiver.run(stop, idle_exit_s=args.idle_exit)
     finally:

@@ -141,7 +141,7 @@ def cmd_dataflow(args: argparse.Namespace) -> int:
                               train_steps=recipe.trainer.steps, archived=args.archived)
     # The run's storage upkeep goes with the log's trimming: the embedded S3 server frees a deleted
     # object's disk (trimmed log batches, collected weights, old checkpoints) only when asked to compact.
-    vacuum = VolumeVacuum(cfg.s3.embedded_master).start() if cfg.s3.embedded_master else None
+    vacuum = VolumeVacuum(cfg.s3.embedded_master, filer_url=cfg.s3.embedded_filer).start() if cfg.s3.embedded_master else None
     try:
         counters = service.run(stop, stop_when_finished=args.until_finished)
     finally:

@@ -201,6 +201,7 @@ class EmbeddedStack:
             "kafka_bootstrap": self.kafka_bootstrap,
             "s3_endpoint": self.s3_endpoint,
             "s3_master": f"http://{LOOPBACK}:{self.ports.master}",
+            "s3_filer": f"http://{LOOPBACK}:{self.ports.filer}",
             "s3_bucket": DATA_BUCKET,
             "log_storage": self.storage,
             "ports": self.ports.by_service(),
