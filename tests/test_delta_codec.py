@@ -177,6 +177,29 @@ def test_torch_path_matches_numpy_path(monkeypatch):
     assert_same_bits(apply_inplace(base, delta), want)
 
 
+@FAST
+@given(state_change(), st.sampled_from([2, 64, 1000]))
+def test_host_diff_in_chunks_matches_device_path(pair, chunk_bytes):
+    """The host diff reads each tensor in chunks (XOR, positions, values, CRCs of a chunk at once): any chunk
+    size, a change turning dense mid-tensor, and CRCs given or not give the device path's bytes and CRCs."""
+    old, new = pair
+    want = encode(old, new, base_version=0, target_version=1)  # default chunks (tensors this small: one)
+    saved_host, saved_chunk = codec._on_host, codec.HOST_CHUNK_BYTES
+    try:
+        codec._on_host = lambda t: False
+        device = encode(old, new, base_version=0, target_version=1)
+        codec._on_host, codec.HOST_CHUNK_BYTES = saved_host, chunk_bytes
+        crcs: dict[str, int] = {}
+        chunked = encode(old, new, base_version=0, target_version=1, crcs_out=crcs)
+        given_crcs = encode(old, new, base_version=0, target_version=1, threads=1,
+                            crcs_old={k: tensor_checksum(v) for k, v in old.items()},
+                            crcs_new={k: tensor_checksum(v) for k, v in new.items()})
+    finally:
+        codec._on_host, codec.HOST_CHUNK_BYTES = saved_host, saved_chunk
+    assert chunked == want == device == given_crcs
+    assert crcs == {k: tensor_checksum(v) for k, v in new.items()}
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.integers(0, 3 * device_crc.BLOCK + 7), st.sampled_from(DTYPES), st.integers(0, 2**32 - 1))
 def test_device_crc_equals_crc32c(n, dtype, seed):

@@ -400,3 +400,44 @@ def test_a_long_load_keeps_its_record_fresh_so_the_gc_keeps_what_it_reads(publis
     assert_bits_equal(state, truth[20])
     after = {r.id: r for r in store.subscribers()}["loader"]
     assert (after.version, after.loading) == (20, None)
+
+
+def test_snapshot_buffers_are_reused_only_once_no_encode_reads_them(test_cluster, monkeypatch):
+    """The publisher copies each version into the buffers of a retired snapshot: while versions queue up
+    behind a slow upload, every encode still reads its own base's and target's bits, the buffers are
+    reused (fewer distinct buffers than versions), and every version is published bit-exact."""
+    from astraflow.delta import publisher as publisher_module
+
+    truth, seen, handed = {}, [], []
+    real_encode = publisher_module.encode
+
+    def checked_encode(old, new, **kw):
+        time.sleep(0.05)  # a slow encode: the caller snapshots the next versions meanwhile
+        assert_bits_equal(old, truth[kw["base_version"]])
+        assert_bits_equal(new, truth[kw["target_version"]])
+        seen.append(kw["target_version"])
+        handed.append(new["embed.weight"])  # held: a tensor object seen twice is a reused buffer
+        return real_encode(old, new, **kw)
+
+    monkeypatch.setattr(publisher_module, "encode", checked_encode)
+    store = WeightStore.from_config(test_cluster, POLICY)
+    gate = threading.Event()
+    real_publish = store.publish
+    store.publish = lambda m: (gate.wait(30), real_publish(m))[1]
+    model, rng, last = make_model(), np.random.default_rng(2), 12
+    with WeightPublisher(test_cluster, POLICY, store=store, max_lag_versions=2, announce=False) as pub:
+        for v in range(last + 1):
+            if v:
+                optimizer_like_step(model, rng)
+            truth[v] = snapshot(model.state_dict())
+            pub.publish(model.state_dict(), v)
+            if v == 2:
+                gate.set()  # v0 held at its upload, v1 and v2 queued; the rest flow
+        pub.flush()
+    assert seen == list(range(1, last + 1))
+    distinct = len({id(t) for t in handed})
+    assert distinct <= last // 2  # reused (a base, one being encoded, queued ones), not one per version
+    with WeightSubscriber(test_cluster, POLICY, "reuse") as sub:
+        for v in (5, last):
+            state, _, _ = sub.pull(v)
+            assert_bits_equal(state, truth[v])

@@ -33,6 +33,7 @@ from collections import deque
 from collections.abc import Mapping, MutableMapping
 from concurrent.futures import Future, ThreadPoolExecutor
 
+import crc32c
 import numpy as np
 import torch
 
@@ -78,13 +79,16 @@ def encode(
     crcs_old: Mapping[str, int] | None = None,
     crcs_new: Mapping[str, int] | None = None,
     threads: int = ENCODE_THREADS,
+    crcs_out: MutableMapping[str, int] | None = None,
 ) -> bytes:
     """The delta that turns ``old`` (version ``base_version``) into ``new`` bit for bit.
 
     ``crcs_old`` / ``crcs_new``: the tensors' CRC-32C where the caller already has them (a publisher
     knows its previous version's and has just computed this one's for the manifest), so they are not
     computed again. ``threads``: tensors diffed and compressed side by side (numpy, torch, crc32c and
-    zstd release the GIL), at most ``2 * threads`` in flight, so memory stays a few tensors' worth."""
+    zstd release the GIL), at most ``2 * threads`` in flight, so memory stays a few tensors' worth.
+    ``crcs_out``: filled with every tensor of ``new``'s CRC-32C (given or computed: on the host in the same
+    pass as the diff), so a caller needing them for its manifest need not read the state again."""
     local = threading.local()
 
     def one(name: str, t_new: torch.Tensor) -> tuple[TensorEntry, bytes]:
@@ -98,6 +102,8 @@ def encode(
             crc_old = crcs_old[name] if crcs_old is not None else None
             crc_new = crcs_new[name] if crcs_new is not None else None
             entry, planes = _encode_change(name, t_old, t_new, dense_fraction, crc_old, crc_new)
+        if crcs_out is not None:
+            crcs_out[name] = entry.crc_target
         if not hasattr(local, "zstd"):
             local.zstd = PlaneCompressor(level)
         frames = [local.zstd.compress(p) for p in planes]
@@ -164,10 +170,13 @@ def _encode_change(
     entry = TensorEntry(name, "same", dt, shape, dt, shape)
     if t_old.device != t_new.device:
         t_old = t_old.to(t_new.device)
+    if _on_host(t_new):  # the CRCs come out of the same pass over the bits as the diff
+        entry.op, entry.nnz, entry.gap_width, planes, entry.crc_base, entry.crc_target = _diff_host(
+            t_old, t_new, dense_fraction, crc_old, crc_new)
+        return entry, planes
     entry.crc_base = tensor_checksum(t_old) if crc_old is None else crc_old
     entry.crc_target = tensor_checksum(t_new) if crc_new is None else crc_new
-    diff = _diff_host if _on_host(t_new) else _diff_device
-    entry.op, entry.nnz, entry.gap_width, planes = diff(t_old, t_new, dense_fraction)
+    entry.op, entry.nnz, entry.gap_width, planes = _diff_device(t_old, t_new, dense_fraction)
     return entry, planes
 
 
@@ -176,21 +185,47 @@ def _on_host(t: torch.Tensor) -> bool:
     return t.device.type == "cpu"
 
 
-def _diff_host(t_old, t_new, dense_fraction):
-    """(op, changed entries, gap width, byte planes) of the XOR of two CPU tensors' bits."""
+HOST_CHUNK_BYTES = 1 << 20
+"""Bytes of each tensor the host diff reads at a time: both tensors' chunk, their XOR and its mask (3.5 MiB)
+stay in cache, so the 3 GB of a 1.5B model are read from memory once, not once per pass (1 MiB measured
+faster than 256 KiB and 4 MiB here, 28 Nov 2026; fewer chunks also hold the GIL less often)."""
+
+
+def _diff_host(t_old, t_new, dense_fraction, crc_old, crc_new):
+    """(op, changed entries, gap width, byte planes, CRC-32C of old, of new) of two CPU tensors' bits, in one
+    pass over both, chunk by chunk (:data:`HOST_CHUNK_BYTES`): XOR, positions of the non-zero words, their
+    values and the CRCs (those not given) of each chunk while it is in cache."""
     a, b = host_bits(t_old), host_bits(t_new)
-    mask = np.not_equal(a, b)
-    nnz = int(np.count_nonzero(mask))
+    n = a.size
+    step = max(1, HOST_CHUNK_BYTES // a.itemsize)
+    x_buf, m_buf = np.empty(min(n, step), a.dtype), np.empty(min(n, step), np.bool_)
+    idx_parts, val_parts = [], []
+    nnz, dense_at = 0, dense_fraction * n
+    c_old, c_new = (0 if crc_old is None else crc_old), (0 if crc_new is None else crc_new)
+    for lo in range(0, n, step):
+        hi = min(n, lo + step)
+        a_c, b_c = a[lo:hi], b[lo:hi]
+        if crc_old is None:
+            c_old = crc32c.crc32c(a_c, c_old)
+        if crc_new is None:
+            c_new = crc32c.crc32c(b_c, c_new)
+        x = np.bitwise_xor(a_c, b_c, out=x_buf[: hi - lo])
+        i = np.flatnonzero(np.not_equal(x, 0, out=m_buf[: hi - lo]))
+        nnz += i.size
+        if nnz > dense_at:  # dense: no positions to keep (counting stops; the CRCs go on)
+            idx_parts = val_parts = None
+            continue
+        if idx_parts is not None and i.size:
+            val_parts.append(x[i])
+            i += lo
+            idx_parts.append(i)
     if nnz == 0:
-        return "same", 0, 0, []
-    if nnz > dense_fraction * a.size:
-        return "dense", nnz, 0, split_planes(np.bitwise_xor(a, b))
-    idx = np.flatnonzero(mask)
-    del mask
-    vals = a[idx]
-    vals ^= b[idx]
+        return "same", 0, 0, [], c_old, c_new
+    if idx_parts is None:
+        return "dense", nnz, 0, split_planes(np.bitwise_xor(a, b)), c_old, c_new
+    idx, vals = np.concatenate(idx_parts), np.concatenate(val_parts)
     gaps = gap_code(idx)
-    return "sparse", nnz, gaps.dtype.itemsize, split_planes(gaps) + split_planes(vals)
+    return "sparse", nnz, gaps.dtype.itemsize, split_planes(gaps) + split_planes(vals), c_old, c_new
 
 
 def _diff_device(t_old, t_new, dense_fraction):

@@ -23,6 +23,7 @@ engine cannot generate meanwhile. :class:`WeightPatch` splits the same work in t
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ import torch
 from astraflow.delta.bits import bits, itemsize, storage_key, tensor_checksum
 from astraflow.delta.codec import decode_change, scatter_xor, validate_delta
 from astraflow.delta.errors import DeltaError
-from astraflow.delta.format import read_header
+from astraflow.delta.format import TensorEntry, read_header
 from astraflow.delta.parts import Rows, row_views, to_whole
 from astraflow.delta.streams import PlaneDecompressor
 
@@ -102,8 +103,9 @@ def prepare_patch(live: StateDict, deltas: list[tuple[int, list[tuple[Rows | Non
     Raises :class:`~astraflow.delta.errors.DeltaError` for a delta that is corrupt, does not follow
     on, or adds / removes / reshapes a tensor (those need a full load)."""
     patch = WeightPatch(base_version=base_version, version=base_version)
-    dec = PlaneDecompressor()
-    changes: dict[str, list[tuple[np.ndarray | None, np.ndarray]]] = {}
+    # Every delta is checked (header, payload CRCs, base) before any entry is decoded; then the entries
+    # are decompressed and decoded tensor by tensor, in parallel (zstd and numpy release the GIL).
+    entries: dict[str, list[tuple[TensorEntry, memoryview, tuple[int, int] | None]]] = {}
     for version, parts, crcs in deltas:
         for rows, blob in parts:
             views = row_views(live, rows)
@@ -114,14 +116,24 @@ def prepare_patch(live: StateDict, deltas: list[tuple[int, list[tuple[Rows | Non
                 if entry.op in ("full", "removed"):
                     raise DeltaError(f"v{version} {entry.op} tensor {entry.name!r}: a full load is needed")
                 if entry.op != "same":
-                    t = live[entry.name]
-                    idx, vals = decode_change(entry, payload, dec, itemsize(t.dtype))
-                    span = None if rows is None else rows[entry.name]
-                    changes.setdefault(entry.name, []).append((to_whole(idx, t, span), vals))
+                    entries.setdefault(entry.name, []).append(
+                        (entry, payload, None if rows is None else rows[entry.name]))
         patch.crc_target = dict(crcs)
         patch.version = version
-    # Folding reads the engine's current bits at the changed positions: tensor by tensor, in parallel.
-    patch.changes = _run(lambda item: _fold(item[0], live[item[0]], item[1]), list(changes.items()), None)
+    local = threading.local()
+
+    def decode_and_fold(name: str) -> TensorChange:
+        # Folding reads the engine's current bits at the changed positions.
+        if not hasattr(local, "dec"):
+            local.dec = PlaneDecompressor()
+        t = live[name]
+        parts = []
+        for entry, payload, span in entries[name]:
+            idx, vals = decode_change(entry, payload, local.dec, itemsize(t.dtype))
+            parts.append((to_whole(idx, t, span), vals))
+        return _fold(name, t, parts)
+
+    patch.changes = _run(decode_and_fold, list(entries), None)
     return patch
 
 
