@@ -41,6 +41,10 @@ if TYPE_CHECKING:
 SUBSCRIBERS_DIR = "subscribers/"
 NEAR_VERSIONS = 8
 """How far ahead a plan reads manifests one by one instead of listing the bucket."""
+MANIFESTS_CACHED = 256
+"""Newest manifests a store keeps in memory (older ones are read from the bucket again when asked for):
+a publisher's store cached every version it wrote (~10 KB each at the demo's model), and a trainer's RSS
+grew ~10 MB per 1,000 steps (benchmarks/long_run.py, 28 Nov)."""
 
 
 class WeightStore:
@@ -87,7 +91,7 @@ class WeightStore:
             raise VersionExistsError(
                 f"{self.policy} v{manifest.version} is already published with other contents ({key})"
             ) from None
-        self._manifests[manifest.version] = manifest
+        self._cache(manifest)
         return digest
 
     # -- reading ---------------------------------------------------------------------------------
@@ -125,13 +129,16 @@ class WeightStore:
         return versions[-1] if versions else None
 
     def manifest(self, version: int) -> Manifest:
-        if version not in self._manifests:
-            try:
-                raw = self.objects.get_json(self.layout.manifest_key(self.policy, version))
-            except ObjectNotFoundError:
-                raise VersionNotFoundError(f"{self.policy} v{version} is not published") from None
-            self._manifests[version] = Manifest.model_validate(raw)
-        return self._manifests[version]
+        cached = self._manifests.get(version)
+        if cached is not None:
+            return cached
+        try:
+            raw = self.objects.get_json(self.layout.manifest_key(self.policy, version))
+        except ObjectNotFoundError:
+            raise VersionNotFoundError(f"{self.policy} v{version} is not published") from None
+        manifest = Manifest.model_validate(raw)
+        self._cache(manifest)  # forgotten at once when older than every cached one: still returned
+        return manifest
 
     def remember(self, manifest: Manifest) -> None:
         """Cache ``manifest``, received with its version's announcement, as if read from the bucket:
@@ -139,7 +146,14 @@ class WeightStore:
         The objects it names are still checked when read (sha256, then CRC-32C per tensor)."""
         if manifest.policy != self.policy:
             raise ValueError(f"a manifest of {manifest.policy!r} given to the weight store of {self.policy!r}")
-        self._manifests.setdefault(manifest.version, manifest)
+        if manifest.version not in self._manifests:
+            self._cache(manifest)
+
+    def _cache(self, manifest: Manifest) -> None:
+        """Keep ``manifest``, forgetting the oldest beyond :data:`MANIFESTS_CACHED`."""
+        self._manifests[manifest.version] = manifest
+        while len(self._manifests) > MANIFESTS_CACHED:
+            del self._manifests[min(self._manifests)]
 
     def manifests(self) -> dict[int, Manifest]:
         return {v: self.manifest(v) for v in self.versions()}
