@@ -67,11 +67,11 @@ ANNOUNCED_MANIFEST_MAX_TENSORS = 2048
 counts each tensor N times: each part lists its rows), so that they stay small inline records; a
 larger model's subscribers read the manifest from the bucket."""
 STAGES_KEPT = 64
+"""Versions whose stage timings a publisher keeps (:attr:`WeightPublisher.stage_s`)."""
 MANIFESTS_KEPT = 256
 """Newest published manifests kept in memory: a 10,000-step run kept every one (~10 KB each at the demo's
 model), and its trainer's RSS grew by ~95 MB (benchmarks/long_run.py, 27 Nov); the publisher's store
 cached the same manifests, bounded since by :data:`astraflow.delta.store.MANIFESTS_CACHED`."""
-"""Versions whose stage timings a publisher keeps (:attr:`WeightPublisher.stage_s`)."""
 PART_WAIT_S = 600.0
 """How long the manifest's writer waits for the other parts of a version (a dead rank stops the group sooner)."""
 GC_CLOSE_WAIT_S = 60.0
