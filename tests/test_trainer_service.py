@@ -382,3 +382,18 @@ def test_a_kl_objective_takes_version_0_from_the_store_as_its_reference(test_clu
     with pytest.raises(RuntimeError, match=r"version 0 .*trainer.weights_gc_every: 0"):
         _run_trainer_in_process(other, make_recipe(other.run, policies=[{"name": "policy", "model": TINY_MODEL,
                                                                          "backend": kl}]), stop_first=True)
+
+
+def test_the_trained_batch_ids_in_memory_stay_within_the_checkpoints_window():
+    """A long run's duplicate check keeps what a checkpoint keeps, not every id since the start."""
+    from types import SimpleNamespace
+
+    from astraflow.trainer.service import TrainerService
+
+    svc = SimpleNamespace(checkpoints=SimpleNamespace(keep_batch_ids=3), batch_ids=[], _trained=set())
+    for i in range(20):
+        svc.batch_ids.append(f"b{i}")
+        svc._trained.add(f"b{i}")
+        TrainerService._forget_old_batch_ids(svc)
+        assert len(svc.batch_ids) <= 6 and svc._trained == set(svc.batch_ids)
+        assert svc.batch_ids[-3:] == [f"b{j}" for j in range(max(0, i - 2), i + 1)]

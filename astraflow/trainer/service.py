@@ -576,6 +576,7 @@ class TrainerService:
         self.version += 1
         self.batch_ids.append(b.batch_id)
         self._trained.add(b.batch_id)
+        self._forget_old_batch_ids()
         t1 = time.perf_counter()
         # every rank's own rows when each publishes its part; otherwise the whole weights (on a rank
         # group: gathered on rank 0, {} elsewhere)
@@ -620,6 +621,15 @@ class TrainerService:
         record.update(response_len_mean=sum(lengths) / len(lengths), response_len_max=max(lengths),
                       truncated_frac=sum(t.rewards.get(TRUNCATED, 0.0) > 0 for t in trajs) / len(trajs))
         return record
+
+    def _forget_old_batch_ids(self) -> None:
+        """Keep the trained batch ids a checkpoint keeps (its ``keep_batch_ids`` newest), so that memory
+        stays flat over a long run: a duplicate older than that window would pass after a restart too.
+        Trimmed in halves, so that the cost is amortised."""
+        keep = self.checkpoints.keep_batch_ids
+        if len(self.batch_ids) > 2 * keep:
+            self._trained.difference_update(self.batch_ids[:-keep])
+            del self.batch_ids[:-keep]
 
     def _served_state(self) -> dict[str, Any]:
         return self.backend.published_weights(self._publish_dtype, on_device=self._encode_on_device)
