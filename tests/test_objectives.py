@@ -235,12 +235,15 @@ def test_a_batch_without_signal_leaves_the_weights_alone(step_without_signal, ne
     the weights; only with ``step_without_signal`` does it."""
     backend = TorchBackend(new_model_factory(), TorchBackendConfig(lr=3e-3, step_without_signal=step_without_signal))
     model = backend.model
+    first = backend.step(_trajectories(model, tiny_tokenizer, [1.0] * 8, LENGTHS))
+    assert first["updates_skipped"] == 0.0  # no signal, but an optimizer without state steps: its state exists
     backend.step(_trajectories(model, tiny_tokenizer, REWARDS, LENGTHS))  # a real update: Adam has momentum
     flat = [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
     before = {k: v.clone() for k, v in backend.state_dict().items()}
     figures = backend.step(_trajectories(model, tiny_tokenizer, flat, LENGTHS))
     moved = max(float((v - before[k]).abs().max()) for k, v in backend.state_dict().items())
     assert figures["zero_adv_frac"] == 1.0 and figures["grad_norm"] == 0.0 and figures["loss"] == 0.0
+    assert {"entropy", "clip_frac", "behav_kl"} <= set(figures)  # the diagnostics come all the same
     if step_without_signal:
         assert moved > 1e-4 and figures["updates_skipped"] == 0.0
     else:

@@ -89,11 +89,10 @@ class PolicyGradientStep(TrainerBackend):
         counts: dict[str, int] = {}
         skipped = 0
         for c, (m, before) in enumerate(zip(prepared, prox, strict=True)):
-            if not self._has_signal(plan, c):
-                skipped += 1  # the same decision on every rank: the plan is computed alike everywhere
-                figures = {"loss": 0.0, "grad_norm": 0.0}
-            else:
-                figures = self._update(m, before)
+            # the same decision on every rank: the plan is computed alike everywhere
+            step_optimizer = self._has_signal(plan, c)
+            skipped += not step_optimizer
+            figures = self._update(m, before, step_optimizer=step_optimizer)
             for k, v in figures.items():
                 sums[k] = sums.get(k, 0.0) + v
                 counts[k] = counts.get(k, 0) + 1
@@ -137,7 +136,9 @@ class PolicyGradientStep(TrainerBackend):
         unless ``step_without_signal``."""
         if self.config.step_without_signal or not self.config.objective.terms_vanish_with_advantage:
             return True
-        return any(plan.advantages[i] != 0.0 for i in plan.chunks[c])
+        # An optimizer that never stepped has no state for a checkpoint to hold; with no momentum yet, a
+        # zero gradient moves nothing, so its first step is taken whatever the signal.
+        return not self._optimizer_has_state() or any(plan.advantages[i] != 0.0 for i in plan.chunks[c])
 
     def _trained_rows(self, chunk: list[int], adv: list[float]) -> list[int]:
         """The rows of ``chunk`` to forward: all, or (``skip_zero_advantage``, with an objective whose
@@ -194,8 +195,14 @@ class PolicyGradientStep(TrainerBackend):
         """Every minibatch's log-probs under the weights before the first update (no gradient)."""
 
     @abstractmethod
-    def _update(self, prepared: Any, proximal: Any) -> dict[str, float]:
-        """One optimizer step on one minibatch; its metrics reduced over the ranks (``grad_norm`` too)."""
+    def _update(self, prepared: Any, proximal: Any, *, step_optimizer: bool = True) -> dict[str, float]:
+        """One optimizer step on one minibatch (its forward and backward only, without
+        ``step_optimizer``: the diagnostics still come); its metrics reduced over the ranks
+        (``grad_norm`` too)."""
+
+    @abstractmethod
+    def _optimizer_has_state(self) -> bool:
+        """Whether the optimizer has stepped (or loaded a state) and so holds its moments."""
 
     @abstractmethod
     def _reference_logprobs(self, trajectories: Sequence[Trajectory]) -> torch.Tensor:

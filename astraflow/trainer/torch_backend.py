@@ -156,7 +156,7 @@ class TorchBackend(PolicyGradientStep):
         with torch.no_grad():
             return [self.token_logprobs(*self._tensors(m.trajectories)[:3]) for m in prepared]
 
-    def _update(self, m: _Rows, proximal: torch.Tensor | None) -> dict[str, float]:
+    def _update(self, m: _Rows, proximal: torch.Tensor | None, *, step_optimizer: bool = True) -> dict[str, float]:
         import torch
 
         cfg, obj = self.config, self.config.objective
@@ -177,11 +177,15 @@ class TorchBackend(PolicyGradientStep):
         # FSDP averages the ranks' gradients; each rank's loss is its share of the batch's sum
         (loss * self.dp_size if self.dp_size > 1 else loss).backward()
         gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
-        self.optimizer.step()
+        if step_optimizer:
+            self.optimizer.step()
         self.model.eval()
         metrics = self._reduced(metrics, float(mask.sum()))
         metrics["grad_norm"] = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
         return metrics
+
+    def _optimizer_has_state(self) -> bool:
+        return bool(self.optimizer.state)
 
     def _reference_logprobs(self, trajectories: Sequence[Trajectory]) -> torch.Tensor:
         import torch

@@ -148,17 +148,21 @@ class MegatronBackend(PolicyGradientStep):
     def _proximal(self, prepared: list[MicroBatch]) -> list[dict[str, Any] | None]:
         return [self._forward_only(m) for m in prepared]
 
-    def _update(self, micro: MicroBatch, before: dict[str, Any] | None) -> dict[str, float]:
+    def _update(self, micro: MicroBatch, before: dict[str, Any] | None, *,
+                step_optimizer: bool = True) -> dict[str, float]:
         obj = self.config.objective
         ref = self._reference_forward(micro) if obj.kl is not None and obj.kl.mode == "loss" else None
         self.model.train()
         self.training.zero_grad()
         kept = self.training.forward_backward(micro, self._loss_fn(micro, before, ref), forward_only=False)
-        grad_norm = self.training.step()
+        grad_norm = self.training.step() if step_optimizer else 0.0
         self.model.eval()
         m = self._reduce(kept, micro)
         m["grad_norm"] = grad_norm
         return m
+
+    def _optimizer_has_state(self) -> bool:
+        return bool(getattr(self.training.optimizer, "state", None))
 
     def _loss_fn(self, micro: MicroBatch, before: dict[str, Any] | None, ref: torch.Tensor | None):
         dp = self.ranks.dp
