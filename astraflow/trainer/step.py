@@ -85,18 +85,14 @@ class PolicyGradientStep(TrainerBackend):
         prepared = [self._prepare(trajectories, plan, c) for c in range(len(plan.chunks))]
         # The proximal policy of every minibatch is the weights before the first update.
         prox = self._proximal(prepared) if self.config.minibatches > 1 else [None] * len(prepared)
-        sums: dict[str, float] = {}
-        counts: dict[str, int] = {}
+        agg: dict[str, float] = {}
         skipped = 0
         for c, (m, before) in enumerate(zip(prepared, prox, strict=True)):
             # the same decision on every rank: the plan is computed alike everywhere
             step_optimizer = self._has_signal(plan, c)
             skipped += not step_optimizer
-            figures = self._update(m, before, step_optimizer=step_optimizer)
-            for k, v in figures.items():
-                sums[k] = sums.get(k, 0.0) + v
-                counts[k] = counts.get(k, 0) + 1
-        agg = {k: v / counts[k] for k, v in sums.items()}
+            for k, v in self._update(m, before, step_optimizer=step_optimizer).items():
+                agg[k] = agg.get(k, 0.0) + v / len(prepared)
         self.steps += 1
         n = len(trajectories)
         agg.update(plan.metrics)
