@@ -210,12 +210,15 @@ def _diff_host(t_old, t_new, dense_fraction, crc_old, crc_new):
         if crc_new is None:
             c_new = crc32c.crc32c(b_c, c_new)
         x = np.bitwise_xor(a_c, b_c, out=x_buf[: hi - lo])
+        if idx_parts is None:  # dense already: only the count (and the CRCs above) goes on, no positions
+            nnz += int(np.count_nonzero(x))
+            continue
         i = np.flatnonzero(np.not_equal(x, 0, out=m_buf[: hi - lo]))
         nnz += i.size
-        if nnz > dense_at:  # dense: no positions to keep (counting stops; the CRCs go on)
+        if nnz > dense_at:  # dense from here: the positions kept so far go
             idx_parts = val_parts = None
             continue
-        if idx_parts is not None and i.size:
+        if i.size:
             val_parts.append(x[i])
             i += lo
             idx_parts.append(i)
