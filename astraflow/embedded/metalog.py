@@ -71,10 +71,12 @@ def purge_metadata_log(filer_url: str, keep_s: float = KEEP_S, timeout_s: float 
     left empty; returns how many files went."""
     now = now or datetime.datetime.now(datetime.UTC)
     cutoff = now - datetime.timedelta(seconds=keep_s)
-    old = [path for path, mtime in log_files(filer_url, timeout_s) if mtime < cutoff]
+    files = log_files(filer_url, timeout_s)
+    old = [path for path, mtime in files if mtime < cutoff]
     for path in old:
         _delete(filer_url, path, timeout_s)
-    for day in _entries(filer_url, LOG_DIR, timeout_s):
-        if _mtime(day) < cutoff and not _entries(filer_url, day["FullPath"], timeout_s):  # a past day, emptied
+    kept_days = {path.rsplit("/", 1)[0] for path, mtime in files if mtime >= cutoff}
+    for day in _entries(filer_url, LOG_DIR, timeout_s):  # each day listed once, in log_files
+        if _mtime(day) < cutoff and day["FullPath"] not in kept_days:  # a past day, emptied
             _delete(filer_url, day["FullPath"], timeout_s, recursive=True)
     return len(old)
