@@ -74,6 +74,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _kills import SUPERVISOR_NAME as KILLABLE_NAMES
 from _kills import victim_pid
 
 from astraflow.records.control import (
@@ -92,10 +93,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "examples" / "recipes" / "math.yaml"
 COMPONENTS = ("raas", "dataflow", "trainer")
 DEFAULT_ORDER = ("raas", "dataflow", "trainer", "tansu", "seaweedfs")
-SUPERVISOR_NAME = {"raas": "raas-default-0", "dataflow": "dataflow", "trainer": "trainer-policy",
-                   "tansu": "tansu", "seaweedfs": "seaweedfs"}
-
-
+SUPERVISOR_NAME = {kind: KILLABLE_NAMES[kind] for kind in DEFAULT_ORDER}
+"""The kinds this benchmark kills (not the archiver) and their supervisor names."""
 
 
 def sigkill(pid: int) -> None:
