@@ -33,6 +33,9 @@ Definitions (``S`` = the last trainer step recorded; every process is on this ma
   the records whose ``time`` falls in a tenth (tenth k ends at the time of its last step record;
   records before step 1 count in the first tenth, records after step S in none); ``ratio``
   last / first.
+* ``cpu_s_per_step``: per role (each component by its sub-command, ``tansu``, ``seaweedfs``, ``other``)
+  and tenth, the CPU seconds (user + system, from ``/proc`` every 2 s) its processes used between the
+  tenth's first and last step records, per step: which process's work grows when ``s_per_step`` does.
 * storage samples, ``--samples-per-tenth`` in each tenth of ``--steps`` (default 5, evenly spaced;
   the last a few steps (1 %, at least 2) before the end so the stack still runs), each: the broker's
   bucket (``tansu``: objects and bytes, per topic from keys
@@ -97,6 +100,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _kills
 import chaos
+from _cpu import ProcessCpu
 
 from astraflow.process import child_processes
 from astraflow.records.control import (
@@ -304,6 +308,28 @@ def per_tenth(steps: dict[int, TrainerStep]) -> dict[str, Any]:
     return {**rows, "ratio": _ratio(rows["s_per_step"]), "ratio_last_to_second": _ratio(rows["s_per_step"][1:])}
 
 
+CPU_SAMPLE_S = 2.0
+"""How often the benchmark reads every process's CPU time from /proc (one scan of /proc each)."""
+
+
+def cpu_per_tenth(cpu: ProcessCpu, steps: dict[int, TrainerStep]) -> dict[str, list[float | None]]:
+    """CPU seconds per trainer step of each role (component, Tansu, SeaweedFS) per tenth: where the
+    machine's time goes when ``s_per_step`` grows. A tenth runs from the previous tenth's last step
+    record to its own (the first from step 1's)."""
+    if not steps or not cpu.available:
+        return {}
+    bounds = tenth_bounds(max(steps))
+    out: dict[str, list[float | None]] = defaultdict(lambda: [None] * len(bounds))
+    for k, (lo, hi) in enumerate(bounds):
+        a = _at_or_below(steps, lo) if lo > 0 else _at_or_below(steps, min(steps))
+        b = _at_or_below(steps, hi)
+        if not a or not b or b[0] <= a[0]:
+            continue
+        for role, seconds in cpu.between(a[1], b[1]).items():
+            out[role][k] = round(seconds / (b[0] - a[0]), 4)
+    return dict(sorted(out.items()))
+
+
 def handoffs(records: list[ControlRecord], ends: list[float | None], run_id: str) -> dict[str, dict]:
     """p50 of each consumer's hand-off samples per tenth (by record time), and last / first."""
     if not ends or ends[-1] is None:
@@ -423,31 +449,32 @@ def measure(storage: str, args: argparse.Namespace, work: Path) -> dict[str, Any
     todo = sample_steps(args.steps, args.samples_per_tenth)
     samples: list[dict] = []
     last_report = step = seen = 0
-    try:
-        while launcher.proc.poll() is None and time.monotonic() - t0 < args.timeout + 60:
-            recs = launcher.records()
-            step = max([step] + [r.step for r in recs[seen:] if isinstance(r, TrainerStep)])
-            seen = len(recs)
-            driver.poll(step, recs)
-            if todo and step >= todo[0]:
-                s = probe.sample(step)
-                if s is not None:
-                    samples.append(s)
-                    while todo and todo[0] <= step:
-                        todo.pop(0)
-            if step >= last_report + max(1, args.steps // 20):
-                last_report = step
-                print(f"  {storage}: step {step}/{args.steps} at {time.monotonic() - t0:.0f} s", file=sys.stderr,
-                      flush=True)
-            time.sleep(0.5)
-        driver.finish(launcher.records())
+    with ProcessCpu(every_s=CPU_SAMPLE_S) as cpu:  # read once the run is over, beside its step records
         try:
-            rc = launcher.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            rc = None
-    finally:
-        driver.finish(launcher.records())
-        launcher.stop()
+            while launcher.proc.poll() is None and time.monotonic() - t0 < args.timeout + 60:
+                recs = launcher.records()
+                step = max([step] + [r.step for r in recs[seen:] if isinstance(r, TrainerStep)])
+                seen = len(recs)
+                driver.poll(step, recs)
+                if todo and step >= todo[0]:
+                    s = probe.sample(step)
+                    if s is not None:
+                        samples.append(s)
+                        while todo and todo[0] <= step:
+                            todo.pop(0)
+                if step >= last_report + max(1, args.steps // 20):
+                    last_report = step
+                    print(f"  {storage}: step {step}/{args.steps} at {time.monotonic() - t0:.0f} s", file=sys.stderr,
+                          flush=True)
+                time.sleep(0.5)
+            driver.finish(launcher.records())
+            try:
+                rc = launcher.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                rc = None
+        finally:
+            driver.finish(launcher.records())
+            launcher.stop()
     wall = time.monotonic() - t0
     records = launcher.records()
     steps = step_times(records)
@@ -469,6 +496,7 @@ def measure(storage: str, args: argparse.Namespace, work: Path) -> dict[str, Any
         "ratio_last_to_second": tenths["ratio_last_to_second"],
         "step_s": tenths["step_s"], "wait_s": tenths["wait_s"], "publish_s": tenths["publish_s"],
         "handoff": handoffs(records, tenths["ends"], run_id),
+        "cpu_s_per_step": cpu_per_tenth(cpu, steps),
         "samples": ser, "growth": growth,
         "final": samples[-1] if samples else None,
         "s_per_step_excluding_outages": excl, "s_per_step_excluding_outages_all": excl_all,
@@ -517,6 +545,9 @@ def print_summary(res: dict[str, Any]) -> None:
         vals = res[field]
         print(f"  {field:14s} " + "".join(f"{_fmt(v, digits=3):>8s}" for v in vals)
               + (f"   {_ratio(vals)}" if vals else ""), file=err)
+    for role, vals in res["cpu_s_per_step"].items():
+        print(f"  cpu s/step {role[:10]:10s}" + "".join(f"{_fmt(v, digits=3):>8s}" for v in vals)
+              + f"   {_ratio(vals)}", file=err)
     for name, h in res["handoff"].items():
         print(f"  p50 ms {name[:30]:30s} " + "".join(f"{_fmt(v, digits=0):>6s}" for v in h["p50_ms"])
               + f"   {h['ratio']}", file=err)

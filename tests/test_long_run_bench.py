@@ -58,3 +58,28 @@ def test_victim_pid_finds_servers_by_pid_file_and_components_among_the_launchers
         for proc in (raas, *trainers):
             proc.kill()
             proc.wait()
+
+
+def test_cpu_seconds_per_step_are_read_per_tenth_from_the_processes_it_ran() -> None:
+    """A child that spins for ~1.2 s while 10 'steps' pass: its role's CPU per step is its spin's share,
+    tenth by tenth (a real /proc reading, not a table)."""
+    import time
+    from types import SimpleNamespace
+
+    long_run = _bench("long_run")
+    spin = [sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 1.2: pass"]
+    with long_run.ProcessCpu(every_s=0.05) as cpu:
+        child = subprocess.Popen(spin)
+        steps = {}
+        for step in range(1, 11):
+            time.sleep(0.1)
+            steps[step] = SimpleNamespace(time=time.time())
+        child.wait()
+    if not cpu.available:
+        return  # no /proc (not Linux): the benchmark reports no CPU figures either
+    per_tenth = long_run.cpu_per_tenth(cpu, steps)
+    spinner = per_tenth["other"]  # a plain Python child: not a component nor a server
+    measured = [x for x in spinner if x is not None]
+    assert len(measured) >= 5  # tenths with two CPU samples inside them
+    # the spinner ran flat out on its own core: ~0.1 CPU-s per 0.1-s step (a loaded machine gives less)
+    assert all(0.02 <= x <= 0.2 for x in measured), spinner
