@@ -93,6 +93,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -290,15 +291,24 @@ def _ratio(series: list[float | None]) -> float | None:
     return round(vals[-1] / vals[0], 3) if len(vals) >= 2 and vals[0] else None
 
 
+Span = tuple[int, float] | None
+"""A step record's (step, time), or None."""
+
+
+def tenth_spans(steps: dict[int, TrainerStep]) -> Iterator[tuple[int, int, Span, Span]]:
+    """Per tenth: its (lo, hi] steps and the (step, time) of the step records it runs between, the
+    previous tenth's last and its own (the first tenth from step 1's record; None where not recorded)."""
+    for lo, hi in tenth_bounds(max(steps)):
+        a = _at_or_below(steps, lo) if lo > 0 else _at_or_below(steps, min(steps))
+        yield lo, hi, a, _at_or_below(steps, hi)
+
+
 def per_tenth(steps: dict[int, TrainerStep]) -> dict[str, Any]:
     """s/step, step_s, wait_s and publish_s per tenth, and the tenths' end times."""
     if not steps:
         return {"s_per_step": [], "ratio": None, "ends": []}
-    last = max(steps)
     rows: dict[str, list] = {"s_per_step": [], "step_s": [], "wait_s": [], "publish_s": [], "ends": []}
-    for lo, hi in tenth_bounds(last):
-        a = _at_or_below(steps, lo) if lo > 0 else _at_or_below(steps, min(steps))
-        b = _at_or_below(steps, hi)
+    for lo, hi, a, b in tenth_spans(steps):
         rows["s_per_step"].append(round((b[1] - a[1]) / (b[0] - a[0]), 4) if a and b and b[0] > a[0] else None)
         rows["ends"].append(b[1] if b else None)
         inside = [r for s, r in steps.items() if lo < s <= hi]
@@ -318,11 +328,8 @@ def cpu_per_tenth(cpu: ProcessCpu, steps: dict[int, TrainerStep]) -> dict[str, l
     record to its own (the first from step 1's)."""
     if not steps or not cpu.available:
         return {}
-    bounds = tenth_bounds(max(steps))
-    out: dict[str, list[float | None]] = defaultdict(lambda: [None] * len(bounds))
-    for k, (lo, hi) in enumerate(bounds):
-        a = _at_or_below(steps, lo) if lo > 0 else _at_or_below(steps, min(steps))
-        b = _at_or_below(steps, hi)
+    out: dict[str, list[float | None]] = defaultdict(lambda: [None] * TENTHS)
+    for k, (_lo, _hi, a, b) in enumerate(tenth_spans(steps)):
         if not a or not b or b[0] <= a[0]:
             continue
         for role, seconds in cpu.between(a[1], b[1]).items():
