@@ -74,6 +74,10 @@ def measured_run(recipe: Any, cfg: Any, runs_dir: Path, steps: int | None, conso
     first, last = steps_seen[:window], steps_seen[-window:]
     heldout = {name: {"before": r["before"]["accuracy"], "after": (r.get("after") or {}).get("accuracy"),
                       "n": r["before"]["n"]} for name, r in summary["policies"].items()}
+    for name, r in summary["policies"].items():  # a workflow's breakdown (the verifier's, by candidate kind)
+        if "by_candidate" in r["before"]:
+            heldout[name]["by_candidate"] = {"before": r["before"]["by_candidate"],
+                                             "after": (r.get("after") or {}).get("by_candidate")}
     return {"run_id": summary["run_id"], "ok": summary["returncode"] == 0, "steps": len(steps_seen),
             "heldout": heldout,
             "rl_seconds": summary["rl_seconds"],

@@ -348,3 +348,35 @@ def test_cuda_tensors_round_trip_on_device():
     assert_same_bits({k: v.cpu() for k, v in out.items()}, new)
     apply_inplace(gpu_old, host)
     assert_same_bits({k: v.cpu() for k, v in gpu_old.items()}, new)
+
+
+@pytest.mark.parametrize("versions", [1, 3])
+def test_a_version_in_row_parts_patches_to_the_bits_of_its_target(versions):
+    """A node's patch from deltas published in parts (rows split as ranks split them): one version's
+    parts fold by concatenation, a chain of them (overlapping positions) by sort and XOR; both equal
+    the targets bit for bit."""
+    from astraflow.delta.parts import chunk_rows, row_views
+    from astraflow.delta.patch import prepare_patch
+
+    gen = torch.Generator().manual_seed(5)
+    states = [{"a": torch.randn(41, 8, generator=gen).to(torch.bfloat16), "b": torch.randn(9, generator=gen)}]
+    for _ in range(versions):
+        nxt = {}
+        for name, t in states[-1].items():
+            flat = bits(t.clone())
+            flat[torch.randperm(flat.numel(), generator=gen)[: flat.numel() // 10]] += 1
+            nxt[name] = flat.view(t.dtype).reshape(t.shape)
+        states.append(nxt)
+    deltas = []
+    for v in range(1, versions + 1):
+        parts = []
+        for rank in range(3):
+            rows = {name: chunk_rows(t.shape[0], rank, 3) for name, t in states[0].items()}
+            old, new = row_views(dict(states[v - 1]), rows), row_views(dict(states[v]), rows)
+            parts.append((rows, encode(old, new, base_version=v - 1, target_version=v)))
+        deltas.append((v, parts, {n: tensor_checksum(t) for n, t in states[v].items()}))
+    live = {k: t.clone() for k, t in states[0].items()}
+    patch = prepare_patch(live, deltas, base_version=0)
+    patch.write(live)
+    assert patch.version == versions and patch.verify(live) == []
+    assert_same_bits(live, states[-1])

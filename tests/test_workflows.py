@@ -159,3 +159,19 @@ def test_transcript_says_whether_the_episode_was_cut_at_its_token_cap():
     assert episode("length") == 1.0 and episode("stop") == 0.0
     assert episode("length", "stop") == 0.0 and episode("stop", "length") == 1.0
     assert episode("stop", figures={TRUNCATED: 1.0}) == 1.0
+
+
+@pytest.mark.parametrize("verdict", ["<yes>", "<no>"])
+def test_verifier_evaluation_breaks_accuracy_down_by_candidate_kind(scripted, verdict):
+    """Held-out verdicts are reported per kind of candidate (right, another number of the problem, a
+    number it lacks), so a verifier that learns "yes if the number is in the problem" shows as such."""
+    wf = build_workflow({"type": "solver_verifier", "verifier_chat": False})
+    tasks = [Task(prompt_id=f"p{i}", prompt=f"max {i % 7} {i % 5 + 1} 9 =", answer="9", samples=1, task_type="math")
+             for i in range(40)]
+    got = asyncio.run(wf.evaluate("verifier", scripted("verifier", [verdict]), tasks))
+    kinds = got["by_candidate"]
+    assert got["n"] == 80 and sum(k["n"] for k in kinds.values()) == 80 and kinds["right"]["n"] == 40
+    assert set(kinds) == {"right", "wrong_in_prompt", "wrong_other"}  # both kinds of wrong candidate occur
+    says_yes = verdict == "<yes>"
+    assert kinds["right"]["accuracy"] == float(says_yes) and got["accuracy"] == 0.5
+    assert kinds["wrong_in_prompt"]["accuracy"] == kinds["wrong_other"]["accuracy"] == float(not says_yes)

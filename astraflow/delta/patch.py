@@ -154,6 +154,11 @@ def _fold(name: str, t: torch.Tensor, parts: list[tuple[np.ndarray | None, np.nd
         return TensorChange(name, None, xor=xor)
     if len(parts) == 1:
         idx, vals = parts[0]
+    elif _disjoint_in_order(parts):
+        # one version's parts (a rank group's rows, in row order): non-overlapping ascending runs, so
+        # the fold is their concatenation (the general path's argsort doubled the node's decode)
+        idx = np.concatenate([p for p, _ in parts])
+        vals = np.concatenate([v for _, v in parts])
     else:  # XORs compose: sort the positions, XOR the values of repeated ones together
         idx = np.concatenate([p for p, _ in parts])
         vals = np.concatenate([v for _, v in parts])
@@ -164,6 +169,18 @@ def _fold(name: str, t: torch.Tensor, parts: list[tuple[np.ndarray | None, np.nd
     if t.device.type != "cpu" or not t.is_contiguous():
         return TensorChange(name, idx, xor=vals)
     return TensorChange(name, idx, new_bits=bits(t).numpy()[idx] ^ vals)
+
+
+def _disjoint_in_order(parts: list[tuple[np.ndarray, np.ndarray]]) -> bool:
+    """Each part's positions start after the previous part's last (positions within a part ascend:
+    they are gap-coded)."""
+    last = -1
+    for idx, _ in parts:
+        if idx.size:
+            if int(idx[0]) <= last:
+                return False
+            last = int(idx[-1])
+    return True
 
 
 def _distinct_storages(live: StateDict, names: list[str]) -> set[str]:

@@ -101,10 +101,16 @@ class SolverVerifierWorkflow(Workflow):
         items = []
         for t in tasks:
             wrong = wrong_answer(Problem(prompt_id=t.prompt_id, prompt=t.prompt, answer=t.answer), rng)
-            items += [(verifier_prompt(t.prompt, t.answer), True), (verifier_prompt(t.prompt, wrong), False)]
-        gens = await client.generate([self.verifier_prompt_ids(client.tokenizer, text) for text, _ in items])
-        ok = sum(self.verdict(client.decode(g.token_ids)) == want for (_, want), g in zip(items, gens, strict=True))
-        return {"accuracy": ok / len(items), "correct": int(ok), "n": len(items)}
+            items += [(verifier_prompt(t.prompt, t.answer), True, "right"),
+                      (verifier_prompt(t.prompt, wrong), False, candidate_kind(t.prompt, wrong))]
+        gens = await client.generate([self.verifier_prompt_ids(client.tokenizer, text) for text, _, _ in items])
+        hits = [self.verdict(client.decode(g.token_ids)) == want for (_, want, _), g in zip(items, gens, strict=True)]
+        by_kind: dict[str, list[bool]] = {}
+        for (_, _, kind), hit in zip(items, hits, strict=True):
+            by_kind.setdefault(kind, []).append(hit)
+        ok = sum(hits)
+        return {"accuracy": ok / len(items), "correct": int(ok), "n": len(items),
+                "by_candidate": {kind: {"accuracy": sum(h) / len(h), "n": len(h)} for kind, h in sorted(by_kind.items())}}
 
     def verifier_prompt_ids(self, tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
         """The verifier's prompt ids for ``text`` (chat-rendered or plain, see ``verifier_chat``)."""
@@ -158,6 +164,12 @@ class SolverVerifierWorkflow(Workflow):
                 t.group_id = f"{task.prompt_id}/{cfg.verifier_policy}/{i}"
             out.append(t)
         return out
+
+
+def candidate_kind(prompt: str, wrong: str) -> str:
+    """How a wrong candidate is wrong: ``wrong_in_prompt`` (another number of the problem, which only
+    reading the problem refutes) or ``wrong_other`` (a number the problem does not hold)."""
+    return "wrong_in_prompt" if wrong in prompt.split() else "wrong_other"
 
 
 def balanced_candidates(task: Task, texts: list[str], truth: list[bool]) -> tuple[list[str], list[bool]]:
