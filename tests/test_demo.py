@@ -41,3 +41,22 @@ def test_balanced_verifier_candidates_are_half_right() -> None:
         assert len(cands) == 8 and sum(labels) == 4
         assert cands[:4] == texts[:4] and labels[:4] == truth[:4]
         assert all((c == "7") == lab for c, lab in zip(cands, labels))
+
+
+def test_balanced_verifier_candidates_take_as_many_solver_answers_as_asked() -> None:
+    """``verifier_from_solver``: the first k solver answers, the rest constructed, still half right."""
+    from types import SimpleNamespace
+
+    from astraflow.workflows.solver_verifier import balanced_candidates
+
+    task = SimpleNamespace(prompt_id="p1", prompt="max 3 7 1 =", answer="7")
+    texts = ["9", "9", "7", "9", "9", "9", "9", "9"]
+    truth = [t == "7" for t in texts]
+    for k in (0, 2, 8):
+        cands, labels = balanced_candidates(task, texts, truth, from_solver=k)
+        assert len(cands) == 8 and cands[:k] == texts[:k] and labels[:k] == truth[:k]
+        assert all((c == "7") == lab for c, lab in zip(cands, labels))
+        assert sum(labels) == (1 if k == 8 else 4)  # 8 solver answers, one right: nothing left to balance with
+    constructed, labels = balanced_candidates(task, texts, truth, from_solver=0)
+    # the wrong ones are numbers of the problem or near misses of 7 (wrong_answer's kinds)
+    assert {c for c, right in zip(constructed, labels) if not right} <= {"3", "1", "5", "6", "8", "9", "10"}

@@ -45,6 +45,11 @@ class SolverVerifierWorkflow(Workflow):
         group per prompt over ``task.samples`` candidates, the first half of the solver's answers
         topped up with the reference answer or plausible wrong ones so that right and wrong
         candidates are equal in number (as the solver improves, "always yes" no longer pays)."""
+        verifier_from_solver: int | None = Field(default=None, ge=0)
+        """"balanced" only: how many of the solver's answers each verifier group judges, the rest
+        constructed (None: half of ``task.samples``). 0: the verifier trains on constructed candidates
+        only (the reference answer and ``wrong_answer``'s, the held-out set's kinds); the solver's own
+        wrong answers are mostly unlike those (a rule's digit that is not in the problem)."""
         verifier_chat: bool = True
         """Render the verifier's prompt with its chat template; ``false``: plain text (the tokens of
         ``<problem> <candidate>``, the candidate last), the layout the demo's 2-layer model learns
@@ -140,7 +145,7 @@ class SolverVerifierWorkflow(Workflow):
         correct = [self.reward(t, task) for t in texts]
         cands, truth = texts, [c > 0.5 for c in correct]
         if cfg.verifier_group == "balanced":
-            cands, truth = balanced_candidates(task, texts, truth)
+            cands, truth = balanced_candidates(task, texts, truth, cfg.verifier_from_solver)
         v_prompts = [self.verifier_prompt_ids(verifier.tokenizer, verifier_prompt(task.prompt, t))
                      for t in cands]
         t1 = time.perf_counter()
@@ -172,21 +177,24 @@ def candidate_kind(prompt: str, wrong: str) -> str:
     return "wrong_in_prompt" if wrong in prompt.split() else "wrong_other"
 
 
-def balanced_candidates(task: Task, texts: list[str], truth: list[bool]) -> tuple[list[str], list[bool]]:
-    """``len(texts)`` answers to verify, half right and half wrong: the first half of the solver's
-    answers, then the reference answer / plausible wrong answers (seeded by the prompt id)."""
+def balanced_candidates(task: Task, texts: list[str], truth: list[bool],
+                        from_solver: int | None = None) -> tuple[list[str], list[bool]]:
+    """``len(texts)`` answers to verify, half right and half wrong (as far as the solver's allow): the
+    first ``from_solver`` of the solver's answers (None: half), then the reference answer / plausible
+    wrong answers (seeded by the prompt id)."""
     import random
 
     from astraflow.tasks.base import Problem
 
-    n, half = len(texts), len(texts) // 2
-    cands, labels = list(texts[:half]), list(truth[:half])
-    right_needed = max(0, min(n - half, n // 2 - sum(labels)))
+    n = len(texts)
+    taken = n // 2 if from_solver is None else min(from_solver, n)
+    cands, labels = list(texts[:taken]), list(truth[:taken])
+    right_needed = max(0, min(n - taken, n // 2 - sum(labels)))
     rng = random.Random(f"balanced-verifier/{task.prompt_id}")
     problem = Problem(prompt_id=task.prompt_id, prompt=task.prompt, answer=task.answer)
     cands += [task.answer] * right_needed
     labels += [True] * right_needed
-    for _ in range(n - half - right_needed):
+    for _ in range(n - taken - right_needed):
         cands.append(wrong_answer(problem, rng))
         labels.append(False)
     return cands, labels
