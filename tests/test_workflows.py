@@ -123,6 +123,8 @@ def test_verifier_groups_per_answer(scripted):
     assert [t.reward for t in v] == [1.0] * 3 + [0.0] * 3 + [1.0] * 3
     with pytest.raises(ValueError, match="verifier_group"):
         build_workflow({"type": "solver_verifier", "verifier_group": "nope"})
+    with pytest.raises(ValueError, match="verifier_from_solver applies to verifier_group 'balanced'"):
+        build_workflow({"type": "solver_verifier", "verifier_group": "prompt", "verifier_from_solver": 2})
 
 
 def test_workflows_declare_the_policies_they_call():

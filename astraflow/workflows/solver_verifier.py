@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from astraflow.tasks.verify import verifier_prompt, wrong_answer
 from astraflow.workflows.base import PolicyClient, SFTExample, Workflow, WorkflowConfig, register_workflow
@@ -58,6 +58,12 @@ class SolverVerifierWorkflow(Workflow):
         """Verdict text meaning "correct" (a special token of the demo tokenizer)."""
         no: str = "<no>"
         """Verdict text meaning "wrong"."""
+
+        @model_validator(mode="after")
+        def _from_solver_needs_balanced(self) -> SolverVerifierWorkflow.Config:
+            if self.verifier_from_solver is not None and self.verifier_group != "balanced":
+                raise ValueError(f"verifier_from_solver applies to verifier_group 'balanced', not {self.verifier_group!r}")
+            return self
 
         def policies(self) -> list[str]:
             return [self.solver_policy, self.verifier_policy]
