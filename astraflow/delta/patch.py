@@ -152,16 +152,12 @@ def _fold(name: str, t: torch.Tensor, parts: list[tuple[np.ndarray | None, np.nd
             else:
                 xor[idx] ^= vals
         return TensorChange(name, None, xor=xor)
-    if len(parts) == 1:
-        idx, vals = parts[0]
-    elif _disjoint_in_order(parts):
-        # one version's parts (a rank group's rows, in row order): non-overlapping ascending runs, so
-        # the fold is their concatenation (the general path's argsort doubled the node's decode)
-        idx = np.concatenate([p for p, _ in parts])
-        vals = np.concatenate([v for _, v in parts])
-    else:  # XORs compose: sort the positions, XOR the values of repeated ones together
-        idx = np.concatenate([p for p, _ in parts])
-        vals = np.concatenate([v for _, v in parts])
+    idx = np.concatenate([p for p, _ in parts]) if len(parts) > 1 else parts[0][0]
+    vals = np.concatenate([v for _, v in parts]) if len(parts) > 1 else parts[0][1]
+    # One version's parts (a rank group's rows, in row order) are non-overlapping ascending runs: their
+    # concatenation is the fold. A chain's overlap: XORs compose, so sort the positions and XOR the
+    # values of repeated ones together (the argsort doubled the node's decode when done for parts too).
+    if not _disjoint_in_order(parts):
         order = np.argsort(idx, kind="stable")
         idx, vals = idx[order], vals[order]
         idx, starts = np.unique(idx, return_index=True)
