@@ -273,6 +273,35 @@ def test_s3_log_survives_down_and_up(tmp_path):
         stack.down()
 
 
+def test_filer_store_is_leveldb3_for_a_new_state_dir_and_leveldb2_kept_for_an_old_one(tmp_path):
+    """A new state dir's filer keeps the broker's bucket in a leveldb of its own (leveldb3: its deletion
+    markers are compacted away, docs/results.md); a state dir whose filer was leveldb2 (weed's default,
+    what AstraFlow used before) keeps that store, and so its log, across a down and an up."""
+    new = tmp_path / "new"
+    stack = EmbeddedStack(new, StackPorts.free(), storage="s3", die_with_parent=True)
+    try:
+        _produce(stack.up().endpoints["kafka_bootstrap"], "fresh", [b"x"])
+    finally:
+        stack.down()
+    assert (new / "seaweedfs" / "filerldb3" / "tansu").is_dir()
+    assert not (new / "seaweedfs" / "filerldb2").exists()
+    assert "[leveldb3]" in (new / "filer.toml").read_text()
+
+    old = tmp_path / "old"
+    (old / "seaweedfs" / "filerldb2").mkdir(parents=True)
+    values = [os.urandom(8) + i.to_bytes(4, "big") for i in range(20)]
+    stack = EmbeddedStack(old, StackPorts.free(), storage="s3", die_with_parent=True)
+    try:
+        _produce(stack.up().endpoints["kafka_bootstrap"], "kept", values)
+        stack.down()
+        stack = EmbeddedStack(old, StackPorts.free(), storage="s3", die_with_parent=True)
+        assert _consume_all(stack.up().endpoints["kafka_bootstrap"], "kept", len(values)) == values
+    finally:
+        stack.down()
+    assert list((old / "seaweedfs" / "filerldb2").iterdir())  # leveldb2 wrote its files there
+    assert not (old / "seaweedfs" / "filerldb3").exists()
+
+
 @pytest.mark.slow
 # kafka-python's producer retries its flush in __del__ after the broker is gone.
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")

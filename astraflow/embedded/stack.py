@@ -24,7 +24,7 @@ from pathlib import Path
 
 from astraflow.config import STACK_FILE
 from astraflow.embedded.ports import LOOPBACK, StackPorts, port_is_free
-from astraflow.embedded.seaweedfs import s3_answers, weed_argv, weed_env
+from astraflow.embedded.seaweedfs import s3_answers, weed_argv, weed_env, write_filer_config
 from astraflow.embedded.stunnel import find_stunnel_bin, stack_tunnels, stunnel_conf
 from astraflow.embedded.supervisor import SupervisedProcess
 from astraflow.embedded.tansu import (
@@ -241,6 +241,7 @@ class EmbeddedStack:
             buckets = [DATA_BUCKET, TANSU_BUCKET]
             data_dir = self.state_dir / "seaweedfs"
             data_dir.mkdir(parents=True, exist_ok=True)
+            write_filer_config(self.state_dir, data_dir)
             argv = weed_argv(data_dir, self._backend, buckets)
             if self.secure:  # the admin identity comes from the identities file with the others
                 argv.append(f"-s3.config={material.identities_file}")
