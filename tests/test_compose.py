@@ -179,7 +179,8 @@ def test_the_offline_broker_and_bucket_are_long_running_services_with_health_che
     assert "--storage-engine" in tansu["command"]
     assert tansu["command"][tansu["command"].index("--storage-engine") + 1] == "s3://tansu/"  # durable log
     assert tansu["environment"]["AWS_ENDPOINT"] == "http://seaweedfs:8333"
-    assert weed["entrypoint"] == ["weed"] and weed["command"][0] == "mini"
+    # weed through the launcher that writes the embedded stack's filer store rule (leveldb3) into /data
+    assert weed["entrypoint"] == ["python", "-m", "astraflow.embedded.weed_launch"] and weed["command"][0] == "mini"
     assert [v["target"] for v in weed["volumes"] if v["type"] == "volume"] == ["/data"]
     assert "-dir=/data" in weed["command"]
     for service in (tansu, weed):
@@ -462,6 +463,17 @@ def test_a_killed_trainer_is_restarted_by_compose_and_resumes_from_its_checkpoin
     starts = [r["step"] for r in _trainer_records(stack.cluster()) if r.get("event") == "start"]
     assert starts[0] == 0 and len(starts) >= 2, starts
     assert all(0 < s < FIRST_STEPS and s % CHECKPOINT_EVERY == 0 for s in starts[1:]), starts  # a checkpoint's
+
+
+@live
+@pytest.mark.timeout(1500)
+def test_the_bucket_server_keeps_the_log_in_a_leveldb_of_its_own(stack, first_up):
+    """The volume's filer store is leveldb3 (one leveldb per bucket, the log's compacted: docs/running.md),
+    not weed's default leveldb2, whose log listings slowed a long run down."""
+    listing = stack("exec", "-T", "seaweedfs", "ls", "/data", "/data/filerldb3").stdout
+    assert "filerldb2" not in listing, listing
+    assert "tansu" in listing.split("/data/filerldb3:", 1)[1].split(), listing
+    _say(f"seaweedfs volume: {' '.join(listing.split())}")
 
 
 @live

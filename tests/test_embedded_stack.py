@@ -302,6 +302,27 @@ def test_filer_store_is_leveldb3_for_a_new_state_dir_and_leveldb2_kept_for_an_ol
     assert not (old / "seaweedfs" / "filerldb3").exists()
 
 
+@pytest.mark.parametrize("old", [False, True], ids=["new volume", "leveldb2 volume"])
+def test_weed_launch_writes_the_filer_store_rule_into_the_data_dir_and_starts_weed_there(tmp_path, old):
+    """Compose's seaweedfs service starts weed through astraflow.embedded.weed_launch: the same store rule as
+    the embedded stack (leveldb3 new, leveldb2 kept), weed started in the data dir with its arguments."""
+    data = tmp_path / "data"
+    if old:
+        (data / "filerldb2").mkdir(parents=True)
+    weed = tmp_path / "weed"
+    weed.write_text('#!/bin/sh\necho "cwd=$(pwd)"\necho "args=$*"\ncat filer.toml\n')
+    weed.chmod(0o755)
+    out = subprocess.run([sys.executable, "-m", "astraflow.embedded.weed_launch", "mini", f"-dir={data}", "-s3.port=1"],
+                         capture_output=True, text=True, timeout=60, check=True,
+                         env={**os.environ, "ASTRAFLOW_WEED_BIN": str(weed)}).stdout
+    store = "leveldb2" if old else "leveldb3"
+    assert f"cwd={data.resolve()}" in out and f"args=mini -dir={data} -s3.port=1" in out, out
+    assert f"[{store}]" in out and str(data.resolve() / f"filer{store.replace('leveldb', 'ldb')}") in out, out
+    bad = subprocess.run([sys.executable, "-m", "astraflow.embedded.weed_launch", "mini"], capture_output=True,
+                         text=True, timeout=60, check=False, env={**os.environ, "ASTRAFLOW_WEED_BIN": str(weed)})
+    assert bad.returncode != 0 and "names no data dir" in bad.stderr, bad.stderr
+
+
 @pytest.mark.slow
 # kafka-python's producer retries its flush in __del__ after the broker is gone.
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
