@@ -25,6 +25,7 @@ from process_helpers import pid_alive
 
 from astraflow.config import ClusterConfig
 from astraflow.embedded import EmbeddedStack, StackError, StackPorts
+from astraflow.embedded.seaweedfs import FILER_STORE_DIRS
 
 pytestmark = pytest.mark.integration
 
@@ -317,7 +318,7 @@ def test_weed_launch_writes_the_filer_store_rule_into_the_data_dir_and_starts_we
                          env={**os.environ, "ASTRAFLOW_WEED_BIN": str(weed)}).stdout
     store = "leveldb2" if old else "leveldb3"
     assert f"cwd={data.resolve()}" in out and f"args=mini -dir={data} -s3.port=1" in out, out
-    assert f"[{store}]" in out and str(data.resolve() / f"filer{store.replace('leveldb', 'ldb')}") in out, out
+    assert f"[{store}]" in out and str(data.resolve() / FILER_STORE_DIRS[store]) in out, out
     bad = subprocess.run([sys.executable, "-m", "astraflow.embedded.weed_launch", "mini"], capture_output=True,
                          text=True, timeout=60, check=False, env={**os.environ, "ASTRAFLOW_WEED_BIN": str(weed)})
     assert bad.returncode != 0 and "names no data dir" in bad.stderr, bad.stderr
