@@ -48,9 +48,7 @@ def recipe_variant(path: Path, *, run: str, seed: int | None = None, objective: 
         for key in parents:  # a number indexes a list: policies.0.sft.steps
             node = node[key] if isinstance(node, list) else node.setdefault(key, {})
         node[leaf] = yaml.safe_load(text)
-    recipe = Recipe.model_validate(data)
-    recipe.source = path.resolve()
-    return recipe.localized()
+    return Recipe.from_mapping(data, path)
 
 
 def measured_run(recipe: Any, cfg: Any, runs_dir: Path, steps: int | None, console: Any,

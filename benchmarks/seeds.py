@@ -87,17 +87,23 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from rich.console import Console
 
+    from astraflow.config import ConfigError
     from astraflow.testing.runs import private_cluster
 
+    try:  # every variant before any run: a misspelt --set is one line, not a traceback after a stack start
+        variants = {seed: recipe_variant(path, run=f"seeds-{path.stem.replace('_', '-')}-s{seed}", seed=seed,
+                                         objective=args.objective, backend=args.backend, dataflow=args.dataflow,
+                                         overrides=dict(o.split("=", 1) for o in args.overrides))
+                    for seed in range(args.first_seed, args.first_seed + args.seeds)}
+    except ConfigError as exc:
+        print(f"seeds.py: {exc}", file=sys.stderr)
+        return 2
     torch.set_num_threads(1)
     console = Console(stderr=True, width=120)
     t0 = time.monotonic()
     rows = []
     with tempfile.TemporaryDirectory(prefix="af-seeds-") as tmp, private_cluster() as cfg:
-        for seed in range(args.first_seed, args.first_seed + args.seeds):
-            recipe = recipe_variant(path, run=f"seeds-{path.stem.replace('_', '-')}-s{seed}", seed=seed,
-                                    objective=args.objective, backend=args.backend, dataflow=args.dataflow,
-                                    overrides=dict(o.split("=", 1) for o in args.overrides))
+        for seed, recipe in variants.items():
             runs_dir = args.runs_dir or Path(tmp) / "runs"
             row = {"seed": seed, **measured_run(recipe, cfg, runs_dir, args.steps, console)}
             rows.append(row)

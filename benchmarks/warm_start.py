@@ -60,12 +60,19 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from astraflow.config import ConfigError
+
+    try:  # every variant before any warm start: a misspelt --set is one line, not a traceback
+        variants = {seed: recipe_variant(path, run=f"warm-start-s{seed}", seed=seed,
+                                         overrides=dict(o.split("=", 1) for o in args.overrides))
+                    for seed in range(args.first_seed, args.first_seed + args.seeds)}
+    except ConfigError as exc:
+        print(f"warm_start.py: {exc}", file=sys.stderr)
+        return 2
     torch.set_num_threads(1)  # as benchmarks/seeds.py, so that its "before" figures are these
     t0 = time.monotonic()
     rows = []
-    for seed in range(args.first_seed, args.first_seed + args.seeds):
-        recipe = recipe_variant(path, run=f"warm-start-s{seed}", seed=seed,
-                                overrides=dict(o.split("=", 1) for o in args.overrides))
+    for seed, recipe in variants.items():
         rows.append({"seed": seed, **warm_start_figures(recipe)})
         print(f"seed {seed}: held-out {rows[-1]['heldout']} (SFT loss {rows[-1]['sft_final_loss']}, "
               f"{rows[-1]['sft_seconds']} s)", file=sys.stderr, flush=True)

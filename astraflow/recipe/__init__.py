@@ -251,6 +251,13 @@ class Recipe(_Section):
         path = Path(path)
         data = read_yaml_mapping(path, "recipe")
         data.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.from_mapping(data, path)
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any], path: Path) -> Recipe:
+        """The recipe in ``data``, read from (or derived from) the file at ``path``: validated, its
+        relative paths resolved against ``path``'s folder; a ConfigError naming ``path`` and each bad
+        field otherwise."""
         try:
             recipe = cls.model_validate(data)
         except ValidationError as exc:
